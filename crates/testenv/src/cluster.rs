@@ -1,0 +1,264 @@
+//! A [`ControlPlane`] plus the parts that make it behave like a cluster: kube-controller-manager
+//! (garbage collection, workload controllers, service accounts), kube-scheduler, and kwok
+//! simulating nodes, pod lifecycles and volume provisioning.
+
+use std::ops::{Deref, DerefMut};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::wait::await_condition;
+use serde_json::json;
+
+use crate::control_plane::{ControlPlane, Options};
+use crate::kubeconfig;
+use crate::process::{ManagedProcess, free_port};
+use crate::{Error, FIELD_MANAGER};
+
+/// The controllers kube-controller-manager runs: what workloads, garbage collection,
+/// namespaces, PDBs and PVC/PV protection need, and node lifecycle, which lifts the
+/// `node.kubernetes.io/not-ready` taint new nodes are admitted with once kwok reports them Ready.
+const CONTROLLERS: &[&str] = &[
+    "garbage-collector-controller",
+    "namespace-controller",
+    "node-lifecycle-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "statefulset-controller",
+    "daemonset-controller",
+    "job-controller",
+    "cronjob-controller",
+    "ttl-after-finished-controller",
+    "disruption-controller",
+    "endpointslice-controller",
+    "persistentvolumeclaim-protection-controller",
+    "persistentvolume-protection-controller",
+];
+
+/// kwok's stages: nodes become Ready and keep their lease, pods run and become Ready (and
+/// complete / go away), claims in the `standard` class are provisioned and bound.
+const STAGES: &[&str] = &[
+    "node-initialize",
+    "node-heartbeat-with-lease",
+    "pod-ready",
+    "pod-complete",
+    "pod-delete",
+    "pvc-provision",
+    "pv-bind",
+    "pv-delete",
+    "pvc-delete",
+];
+
+/// The storage class kwok's volume stages provision (kwok's stages select it by name).
+pub const STORAGE_CLASS: &str = "kwok-volume";
+
+/// How to start a [`Cluster`].
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    pub control_plane: Options,
+    /// Number of simulated nodes.
+    pub nodes: usize,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        Self {
+            control_plane: Options::default(),
+            nodes: 3,
+        }
+    }
+}
+
+/// A control plane with controllers, a scheduler and simulated nodes.
+pub struct Cluster {
+    control_plane: ControlPlane,
+    nodes: Vec<String>,
+}
+
+impl Cluster {
+    pub async fn start() -> Result<Self, Error> {
+        Self::start_with(ClusterOptions::default()).await
+    }
+
+    pub async fn start_with(mut options: ClusterOptions) -> Result<Self, Error> {
+        let started = Instant::now();
+        options.control_plane.service_account_admission = true;
+        let mut control_plane = ControlPlane::start_with(options.control_plane).await?;
+        let dir = control_plane.dir().to_path_buf();
+        let logs = control_plane.log_dir();
+
+        // Each component gets its own identity, so RBAC and the audit log see who did what.
+        let write_kubeconfig = |name: &str, user: &str, groups: &[&str]| -> Result<std::path::PathBuf, Error> {
+            let path = dir.join(format!("{name}.kubeconfig"));
+            kubeconfig::write(&control_plane.kubeconfig_for(user, groups)?, &path)?;
+            Ok(path)
+        };
+        let kcm_kubeconfig = write_kubeconfig("kube-controller-manager", "system:kube-controller-manager", &[])?;
+        let scheduler_kubeconfig = write_kubeconfig("kube-scheduler", "system:kube-scheduler", &[])?;
+        // kwok patches node and pod status, creates PVs and leases: it needs broad rights.
+        let kwok_kubeconfig = write_kubeconfig("kwok", "kwok", &["system:masters"])?;
+
+        let binaries = control_plane.binaries().clone();
+        let kcm_args = vec![
+            format!("--kubeconfig={}", kcm_kubeconfig.display()),
+            format!("--authentication-kubeconfig={}", kcm_kubeconfig.display()),
+            format!("--authorization-kubeconfig={}", kcm_kubeconfig.display()),
+            "--leader-elect=false".into(),
+            // As on a real cluster: each controller acts as its own ServiceAccount and gets the
+            // bootstrap RBAC role written for it (system:controller:<name>).
+            "--use-service-account-credentials=true".into(),
+            format!("--controllers={}", CONTROLLERS.join(",")),
+            format!("--service-account-private-key-file={}", control_plane.sa_private_key_path.display()),
+            format!("--root-ca-file={}", control_plane.server_ca_path.display()),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={}", free_port()?),
+            // Fast feedback in tests: statefulsets and GC react within a second anyway.
+            "--concurrent-gc-syncs=5".into(),
+            "--v=1".into(),
+        ];
+        control_plane.push_process(ManagedProcess::start(
+            "kube-controller-manager",
+            &binaries.path("kube-controller-manager"),
+            &kcm_args,
+            &logs.join("kube-controller-manager.log"),
+        )?);
+
+        let scheduler_args = vec![
+            format!("--kubeconfig={}", scheduler_kubeconfig.display()),
+            format!("--authentication-kubeconfig={}", scheduler_kubeconfig.display()),
+            format!("--authorization-kubeconfig={}", scheduler_kubeconfig.display()),
+            "--leader-elect=false".into(),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={}", free_port()?),
+            "--v=2".into(),
+        ];
+        control_plane.push_process(ManagedProcess::start(
+            "kube-scheduler",
+            &binaries.path("kube-scheduler"),
+            &scheduler_args,
+            &logs.join("kube-scheduler.log"),
+        )?);
+
+        let mut kwok_args = vec![
+            format!("--kubeconfig={}", kwok_kubeconfig.display()),
+            "--manage-all-nodes=false".into(),
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake".into(),
+            "--cidr=10.244.0.1/16".into(),
+            "--node-ip=127.0.0.1".into(),
+            "--node-lease-duration-seconds=40".into(),
+        ];
+        for stage in STAGES {
+            kwok_args.push(format!("--config={}", binaries.kwok_stages_dir.join(format!("{stage}.yaml")).display()));
+        }
+        control_plane.push_process(ManagedProcess::start(
+            "kwok",
+            &binaries.path("kwok"),
+            &kwok_args,
+            &logs.join("kwok.log"),
+        )?);
+
+        let mut cluster = Self {
+            control_plane,
+            nodes: Vec::new(),
+        };
+        cluster.create_storage_class().await?;
+        cluster.create_nodes(options.nodes).await?;
+        tracing::info!(elapsed = ?started.elapsed(), "cluster ready");
+        Ok(cluster)
+    }
+
+    async fn create_storage_class(&self) -> Result<(), Error> {
+        let api: Api<StorageClass> = Api::all(self.client().await?);
+        let class: StorageClass = serde_json::from_value(json!({
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {
+                "name": STORAGE_CLASS,
+                "annotations": { "storageclass.kubernetes.io/is-default-class": "true" }
+            },
+            "provisioner": "kwok.x-k8s.io/volume",
+            "reclaimPolicy": "Delete",
+            "volumeBindingMode": "Immediate",
+            "allowVolumeExpansion": true,
+        }))
+        .map_err(|e| Error::Process(e.to_string()))?;
+        api.patch(STORAGE_CLASS, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&class))
+            .await?;
+        Ok(())
+    }
+
+    async fn create_nodes(&mut self, count: usize) -> Result<(), Error> {
+        let api: Api<Node> = Api::all(self.client().await?);
+        for i in 0..count {
+            let name = format!("kwok-node-{i}");
+            let node: Node = serde_json::from_value(json!({
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": { "kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0" },
+                    "labels": {
+                        "type": "kwok",
+                        "kubernetes.io/hostname": name,
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64",
+                        "topology.kubernetes.io/zone": format!("zone-{}", i % 3),
+                    }
+                },
+                "spec": {},
+                "status": {
+                    "allocatable": { "cpu": "32", "memory": "256Gi", "pods": "110" },
+                    "capacity": { "cpu": "32", "memory": "256Gi", "pods": "110" },
+                    "nodeInfo": {
+                        "architecture": "amd64", "operatingSystem": "linux",
+                        "kubeletVersion": "fake", "kubeProxyVersion": "fake",
+                        "bootID": "", "containerRuntimeVersion": "", "kernelVersion": "",
+                        "machineID": "", "osImage": "", "systemUUID": ""
+                    }
+                }
+            }))
+            .map_err(|e| Error::Process(e.to_string()))?;
+            api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&node))
+                .await?;
+            self.nodes.push(name);
+        }
+        let timeout = Duration::from_secs(60);
+        for name in &self.nodes {
+            let ready = await_condition(api.clone(), name, |node: Option<&Node>| {
+                node.and_then(|n| n.status.as_ref())
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            });
+            tokio::time::timeout(timeout, ready)
+                .await
+                .map_err(|_| Error::Timeout {
+                    what: format!("node {name} to become Ready (is kwok running? {})", self.describe()),
+                    after: timeout,
+                })?
+                .map_err(|e| Error::Process(format!("watching node {name}: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// The simulated nodes' names.
+    pub fn nodes(&self) -> &[String] {
+        &self.nodes
+    }
+}
+
+impl Deref for Cluster {
+    type Target = ControlPlane;
+    fn deref(&self) -> &ControlPlane {
+        &self.control_plane
+    }
+}
+
+impl DerefMut for Cluster {
+    fn deref_mut(&mut self) -> &mut ControlPlane {
+        &mut self.control_plane
+    }
+}

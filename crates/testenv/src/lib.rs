@@ -1,0 +1,127 @@
+//! A real Kubernetes control plane for tests and local development.
+//!
+//! - [`ControlPlane`]: etcd + kube-apiserver (RBAC, admission, CEL, watches, subresources).
+//! - [`Cluster`]: the same plus kube-controller-manager, kube-scheduler and kwok with
+//!   simulated nodes, so Deployments and StatefulSets become ready and garbage collection runs.
+//!
+//! The binaries are built from the pinned Kubernetes release's Go modules by
+//! `tools/control-plane/build.sh` (on first use if missing). Processes never outlive the
+//! test process (see [`process`]).
+//!
+//! # Sharing one control plane in a test binary
+//! Starting a control plane takes seconds; [`shared_control_plane`] and [`shared_cluster`]
+//! start one per test binary on first use and hand the same one to every test. Tests isolate
+//! themselves with [`ControlPlane::create_namespace`] and make their own client with
+//! [`ControlPlane::client`] (a client is bound to the tokio runtime that made it, and every
+//! `#[tokio::test]` has its own runtime). The shared processes are killed and their directory
+//! removed when the test binary exits.
+
+pub mod audit;
+pub mod binaries;
+pub mod cluster;
+pub mod control_plane;
+pub mod kubeconfig;
+pub mod pki;
+pub mod process;
+
+use std::time::Duration;
+
+pub use audit::{AuditLog, AuditMark};
+pub use cluster::{Cluster, ClusterOptions};
+pub use control_plane::{ControlPlane, Options};
+
+/// The field manager the harness uses for what it applies itself (CRDs, nodes, storage class).
+pub const FIELD_MANAGER: &str = "devctl-testenv";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("certificates: {0}")]
+    Pki(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Process(String),
+    #[error("control-plane binaries: {0}")]
+    Binaries(String),
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(String),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("timed out after {after:?} waiting for {what}")]
+    Timeout { what: String, after: Duration },
+}
+
+impl Error {
+    pub(crate) fn pki(e: rcgen::Error) -> Self {
+        Self::Pki(e.to_string())
+    }
+
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+static SHARED_CONTROL_PLANE: tokio::sync::OnceCell<ControlPlane> = tokio::sync::OnceCell::const_new();
+static SHARED_CLUSTER: tokio::sync::OnceCell<Cluster> = tokio::sync::OnceCell::const_new();
+
+/// The control plane shared by every test in this test binary (audit log on).
+///
+/// Prints where the logs are; the test harness shows it only for failing tests.
+pub async fn shared_control_plane() -> Result<&'static ControlPlane, Error> {
+    let cp = SHARED_CONTROL_PLANE
+        .get_or_try_init(|| {
+            ControlPlane::start_with(Options {
+                audit: true,
+                ..Options::default()
+            })
+        })
+        .await?;
+    println!("{}", cp.describe());
+    Ok(cp)
+}
+
+/// The cluster shared by every test in this test binary (audit log on, 3 nodes).
+pub async fn shared_cluster() -> Result<&'static Cluster, Error> {
+    let cluster = SHARED_CLUSTER
+        .get_or_try_init(|| {
+            Cluster::start_with(ClusterOptions {
+                control_plane: Options {
+                    audit: true,
+                    ..Options::default()
+                },
+                ..ClusterOptions::default()
+            })
+        })
+        .await?;
+    println!("{}", cluster.describe());
+    Ok(cluster)
+}
+
+/// Polls `check` every 100 ms until it returns `Some`, failing after `timeout` with a
+/// message that says what was awaited. For state that no single watch expresses well.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return Ok(value);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::Timeout {
+                what: what.to_string(),
+                after: timeout,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

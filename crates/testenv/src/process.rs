@@ -1,0 +1,217 @@
+//! Child processes that can never outlive the process that started them.
+//!
+//! Three layers make sure nothing is left running:
+//! 1. [`ManagedProcess`] kills its child on `Drop` (which also runs while a panic unwinds);
+//! 2. every child is started with `PR_SET_PDEATHSIG = SIGKILL`, so the kernel kills it when the
+//!    test process dies, even by `SIGKILL`;
+//! 3. an `atexit` hook kills whatever is still registered (shared control planes live in
+//!    statics, which Rust never drops) and removes their temporary directories.
+//!
+//! `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits, not the process.
+//! Test harnesses run each test on its own short-lived thread, so children are forked from
+//! one dedicated spawner thread that lives as long as the process.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, Once, OnceLock};
+
+use crate::Error;
+
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("testenv-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in rx {
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .map(|_| ())
+            .unwrap_or_else(|e| panic!("cannot start the testenv spawner thread: {e}"));
+        Mutex::new(tx)
+    })
+}
+
+/// What the `atexit` hook cleans up: live child pids and temporary directories.
+#[derive(Default)]
+struct Registry {
+    pids: BTreeMap<u32, String>,
+    dirs: Vec<PathBuf>,
+}
+
+fn registry() -> &'static Mutex<Registry> {
+    static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        // SAFETY: registering a plain `extern "C" fn` with libc's atexit has no preconditions.
+        unsafe {
+            libc::atexit(cleanup_at_exit);
+        }
+    });
+    REGISTRY.get_or_init(Mutex::default)
+}
+
+extern "C" fn cleanup_at_exit() {
+    let Ok(mut registry) = registry().lock() else { return };
+    for pid in std::mem::take(&mut registry.pids).into_keys() {
+        // SAFETY: kill(2) on a pid we started and have not reaped; at worst ESRCH.
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGKILL);
+        }
+    }
+    for dir in std::mem::take(&mut registry.dirs) {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Removes `dir` at process exit unless it was removed before (see [`forget_dir_at_exit`]).
+pub(crate) fn remove_dir_at_exit(dir: &Path) {
+    if let Ok(mut r) = registry().lock() {
+        r.dirs.push(dir.to_path_buf());
+    }
+}
+
+pub(crate) fn forget_dir_at_exit(dir: &Path) {
+    if let Ok(mut r) = registry().lock() {
+        r.dirs.retain(|d| d != dir);
+    }
+}
+
+/// A running child process whose output goes to a log file.
+pub struct ManagedProcess {
+    name: String,
+    child: Child,
+    log_path: PathBuf,
+}
+
+impl ManagedProcess {
+    /// Starts `program` with `args`, stdout and stderr appended to `log_path`.
+    pub fn start(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        log_path: &Path,
+    ) -> Result<Self, Error> {
+        let log = File::create(log_path).map_err(|e| Error::io(format!("create {}", log_path.display()), e))?;
+        let log_err = log.try_clone().map_err(|e| Error::io("clone log handle", e))?;
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err);
+        let parent = std::process::id();
+        // SAFETY: the closure runs between fork and exec and only calls async-signal-safe
+        // functions (prctl, getppid, setpgid, _exit).
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent may have died between fork and prctl.
+                if libc::getppid() as u32 != parent {
+                    libc::_exit(1);
+                }
+                // Own process group: a Ctrl-C in the terminal reaches us, and we stop the
+                // children in order instead of the terminal killing them all at once.
+                libc::setpgid(0, 0);
+                Ok(())
+            });
+        }
+        let (tx, rx) = mpsc::channel();
+        spawner()
+            .lock()
+            .map_err(|_| Error::Process(format!("{name}: spawner lock poisoned")))?
+            .send((command, tx))
+            .map_err(|_| Error::Process(format!("{name}: spawner thread is gone")))?;
+        let child = rx
+            .recv()
+            .map_err(|_| Error::Process(format!("{name}: spawner thread is gone")))?
+            .map_err(|e| Error::io(format!("start {} ({})", name, program.display()), e))?;
+        if let Ok(mut r) = registry().lock() {
+            r.pids.insert(child.id(), name.to_string());
+        }
+        tracing::debug!(name, pid = child.id(), log = %log_path.display(), "started");
+        Ok(Self {
+            name: name.to_string(),
+            child,
+            log_path: log_path.to_path_buf(),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// `Err` with the exit status and the end of the log when the process has exited.
+    pub fn check_running(&mut self) -> Result<(), Error> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(Error::Process(format!(
+                "{} exited ({status}); last lines of {}:\n{}",
+                self.name,
+                self.log_path.display(),
+                tail(&self.log_path, 25)
+            ))),
+            Err(e) => Err(Error::io(format!("wait for {}", self.name), e)),
+        }
+    }
+
+    /// Stops the process: SIGTERM, then SIGKILL if it has not exited within `grace`.
+    pub fn stop(&mut self, grace: std::time::Duration) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            // SAFETY: signalling our own, not yet reaped child.
+            unsafe {
+                libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+            }
+            let deadline = std::time::Instant::now() + grace;
+            while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+        if let Ok(mut r) = registry().lock() {
+            r.pids.remove(&self.child.id());
+        }
+    }
+}
+
+impl Drop for ManagedProcess {
+    fn drop(&mut self) {
+        // Test processes are disposable: no grace period on drop keeps teardown fast.
+        self.stop(std::time::Duration::ZERO);
+    }
+}
+
+/// The last `lines` lines of a log file (for error messages).
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// A free TCP port on loopback (bind to port 0, read it back, release it).
+pub fn free_port() -> Result<u16, Error> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("bind a free port", e))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| Error::io("read a bound port", e))
+}

@@ -1,0 +1,80 @@
+//! Nothing outlives a test: not on drop, not when the test process is killed.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use devctl_testenv::{ControlPlane, eventually};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+fn alive(pid: u32) -> bool {
+    // A zombie has exited already; only count processes that still run.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+        .unwrap_or(false)
+}
+
+#[tokio::test]
+async fn dropping_a_control_plane_stops_its_processes_and_removes_its_directory() {
+    let cp = ControlPlane::start().await.unwrap();
+    let pids = cp.pids();
+    let dir = cp.dir().to_path_buf();
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    assert!(pids.iter().all(|(_, pid)| alive(*pid)));
+    drop(cp);
+    for (name, pid) in pids {
+        assert!(!alive(pid), "{name} ({pid}) still runs after drop");
+    }
+    assert!(!dir.exists(), "{} was not removed", dir.display());
+}
+
+/// Run by the next test in a child process, which is then killed with SIGKILL.
+#[tokio::test]
+#[ignore = "helper: run only as the child of killed_test_process_takes_its_control_plane_with_it"]
+async fn child_holds_a_control_plane() {
+    if std::env::var_os("DEVCTL_TESTENV_CHILD").is_none() {
+        return;
+    }
+    let cp = ControlPlane::start().await.unwrap();
+    let pids: Vec<String> = cp.pids().iter().map(|(_, pid)| pid.to_string()).collect();
+    println!("READY {} {}", cp.dir().display(), pids.join(" "));
+    std::future::pending::<()>().await;
+}
+
+#[tokio::test]
+async fn killed_test_process_takes_its_control_plane_with_it() {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_holds_a_control_plane", "--ignored", "--nocapture"])
+        .env("DEVCTL_TESTENV_CHILD", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find(|l| l.starts_with("READY "))
+    })
+    .await
+    .unwrap()
+    .expect("the child never reported a running control plane");
+    let mut fields = line.split_whitespace().skip(1);
+    let dir = PathBuf::from(fields.next().unwrap());
+    let pids: Vec<u32> = fields.map(|p| p.parse().unwrap()).collect();
+    assert_eq!(pids.len(), 2);
+    assert!(pids.iter().all(|pid| alive(*pid)));
+
+    child.kill().unwrap(); // SIGKILL: no destructor, no atexit hook runs.
+    child.wait().unwrap();
+    eventually("the killed test's etcd and kube-apiserver to die", TIMEOUT, || async {
+        pids.iter().all(|pid| !alive(*pid)).then_some(())
+    })
+    .await
+    .unwrap();
+    // A SIGKILLed process cannot clean its directory; that is all it leaves.
+    let _ = std::fs::remove_dir_all(dir);
+}
