@@ -110,7 +110,8 @@ impl AuditLog {
 
     /// Every completed request logged after `mark`.
     pub fn requests_since(&self, mark: AuditMark) -> Result<Vec<Request>, Error> {
-        let bytes = std::fs::read(&self.path).map_err(|e| Error::io(format!("read {}", self.path.display()), e))?;
+        let bytes = std::fs::read(&self.path)
+            .map_err(|e| Error::io(format!("read {}", self.path.display()), e))?;
         let start = (mark.0 as usize).min(bytes.len());
         let text = String::from_utf8_lossy(&bytes[start..]);
         Ok(text
@@ -123,7 +124,10 @@ impl AuditLog {
                     verb: e.verb,
                     user: e.user.username,
                     user_agent: e.user_agent,
-                    resource: object.as_ref().map(|o| o.resource.clone()).unwrap_or_default(),
+                    resource: object
+                        .as_ref()
+                        .map(|o| o.resource.clone())
+                        .unwrap_or_default(),
                     subresource: object.as_ref().and_then(|o| o.subresource.clone()),
                     namespace: object.as_ref().and_then(|o| o.namespace.clone()),
                     name: object.and_then(|o| o.name),
@@ -135,7 +139,9 @@ impl AuditLog {
 }
 
 /// Counts requests by (verb, resource[/subresource], user).
-pub fn count_by_verb_resource_user(requests: &[Request]) -> BTreeMap<(String, String, String), usize> {
+pub fn count_by_verb_resource_user(
+    requests: &[Request],
+) -> BTreeMap<(String, String, String), usize> {
     let mut counts = BTreeMap::new();
     for r in requests {
         *counts
@@ -168,6 +174,9 @@ mod tests {
         assert_eq!(requests.len(), 1);
         assert!(requests[0].is_write());
         let counts = count_by_verb_resource_user(&requests);
-        assert_eq!(counts[&("patch".into(), "configmaps".into(), "alice".into())], 1);
+        assert_eq!(
+            counts[&("patch".into(), "configmaps".into(), "alice".into())],
+            1
+        );
     }
 }

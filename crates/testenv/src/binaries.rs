@@ -8,7 +8,10 @@ use crate::Error;
 /// `tools/control-plane/versions.env`, compiled in so the harness and the build script can
 /// never disagree about the version (and therefore the cache directory).
 const VERSIONS_ENV: &str = include_str!("../../../tools/control-plane/versions.env");
-const BUILD_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tools/control-plane/build.sh");
+const BUILD_SCRIPT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tools/control-plane/build.sh"
+);
 
 /// Every binary the harness runs.
 pub const ALL: [&str; 6] = [
@@ -58,7 +61,8 @@ impl Binaries {
     }
 
     fn complete(&self) -> bool {
-        ALL.iter().all(|b| is_executable(&self.path(b))) && self.kwok_stages_dir.join(".complete").exists()
+        ALL.iter().all(|b| is_executable(&self.path(b)))
+            && self.kwok_stages_dir.join(".complete").exists()
     }
 
     /// The binaries, built with `tools/control-plane/build.sh` if any is missing.

@@ -92,13 +92,19 @@ impl Cluster {
         let logs = control_plane.log_dir();
 
         // Each component gets its own identity, so RBAC and the audit log see who did what.
-        let write_kubeconfig = |name: &str, user: &str, groups: &[&str]| -> Result<std::path::PathBuf, Error> {
-            let path = dir.join(format!("{name}.kubeconfig"));
-            kubeconfig::write(&control_plane.kubeconfig_for(user, groups)?, &path)?;
-            Ok(path)
-        };
-        let kcm_kubeconfig = write_kubeconfig("kube-controller-manager", "system:kube-controller-manager", &[])?;
-        let scheduler_kubeconfig = write_kubeconfig("kube-scheduler", "system:kube-scheduler", &[])?;
+        let write_kubeconfig =
+            |name: &str, user: &str, groups: &[&str]| -> Result<std::path::PathBuf, Error> {
+                let path = dir.join(format!("{name}.kubeconfig"));
+                kubeconfig::write(&control_plane.kubeconfig_for(user, groups)?, &path)?;
+                Ok(path)
+            };
+        let kcm_kubeconfig = write_kubeconfig(
+            "kube-controller-manager",
+            "system:kube-controller-manager",
+            &[],
+        )?;
+        let scheduler_kubeconfig =
+            write_kubeconfig("kube-scheduler", "system:kube-scheduler", &[])?;
         // kwok patches node and pod status, creates PVs and leases: it needs broad rights.
         let kwok_kubeconfig = write_kubeconfig("kwok", "kwok", &["system:masters"])?;
 
@@ -112,7 +118,10 @@ impl Cluster {
             // bootstrap RBAC role written for it (system:controller:<name>).
             "--use-service-account-credentials=true".into(),
             format!("--controllers={}", CONTROLLERS.join(",")),
-            format!("--service-account-private-key-file={}", control_plane.sa_private_key_path.display()),
+            format!(
+                "--service-account-private-key-file={}",
+                control_plane.sa_private_key_path.display()
+            ),
             format!("--root-ca-file={}", control_plane.server_ca_path.display()),
             "--bind-address=127.0.0.1".into(),
             format!("--secure-port={}", free_port()?),
@@ -129,8 +138,14 @@ impl Cluster {
 
         let scheduler_args = vec![
             format!("--kubeconfig={}", scheduler_kubeconfig.display()),
-            format!("--authentication-kubeconfig={}", scheduler_kubeconfig.display()),
-            format!("--authorization-kubeconfig={}", scheduler_kubeconfig.display()),
+            format!(
+                "--authentication-kubeconfig={}",
+                scheduler_kubeconfig.display()
+            ),
+            format!(
+                "--authorization-kubeconfig={}",
+                scheduler_kubeconfig.display()
+            ),
             "--leader-elect=false".into(),
             "--bind-address=127.0.0.1".into(),
             format!("--secure-port={}", free_port()?),
@@ -152,7 +167,13 @@ impl Cluster {
             "--node-lease-duration-seconds=40".into(),
         ];
         for stage in STAGES {
-            kwok_args.push(format!("--config={}", binaries.kwok_stages_dir.join(format!("{stage}.yaml")).display()));
+            kwok_args.push(format!(
+                "--config={}",
+                binaries
+                    .kwok_stages_dir
+                    .join(format!("{stage}.yaml"))
+                    .display()
+            ));
         }
         control_plane.push_process(ManagedProcess::start(
             "kwok",
@@ -186,8 +207,12 @@ impl Cluster {
             "allowVolumeExpansion": true,
         }))
         .map_err(|e| Error::Process(e.to_string()))?;
-        api.patch(STORAGE_CLASS, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&class))
-            .await?;
+        api.patch(
+            STORAGE_CLASS,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&class),
+        )
+        .await?;
         Ok(())
     }
 
@@ -222,8 +247,12 @@ impl Cluster {
                 }
             }))
             .map_err(|e| Error::Process(e.to_string()))?;
-            api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&node))
-                .await?;
+            api.patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&node),
+            )
+            .await?;
             self.nodes.push(name);
         }
         let timeout = Duration::from_secs(60);
@@ -236,7 +265,10 @@ impl Cluster {
             tokio::time::timeout(timeout, ready)
                 .await
                 .map_err(|_| Error::Timeout {
-                    what: format!("node {name} to become Ready (is kwok running? {})", self.describe()),
+                    what: format!(
+                        "node {name} to become Ready (is kwok running? {})",
+                        self.describe()
+                    ),
                     after: timeout,
                 })?
                 .map_err(|e| Error::Process(format!("watching node {name}: {e}")))?;

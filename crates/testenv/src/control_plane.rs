@@ -73,7 +73,8 @@ impl ControlPlane {
         let logs = dir.join("logs");
         let pki = dir.join("pki");
         for d in [&logs, &pki] {
-            std::fs::create_dir_all(d).map_err(|e| Error::io(format!("create {}", d.display()), e))?;
+            std::fs::create_dir_all(d)
+                .map_err(|e| Error::io(format!("create {}", d.display()), e))?;
         }
 
         // Certificates.
@@ -84,7 +85,8 @@ impl ControlPlane {
         let sa_keys = ServiceAccountKeys::generate()?;
         let write = |name: &str, content: &str| -> Result<PathBuf, Error> {
             let path = pki.join(name);
-            std::fs::write(&path, content).map_err(|e| Error::io(format!("write {}", path.display()), e))?;
+            std::fs::write(&path, content)
+                .map_err(|e| Error::io(format!("write {}", path.display()), e))?;
             Ok(path)
         };
         let server_ca_path = write("server-ca.crt", server_ca.cert_pem())?;
@@ -111,7 +113,12 @@ impl ControlPlane {
             "--unsafe-no-fsync=true".into(),
             "--log-level=warn".into(),
         ];
-        processes.push(ManagedProcess::start("etcd", &binaries.path("etcd"), &etcd_args, &logs.join("etcd.log"))?);
+        processes.push(ManagedProcess::start(
+            "etcd",
+            &binaries.path("etcd"),
+            &etcd_args,
+            &logs.join("etcd.log"),
+        )?);
 
         // kube-apiserver.
         let port = free_port()?;
@@ -130,7 +137,10 @@ impl ControlPlane {
             format!("--client-ca-file={}", client_ca_path.display()),
             format!("--service-account-issuer={server}"),
             format!("--service-account-key-file={}", sa_public.display()),
-            format!("--service-account-signing-key-file={}", sa_private_key_path.display()),
+            format!(
+                "--service-account-signing-key-file={}",
+                sa_private_key_path.display()
+            ),
             "--service-cluster-ip-range=10.96.0.0/16".into(),
             "--authorization-mode=RBAC".into(),
             // Without this an unauthenticated client is `system:anonymous` and gets 403; real
@@ -177,7 +187,10 @@ impl ControlPlane {
             sa_private_key_path,
             server_ca_path,
         };
-        kubeconfig::write(&control_plane.admin_kubeconfig()?, &control_plane.kubeconfig_path)?;
+        kubeconfig::write(
+            &control_plane.admin_kubeconfig()?,
+            &control_plane.kubeconfig_path,
+        )?;
         control_plane.wait_ready(Duration::from_secs(90)).await?;
         tracing::info!(elapsed = ?started.elapsed(), dir = %control_plane.dir.display(), "control plane ready");
         Ok(control_plane)
@@ -188,7 +201,9 @@ impl ControlPlane {
         let deadline = Instant::now() + timeout;
         loop {
             self.check_processes()?;
-            let request = http::Request::get("/readyz").body(Vec::new()).map_err(|e| Error::Process(e.to_string()))?;
+            let request = http::Request::get("/readyz")
+                .body(Vec::new())
+                .map_err(|e| Error::Process(e.to_string()))?;
             let last_error = match client.request_text(request).await {
                 Ok(body) if body.trim() == "ok" => return Ok(()),
                 Ok(body) => body,
@@ -209,12 +224,17 @@ impl ControlPlane {
 
     /// `Err` naming the process and the end of its log if any process has exited.
     pub fn check_processes(&mut self) -> Result<(), Error> {
-        self.processes.iter_mut().try_for_each(ManagedProcess::check_running)
+        self.processes
+            .iter_mut()
+            .try_for_each(ManagedProcess::check_running)
     }
 
     /// The running processes' names and pids.
     pub fn pids(&self) -> Vec<(String, u32)> {
-        self.processes.iter().map(|p| (p.name().to_string(), p.pid())).collect()
+        self.processes
+            .iter()
+            .map(|p| (p.name().to_string(), p.pid()))
+            .collect()
     }
 
     pub(crate) fn push_process(&mut self, process: ManagedProcess) {
@@ -243,7 +263,11 @@ impl ControlPlane {
             .iter()
             .map(|p| format!("{} (pid {}): {}", p.name(), p.pid(), p.log_path().display()))
             .collect();
-        format!("devctl-testenv at {}; logs:\n  {}", self.server, logs.join("\n  "))
+        format!(
+            "devctl-testenv at {}; logs:\n  {}",
+            self.server,
+            logs.join("\n  ")
+        )
     }
 
     pub fn binaries(&self) -> &Binaries {
@@ -256,18 +280,33 @@ impl ControlPlane {
     }
 
     pub fn admin_kubeconfig(&self) -> Result<Kubeconfig, Error> {
-        kubeconfig::build(&self.server, &self.server_ca_pem, ADMIN_USER, Credentials::Certificate(&self.admin))
+        kubeconfig::build(
+            &self.server,
+            &self.server_ca_pem,
+            ADMIN_USER,
+            Credentials::Certificate(&self.admin),
+        )
     }
 
     /// A kubeconfig for `user` in `groups`, with a fresh client certificate.
     pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> Result<Kubeconfig, Error> {
         let pair = self.client_ca.issue_client(user, groups)?;
-        kubeconfig::build(&self.server, &self.server_ca_pem, user, Credentials::Certificate(&pair))
+        kubeconfig::build(
+            &self.server,
+            &self.server_ca_pem,
+            user,
+            Credentials::Certificate(&pair),
+        )
     }
 
     /// A kubeconfig that authenticates with a bearer token (e.g. from TokenRequest).
     pub fn kubeconfig_with_token(&self, user: &str, token: &str) -> Result<Kubeconfig, Error> {
-        kubeconfig::build(&self.server, &self.server_ca_pem, user, Credentials::Token(token))
+        kubeconfig::build(
+            &self.server,
+            &self.server_ca_pem,
+            user,
+            Credentials::Token(token),
+        )
     }
 
     /// An admin client (bound to the current tokio runtime; make one per test).
@@ -282,7 +321,12 @@ impl ControlPlane {
 
     /// A client that sends no credentials.
     pub async fn anonymous_client(&self) -> Result<kube::Client, Error> {
-        let config = kubeconfig::build(&self.server, &self.server_ca_pem, "anonymous", Credentials::None)?;
+        let config = kubeconfig::build(
+            &self.server,
+            &self.server_ca_pem,
+            "anonymous",
+            Credentials::None,
+        )?;
         kubeconfig::client(config).await
     }
 
@@ -353,7 +397,10 @@ impl Drop for ControlPlane {
             drop(process);
         }
         if self.keep_dir {
-            eprintln!("devctl-testenv: kept {} (DEVCTL_KEEP_TESTENV=1)", self.dir.display());
+            eprintln!(
+                "devctl-testenv: kept {} (DEVCTL_KEEP_TESTENV=1)",
+                self.dir.display()
+            );
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
             process::forget_dir_at_exit(&self.dir);

@@ -22,7 +22,12 @@ pub enum Credentials<'a> {
 }
 
 /// A kubeconfig for `server`, trusting `server_ca_pem`, authenticating as `credentials`.
-pub fn build(server: &str, server_ca_pem: &str, user: &str, credentials: Credentials<'_>) -> Result<Kubeconfig, Error> {
+pub fn build(
+    server: &str,
+    server_ca_pem: &str,
+    user: &str,
+    credentials: Credentials<'_>,
+) -> Result<Kubeconfig, Error> {
     let auth = match credentials {
         Credentials::None => json!({}),
         Credentials::Certificate(pair) => json!({

@@ -68,7 +68,8 @@ impl Error {
     }
 }
 
-static SHARED_CONTROL_PLANE: tokio::sync::OnceCell<ControlPlane> = tokio::sync::OnceCell::const_new();
+static SHARED_CONTROL_PLANE: tokio::sync::OnceCell<ControlPlane> =
+    tokio::sync::OnceCell::const_new();
 static SHARED_CLUSTER: tokio::sync::OnceCell<Cluster> = tokio::sync::OnceCell::const_new();
 
 /// The control plane shared by every test in this test binary (audit log on).

@@ -36,7 +36,9 @@ impl Authority {
     pub fn new(common_name: &str) -> Result<Self, Error> {
         let key = KeyPair::generate().map_err(Error::pki)?;
         let mut params = CertificateParams::new(Vec::<String>::new()).map_err(Error::pki)?;
-        params.distinguished_name.push(DnType::CommonName, common_name);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.key_usages = vec![
             KeyUsagePurpose::KeyCertSign,
@@ -56,13 +58,18 @@ impl Authority {
 
     /// A serving certificate for the given DNS names and IP addresses.
     pub fn issue_server(&self, names: &[&str]) -> Result<CertPair, Error> {
-        let mut params = CertificateParams::new(
-            names.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
-        )
-        .map_err(Error::pki)?;
-        params.distinguished_name.push(DnType::CommonName, names.first().copied().unwrap_or("localhost"));
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .map_err(Error::pki)?;
+        params.distinguished_name.push(
+            DnType::CommonName,
+            names.first().copied().unwrap_or("localhost"),
+        );
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
         self.sign(params)
     }
 
@@ -71,10 +78,15 @@ impl Authority {
         let mut params = CertificateParams::new(Vec::<String>::new()).map_err(Error::pki)?;
         params.distinguished_name.push(DnType::CommonName, user);
         for group in groups {
-            params.distinguished_name.push(DnType::OrganizationName, *group);
+            params
+                .distinguished_name
+                .push(DnType::OrganizationName, *group);
         }
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
         self.sign(params)
     }
 
@@ -114,6 +126,9 @@ mod tests {
         let pair = ca.issue_client("alice", &["devs", "ops"]).unwrap();
         assert!(pair.cert_pem.starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(pair.key_pem.contains("PRIVATE KEY"));
-        assert!(!format!("{pair:?}").contains("PRIVATE"), "Debug must not print the key");
+        assert!(
+            !format!("{pair:?}").contains("PRIVATE"),
+            "Debug must not print the key"
+        );
     }
 }

@@ -60,7 +60,9 @@ fn registry() -> &'static Mutex<Registry> {
 }
 
 extern "C" fn cleanup_at_exit() {
-    let Ok(mut registry) = registry().lock() else { return };
+    let Ok(mut registry) = registry().lock() else {
+        return;
+    };
     for pid in std::mem::take(&mut registry.pids).into_keys() {
         // SAFETY: kill(2) on a pid we started and have not reaped; at worst ESRCH.
         unsafe {
@@ -100,8 +102,11 @@ impl ManagedProcess {
         args: &[String],
         log_path: &Path,
     ) -> Result<Self, Error> {
-        let log = File::create(log_path).map_err(|e| Error::io(format!("create {}", log_path.display()), e))?;
-        let log_err = log.try_clone().map_err(|e| Error::io("clone log handle", e))?;
+        let log = File::create(log_path)
+            .map_err(|e| Error::io(format!("create {}", log_path.display()), e))?;
+        let log_err = log
+            .try_clone()
+            .map_err(|e| Error::io("clone log handle", e))?;
         let mut command = Command::new(program);
         command
             .args(args)
@@ -181,7 +186,8 @@ impl ManagedProcess {
                 libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
             }
             let deadline = std::time::Instant::now() + grace;
-            while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+            while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline
+            {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
             let _ = self.child.kill();
@@ -209,7 +215,8 @@ pub fn tail(path: &Path, lines: usize) -> String {
 
 /// A free TCP port on loopback (bind to port 0, read it back, release it).
 pub fn free_port() -> Result<u16, Error> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("bind a free port", e))?;
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("bind a free port", e))?;
     listener
         .local_addr()
         .map(|a| a.port())

@@ -22,10 +22,18 @@ fn pod_template(app: &str) -> serde_json::Value {
 
 async fn ready_replicas<K>(api: &Api<K>, name: &str, want: i32, ready: fn(&K) -> Option<i32>)
 where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
 {
     let what = format!("{name} to have {want} ready replicas");
-    let wait = await_condition(api.clone(), name, move |obj: Option<&K>| obj.and_then(ready) == Some(want));
+    let wait = await_condition(api.clone(), name, move |obj: Option<&K>| {
+        obj.and_then(ready) == Some(want)
+    });
     tokio::time::timeout(TIMEOUT, wait)
         .await
         .unwrap_or_else(|_| panic!("timed out after {TIMEOUT:?} waiting for {what}"))
@@ -48,7 +56,10 @@ async fn deployment_and_statefulset_become_ready_through_kwok() {
         }
     }))
     .unwrap();
-    deployments.create(&PostParams::default(), &deployment).await.unwrap();
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap();
 
     let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     let statefulset: StatefulSet = serde_json::from_value(json!({
@@ -76,17 +87,29 @@ async fn deployment_and_statefulset_become_ready_through_kwok() {
         }
     }))
     .unwrap();
-    statefulsets.create(&PostParams::default(), &statefulset).await.unwrap();
+    statefulsets
+        .create(&PostParams::default(), &statefulset)
+        .await
+        .unwrap();
 
-    ready_replicas(&deployments, "web", 3, |d| d.status.as_ref()?.ready_replicas).await;
-    ready_replicas(&statefulsets, "db", 3, |s| s.status.as_ref()?.ready_replicas).await;
+    ready_replicas(&deployments, "web", 3, |d| {
+        d.status.as_ref()?.ready_replicas
+    })
+    .await;
+    ready_replicas(&statefulsets, "db", 3, |s| {
+        s.status.as_ref()?.ready_replicas
+    })
+    .await;
 
     // The claims were provisioned and bound (kwok's volume stages, default storage class).
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
     let bound = claims.list(&ListParams::default()).await.unwrap();
     assert_eq!(bound.items.len(), 3);
     for claim in &bound.items {
-        assert_eq!(claim.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Bound"));
+        assert_eq!(
+            claim.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Bound")
+        );
     }
 
     // Deleting a pod: the StatefulSet recreates it and becomes ready again.
@@ -94,14 +117,27 @@ async fn deployment_and_statefulset_become_ready_through_kwok() {
     let old = pods.get("db-1").await.unwrap();
     let old_uid = old.metadata.uid.clone().unwrap();
     pods.delete("db-1", &DeleteParams::default()).await.unwrap();
-    eventually("db-1 to be recreated with a new uid and be Ready", TIMEOUT, || async {
-        let pod = pods.get_opt("db-1").await.ok()??;
-        let ready = pod.status.as_ref()?.conditions.as_ref()?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
-        (pod.metadata.uid.as_deref() != Some(old_uid.as_str()) && ready).then_some(())
-    })
+    eventually(
+        "db-1 to be recreated with a new uid and be Ready",
+        TIMEOUT,
+        || async {
+            let pod = pods.get_opt("db-1").await.ok()??;
+            let ready = pod
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            (pod.metadata.uid.as_deref() != Some(old_uid.as_str()) && ready).then_some(())
+        },
+    )
     .await
     .unwrap();
-    ready_replicas(&statefulsets, "db", 3, |s| s.status.as_ref()?.ready_replicas).await;
+    ready_replicas(&statefulsets, "db", 3, |s| {
+        s.status.as_ref()?.ready_replicas
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -112,7 +148,10 @@ async fn deleting_the_owner_garbage_collects_the_statefulset() {
 
     let owners: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let owner = owners
-        .create(&PostParams::default(), &serde_json::from_value(json!({ "metadata": { "name": "owner" } })).unwrap())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": "owner" } })).unwrap(),
+        )
         .await
         .unwrap();
     let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
@@ -132,10 +171,19 @@ async fn deleting_the_owner_garbage_collects_the_statefulset() {
         }
     }))
     .unwrap();
-    let created = statefulsets.create(&PostParams::default(), &statefulset).await.unwrap();
-    ready_replicas(&statefulsets, "owned", 1, |s| s.status.as_ref()?.ready_replicas).await;
+    let created = statefulsets
+        .create(&PostParams::default(), &statefulset)
+        .await
+        .unwrap();
+    ready_replicas(&statefulsets, "owned", 1, |s| {
+        s.status.as_ref()?.ready_replicas
+    })
+    .await;
 
-    owners.delete("owner", &DeleteParams::background()).await.unwrap();
+    owners
+        .delete("owner", &DeleteParams::background())
+        .await
+        .unwrap();
     let uid = created.metadata.uid.unwrap();
     let gone = await_condition(statefulsets.clone(), "owned", conditions::is_deleted(&uid));
     tokio::time::timeout(TIMEOUT, gone)
@@ -143,9 +191,18 @@ async fn deleting_the_owner_garbage_collects_the_statefulset() {
         .expect("the garbage collector did not delete the owned StatefulSet")
         .unwrap();
     let pods: Api<Pod> = Api::namespaced(client, &ns);
-    eventually("the StatefulSet's pod to be garbage-collected", TIMEOUT, || async {
-        pods.list(&ListParams::default().labels("app=owned")).await.ok()?.items.is_empty().then_some(())
-    })
+    eventually(
+        "the StatefulSet's pod to be garbage-collected",
+        TIMEOUT,
+        || async {
+            pods.list(&ListParams::default().labels("app=owned"))
+                .await
+                .ok()?
+                .items
+                .is_empty()
+                .then_some(())
+        },
+    )
     .await
     .unwrap();
 }

@@ -12,7 +12,14 @@ const TIMEOUT: Duration = Duration::from_secs(20);
 fn alive(pid: u32) -> bool {
     // A zombie has exited already; only count processes that still run.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|stat| !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+        .map(|stat| {
+            !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
         .unwrap_or(false)
 }
 
@@ -46,7 +53,12 @@ async fn child_holds_a_control_plane() {
 #[tokio::test]
 async fn killed_test_process_takes_its_control_plane_with_it() {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_holds_a_control_plane", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "child_holds_a_control_plane",
+            "--ignored",
+            "--nocapture",
+        ])
         .env("DEVCTL_TESTENV_CHILD", "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -70,9 +82,11 @@ async fn killed_test_process_takes_its_control_plane_with_it() {
 
     child.kill().unwrap(); // SIGKILL: no destructor, no atexit hook runs.
     child.wait().unwrap();
-    eventually("the killed test's etcd and kube-apiserver to die", TIMEOUT, || async {
-        pids.iter().all(|pid| !alive(*pid)).then_some(())
-    })
+    eventually(
+        "the killed test's etcd and kube-apiserver to die",
+        TIMEOUT,
+        || async { pids.iter().all(|pid| !alive(*pid)).then_some(()) },
+    )
     .await
     .unwrap();
     // A SIGKILLed process cannot clean its directory; that is all it leaves.

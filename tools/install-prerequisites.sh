@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what building and testing devctl needs, from the package registries only:
+# rustfmt and clippy (rustup). Go (>= 1.26) and Rust must already be on the machine.
+# Safe to run again: it installs only what is missing.
+set -euo pipefail
+
+need() { command -v "$1" >/dev/null 2>&1 || { echo "error: $1 is not installed ($2)" >&2; exit 1; }; }
+need cargo "install Rust with rustup: https://rustup.rs"
+need go "install Go >= 1.26: the control plane is built from the Kubernetes Go modules"
+
+go_minor="$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')"
+if (( go_minor < 26 )); then
+  echo "error: Go $(go env GOVERSION) is too old; Kubernetes v1.37 needs Go >= 1.26" >&2
+  exit 1
+fi
+
+if command -v rustup >/dev/null 2>&1; then
+  for component in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$component" || rustup component add "$component"
+  done
+fi
+echo "prerequisites present"

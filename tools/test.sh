@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs every check and test of the project, installing what it needs first.
+# This is the README's test command; .ci/run runs exactly this.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+phase_start=$SECONDS
+phases=()
+phase() { # phase <name> <command...>
+  local name="$1"; shift
+  local start=$SECONDS
+  printf '\n==> %s\n' "$name"
+  "$@"
+  phases+=("$(printf '%-28s %5d s' "$name" $((SECONDS - start)))")
+}
+report() {
+  printf '\n==> phase timings\n'
+  printf '  %s\n' "${phases[@]}"
+  printf '  %-28s %5d s\n' "total" $((SECONDS - phase_start))
+}
+trap report EXIT
+
+phase "install prerequisites" tools/install-prerequisites.sh
+phase "build control plane" tools/control-plane/build.sh
+phase "cargo fmt --check" cargo fmt --all --check
+phase "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
+phase "cargo test" cargo test --workspace --locked
+
+leftovers() {
+  # Every control-plane process runs from the versioned cache; none may survive the suite.
+  local bin_dir; bin_dir="$(tools/control-plane/build.sh 2>/dev/null)"
+  if pgrep -af "^$bin_dir/" ; then
+    echo "error: control-plane processes are still running after the test suite" >&2
+    return 1
+  fi
+  echo "no control-plane process left running"
+}
+phase "no leftover processes" leftovers
