@@ -1,1 +1,22 @@
+//! devctl's custom resources: their Rust types (from which the CRDs are generated) and the
+//! pure logic on them. Nothing here does IO.
 
+pub mod conditions;
+pub mod database_cluster;
+pub mod labels;
+pub mod quantity;
+
+/// Group of the database resources.
+pub const DB_GROUP: &str = "db.devctl.io";
+
+/// Every CRD devctl installs, generated from the Rust types.
+pub fn crds()
+-> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
+{
+    vec![database_cluster::crd()]
+}
+
+/// A Kubernetes object as a YAML document (for `deploy/` and `devctl operator manifests`).
+pub fn to_yaml<T: serde::Serialize>(object: &T) -> Result<String, serde_saphyr::SerializeError> {
+    serde_saphyr::to_string(object)
+}

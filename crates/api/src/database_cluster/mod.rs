@@ -1,0 +1,160 @@
+//! The `DatabaseCluster` resource. `v1beta1` is the storage version; earlier shapes will be
+//! served beside it through a conversion webhook, each in its own module.
+
+pub mod v1beta1;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+pub use v1beta1::{DatabaseCluster, DatabaseClusterSpec, DatabaseClusterStatus, Engine, Phase};
+
+/// The finalizer the operator puts on every DatabaseCluster.
+pub const FINALIZER: &str = "db.devctl.io/finalizer";
+
+/// The CRD, generated from the Rust types.
+pub fn crd() -> CustomResourceDefinition {
+    DatabaseCluster::crd()
+}
+
+/// A `major.minor` engine version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Version {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl std::str::FromStr for Version {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (major, minor) = s
+            .split_once('.')
+            .ok_or_else(|| format!("version {s:?} is not major.minor"))?;
+        let parse = |p: &str| {
+            p.parse::<u32>()
+                .map_err(|_| format!("version {s:?} is not major.minor"))
+        };
+        Ok(Self {
+            major: parse(major)?,
+            minor: parse(minor)?,
+        })
+    }
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// Why a version change is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VersionChangeError {
+    #[error(
+        "downgrade from {from} to {to} is not supported: data files are not backwards compatible"
+    )]
+    Downgrade { from: Version, to: Version },
+    #[error(
+        "major version upgrade from {from} to {to} needs a dump/restore or pg_upgrade and is not done in place"
+    )]
+    MajorUpgrade { from: Version, to: Version },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Checks a change from the running version to the requested one: same version and minor
+/// upgrades are allowed; downgrades and major-version changes are refused.
+pub fn check_version_change(running: &str, requested: &str) -> Result<(), VersionChangeError> {
+    let from: Version = running.parse().map_err(VersionChangeError::Invalid)?;
+    let to: Version = requested.parse().map_err(VersionChangeError::Invalid)?;
+    if to < from {
+        Err(VersionChangeError::Downgrade { from, to })
+    } else if to.major != from.major {
+        Err(VersionChangeError::MajorUpgrade { from, to })
+    } else {
+        Ok(())
+    }
+}
+
+impl DatabaseClusterSpec {
+    /// The container image: `spec.image`, or the engine's official image at `spec.version`.
+    pub fn image(&self) -> String {
+        match &self.image {
+            Some(image) => image.clone(),
+            None => format!("{}:{}", self.engine.as_str(), self.version),
+        }
+    }
+
+    /// The database port of the engine.
+    pub fn port(&self) -> i32 {
+        match self.engine {
+            Engine::Postgres => 5432,
+            Engine::Mysql => 3306,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minor_upgrades_pass_and_downgrades_or_major_changes_are_refused() {
+        assert_eq!(check_version_change("16.2", "16.2"), Ok(()));
+        assert_eq!(check_version_change("16.2", "16.4"), Ok(()));
+        assert!(matches!(
+            check_version_change("16.4", "16.2"),
+            Err(VersionChangeError::Downgrade { .. })
+        ));
+        assert!(matches!(
+            check_version_change("16.2", "17.0"),
+            Err(VersionChangeError::MajorUpgrade { .. })
+        ));
+        assert!(matches!(
+            check_version_change("16.2", "15.9"),
+            Err(VersionChangeError::Downgrade { .. })
+        ));
+        // Numeric, not lexical: 16.10 is newer than 16.9.
+        assert_eq!(check_version_change("16.9", "16.10"), Ok(()));
+    }
+
+    #[test]
+    fn crd_has_the_names_columns_and_scale_subresource() {
+        let crd = crd();
+        let spec = &crd.spec;
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("databaseclusters.db.devctl.io")
+        );
+        assert_eq!(
+            spec.names.short_names.as_deref(),
+            Some(&["dbc".to_string(), "db".to_string()][..])
+        );
+        assert_eq!(
+            spec.names.categories.as_deref(),
+            Some(&["all".to_string(), "devctl".to_string()][..])
+        );
+        let version = &spec.versions[0];
+        let columns: Vec<_> = version
+            .additional_printer_columns
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(
+            columns,
+            ["Engine", "Version", "Replicas", "Ready", "Phase", "Age"]
+        );
+        let scale = version
+            .subresources
+            .as_ref()
+            .unwrap()
+            .scale
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            scale.label_selector_path.as_deref(),
+            Some(".status.selector")
+        );
+    }
+}

@@ -1,0 +1,261 @@
+//! `DatabaseCluster` `db.devctl.io/v1beta1`, the storage version.
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// A replicated PostgreSQL or MySQL database run by the devctl operator: a StatefulSet with
+/// persistent storage, Services for the primary and the replicas, generated credentials
+/// and engine configuration tuned from the requested resources.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "db.devctl.io",
+    version = "v1beta1",
+    kind = "DatabaseCluster",
+    plural = "databaseclusters",
+    singular = "databasecluster",
+    namespaced,
+    status = "DatabaseClusterStatus",
+    derive = "PartialEq",
+    shortname = "dbc",
+    shortname = "db",
+    category = "all",
+    category = "devctl",
+    doc = "A replicated PostgreSQL or MySQL database managed by the devctl operator.",
+    printcolumn(name = "Engine", type_ = "string", json_path = ".spec.engine"),
+    printcolumn(name = "Version", type_ = "string", json_path = ".spec.version"),
+    printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseClusterSpec {
+    /// Database engine: `postgres` or `mysql`. Cannot be changed after creation.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("engine is immutable: create a new cluster to change engines"))]
+    pub engine: Engine,
+
+    /// Engine version as `major.minor`, e.g. `"16.2"`. Minor upgrades roll the pods; downgrades
+    /// and major-version changes are refused.
+    #[schemars(regex(pattern = r"^\d+\.\d+$"))]
+    pub version: String,
+
+    /// Container image; defaults to `postgres:<version>` or `mysql:<version>`. Set it to use a
+    /// private registry or mirror.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub image: Option<String>,
+
+    /// Number of database instances (1-7): one primary, the rest replicas.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 1, max = 7))]
+    pub replicas: i32,
+
+    /// Persistent storage for each instance.
+    pub storage: StorageSpec,
+
+    /// CPU and memory for the database container. Requests default to 250m CPU and 512Mi
+    /// memory; the engine configuration (buffers, connections) is tuned from these values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Scheduled backups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupSpec>,
+
+    /// High availability: automatic failover to a replica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high_availability: Option<HighAvailabilitySpec>,
+}
+
+fn default_replicas() -> i32 {
+    1
+}
+
+/// Database engine.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// PostgreSQL.
+    #[default]
+    Postgres,
+    /// MySQL.
+    Mysql,
+}
+
+impl Engine {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Engine::Postgres => "postgres",
+            Engine::Mysql => "mysql",
+        }
+    }
+}
+
+impl std::fmt::Display for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Persistent storage of each instance.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageSpec {
+    /// Volume size with a binary suffix, e.g. `10Gi`. It can grow (the volumes are expanded in
+    /// place when the storage class allows it) but never shrink.
+    #[schemars(regex(pattern = r"^\d+(Ki|Mi|Gi|Ti)$"))]
+    #[x_kube(validation = Rule::new(
+        "!isQuantity(self) || !isQuantity(oldSelf) || quantity(self).compareTo(quantity(oldSelf)) >= 0"
+    ).message("storage.size cannot shrink: volumes can only grow"))]
+    pub size: String,
+
+    /// Storage class of the volumes; the cluster's default class when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("storage.storageClassName is immutable"))]
+    pub storage_class_name: Option<String>,
+}
+
+/// Scheduled backups.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupSpec {
+    /// Whether scheduled backups run (default true when the block is present).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+
+    /// Cron schedule (five fields, UTC), default `0 2 * * *`.
+    #[serde(default = "default_backup_schedule")]
+    #[schemars(regex(pattern = r"^\s*\S+(\s+\S+){4}\s*$"))]
+    pub schedule: String,
+
+    /// Days to keep backups (1-3650), default 7.
+    #[serde(default = "default_retention")]
+    #[schemars(range(min = 1, max = 3650))]
+    pub retention: i32,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_backup_schedule() -> String {
+    "0 2 * * *".into()
+}
+
+fn default_retention() -> i32 {
+    7
+}
+
+/// High availability settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HighAvailabilitySpec {
+    /// Whether high availability is on.
+    #[serde(default)]
+    pub enabled: bool,
+
+    /// Promote a replica automatically when the primary fails (default true).
+    #[serde(default = "default_true")]
+    pub auto_failover: bool,
+
+    /// How long the primary may be unavailable before failover, e.g. `30s` or `2m` (default 30s).
+    #[serde(default = "default_failover_timeout")]
+    #[schemars(regex(pattern = r"^\d+(s|m)$"))]
+    pub failover_timeout: String,
+}
+
+fn default_failover_timeout() -> String {
+    "30s".into()
+}
+
+/// Lifecycle phase (kept for `kubectl get`; conditions are the API).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum Phase {
+    Pending,
+    Creating,
+    Running,
+    Failed,
+    Upgrading,
+    Deleting,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Creating => "Creating",
+            Phase::Running => "Running",
+            Phase::Failed => "Failed",
+            Phase::Upgrading => "Upgrading",
+            Phase::Deleting => "Deleting",
+        }
+    }
+}
+
+/// Observed state, written by the operator.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseClusterStatus {
+    /// Lifecycle phase: Pending, Creating, Running, Failed, Upgrading or Deleting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+
+    /// Instances whose readiness probe passes.
+    #[serde(default)]
+    pub ready_replicas: i32,
+
+    /// Instances that exist (for the scale subresource).
+    #[serde(default)]
+    pub replicas: i32,
+
+    /// Label selector of the instances' pods (for the scale subresource and HPAs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// `Ready`, `Progressing` and `Degraded`, following metav1.Condition conventions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+
+    /// DNS name of the read-write (primary) service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_endpoint: Option<String>,
+
+    /// DNS name of the read-only service (replicas), when replicas > 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_endpoint: Option<String>,
+
+    /// Name of the Secret with `username`, `password`, `host`, `port`, `dbname` and `uri`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_secret_name: Option<String>,
+
+    /// Version (image tag) every instance runs, once a rollout has finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<String>,
+
+    /// Size every volume has been expanded to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_size: Option<String>,
+
+    /// Completion time of the last successful backup (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_backup: Option<String>,
+}

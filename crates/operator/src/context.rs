@@ -1,0 +1,36 @@
+//! What every reconcile gets: the client, the child caches, the event recorder, the
+//! per-object backoff and the settings.
+
+use std::time::Duration;
+
+use kube::Client;
+use kube::runtime::events::Recorder;
+
+use crate::backoff::Backoff;
+use crate::children::Stores;
+
+/// Settings from the command line.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// DNS suffix of the cluster, for endpoints in status and the credentials Secret.
+    pub cluster_domain: String,
+    /// How often a healthy object is looked at again even if nothing changed.
+    pub health_requeue: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            cluster_domain: "cluster.local".into(),
+            health_requeue: Duration::from_secs(300),
+        }
+    }
+}
+
+pub struct Context {
+    pub client: Client,
+    pub stores: Stores,
+    pub recorder: Recorder,
+    pub backoff: Backoff,
+    pub settings: Settings,
+}

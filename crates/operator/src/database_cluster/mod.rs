@@ -1,0 +1,7 @@
+//! The DatabaseCluster controller.
+
+pub mod controller;
+pub mod resources;
+pub mod status;
+
+pub use controller::run;

@@ -1,0 +1,200 @@
+//! The desired children of a DatabaseCluster: pure functions of the spec and a few observed
+//! facts (the existing password, the existing claim size), one file per child.
+
+pub mod config_map;
+pub mod pod_disruption_budget;
+pub mod secret;
+pub mod services;
+pub mod stateful_set;
+
+use std::collections::BTreeMap;
+
+use devctl_api::database_cluster::DatabaseCluster;
+use devctl_api::labels;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::children::{Child, Kind};
+use crate::error::{Error, Result};
+
+/// Every kind a DatabaseCluster may own (orphans of these kinds are deleted).
+pub const KINDS: &[Kind] = &[
+    Kind::ConfigMap,
+    Kind::Secret,
+    Kind::Service,
+    Kind::StatefulSet,
+    Kind::PodDisruptionBudget,
+];
+
+/// `app.kubernetes.io/name` of everything a DatabaseCluster owns.
+pub const APP_NAME: &str = "databasecluster";
+
+/// What the desired state depends on besides the spec.
+#[derive(Debug, Clone)]
+pub struct Inputs<'a> {
+    /// The password in the existing credentials Secret, or a freshly generated one.
+    pub password: &'a str,
+    /// The version to run: `spec.version`, or the running version when a change is refused.
+    pub version: &'a str,
+    /// The claim template size of the existing StatefulSet (immutable once created).
+    pub existing_claim_size: Option<&'a str>,
+    /// DNS suffix of the cluster, e.g. `cluster.local`.
+    pub cluster_domain: &'a str,
+}
+
+/// Names and shared pieces derived from the DatabaseCluster.
+pub struct Names {
+    pub name: String,
+    pub namespace: String,
+}
+
+impl Names {
+    pub fn of(db: &DatabaseCluster) -> Result<Self> {
+        Ok(Self {
+            name: db.name_any(),
+            namespace: db
+                .namespace()
+                .ok_or(Error::MissingField("metadata.namespace"))?,
+        })
+    }
+    pub fn config_map(&self) -> String {
+        format!("{}-config", self.name)
+    }
+    pub fn secret(&self) -> String {
+        format!("{}-credentials", self.name)
+    }
+    pub fn headless_service(&self) -> String {
+        format!("{}-headless", self.name)
+    }
+    pub fn read_write_service(&self) -> String {
+        format!("{}-rw", self.name)
+    }
+    pub fn read_only_service(&self) -> String {
+        format!("{}-ro", self.name)
+    }
+    pub fn stateful_set(&self) -> String {
+        self.name.clone()
+    }
+    pub fn pod_disruption_budget(&self) -> String {
+        self.name.clone()
+    }
+    /// Cluster DNS name of one of the services.
+    pub fn dns(&self, service: &str, cluster_domain: &str) -> String {
+        format!("{service}.{}.svc.{cluster_domain}", self.namespace)
+    }
+}
+
+/// Pod selector: never changes after creation (the engine is immutable).
+pub fn selector(db: &DatabaseCluster) -> BTreeMap<String, String> {
+    labels::selector(APP_NAME, &db.name_any())
+}
+
+pub fn labels(db: &DatabaseCluster, component: &str, version: &str) -> BTreeMap<String, String> {
+    labels::standard(APP_NAME, &db.name_any(), component, version)
+}
+
+/// Object metadata with labels and the controller owner reference.
+fn metadata(
+    db: &DatabaseCluster,
+    names: &Names,
+    name: &str,
+    component: &str,
+    version: &str,
+) -> Result<Value> {
+    let owner: OwnerReference = db
+        .controller_owner_ref(&())
+        .ok_or(Error::MissingField("metadata.uid"))?;
+    Ok(json!({
+        "name": name,
+        "namespace": names.namespace,
+        "labels": labels(db, component, version),
+        "ownerReferences": [owner],
+    }))
+}
+
+/// Every desired child, in apply order (configuration before the workload that reads it).
+pub fn desired(db: &DatabaseCluster, inputs: &Inputs<'_>) -> Result<Vec<Child>> {
+    let names = Names::of(db)?;
+    let mut children = vec![
+        config_map::desired(db, &names, inputs)?,
+        secret::desired(db, &names, inputs)?,
+    ];
+    children.extend(services::desired(db, &names, inputs)?);
+    children.push(stateful_set::desired(db, &names, inputs)?);
+    children.extend(pod_disruption_budget::desired(db, &names, inputs)?);
+    Ok(children)
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use devctl_api::database_cluster::DatabaseCluster;
+
+    /// The seed's sample: my-postgres, postgres 16.2, 3 replicas, 10Gi.
+    pub fn sample() -> DatabaseCluster {
+        let db: DatabaseCluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "db.devctl.io/v1beta1",
+            "kind": "DatabaseCluster",
+            "metadata": { "name": "my-postgres", "namespace": "prod", "uid": "1234", "generation": 1 },
+            "spec": { "engine": "postgres", "version": "16.2", "replicas": 3, "storage": { "size": "10Gi" } }
+        }))
+        .unwrap();
+        db
+    }
+
+    pub fn inputs() -> super::Inputs<'static> {
+        super::Inputs {
+            password: "s3cretpassword",
+            version: "16.2",
+            existing_claim_size: None,
+            cluster_domain: "cluster.local",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::*;
+    use super::*;
+
+    #[test]
+    fn sample_renders_exactly_the_expected_children() {
+        let children = desired(&sample(), &inputs()).unwrap();
+        let got: Vec<(Kind, &str)> = children.iter().map(|c| (c.kind, c.name.as_str())).collect();
+        assert_eq!(
+            got,
+            [
+                (Kind::ConfigMap, "my-postgres-config"),
+                (Kind::Secret, "my-postgres-credentials"),
+                (Kind::Service, "my-postgres-headless"),
+                (Kind::Service, "my-postgres-rw"),
+                (Kind::Service, "my-postgres-ro"),
+                (Kind::StatefulSet, "my-postgres"),
+                (Kind::PodDisruptionBudget, "my-postgres"),
+            ]
+        );
+        for child in &children {
+            let meta = &child.body["metadata"];
+            assert_eq!(
+                meta["ownerReferences"][0]["controller"], true,
+                "{}",
+                child.name
+            );
+            assert_eq!(
+                meta["labels"]["app.kubernetes.io/managed-by"],
+                "devctl-operator"
+            );
+            assert_eq!(meta["labels"]["app.kubernetes.io/instance"], "my-postgres");
+            assert_eq!(meta["labels"]["app.kubernetes.io/version"], "16.2");
+        }
+    }
+
+    #[test]
+    fn a_single_instance_has_no_read_only_service_and_no_pdb() {
+        let mut db = sample();
+        db.spec.replicas = 1;
+        let children = desired(&db, &inputs()).unwrap();
+        assert!(!children.iter().any(|c| c.name == "my-postgres-ro"));
+        assert!(!children.iter().any(|c| c.kind == Kind::PodDisruptionBudget));
+    }
+}

@@ -1,0 +1,28 @@
+//! PodDisruptionBudget (maxUnavailable 1), only when there is more than one instance.
+
+use devctl_api::database_cluster::DatabaseCluster;
+use serde_json::json;
+
+use super::{Inputs, Names, metadata, selector};
+use crate::children::{Child, Kind};
+use crate::error::Result;
+
+pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Result<Option<Child>> {
+    if db.spec.replicas <= 1 {
+        return Ok(None);
+    }
+    let name = names.pod_disruption_budget();
+    Ok(Some(Child {
+        kind: Kind::PodDisruptionBudget,
+        body: json!({
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": metadata(db, names, &name, "disruption-budget", inputs.version)?,
+            "spec": {
+                "maxUnavailable": 1,
+                "selector": { "matchLabels": selector(db) },
+            }
+        }),
+        name,
+    }))
+}

@@ -1,0 +1,92 @@
+//! `<name>-credentials`: generated once, never regenerated, never logged.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use devctl_api::database_cluster::{DatabaseCluster, Engine};
+use rand::Rng;
+use rand::distr::Alphanumeric;
+use serde_json::json;
+
+use super::{Inputs, Names, metadata};
+use crate::children::{Child, Kind};
+use crate::error::Result;
+
+/// The database user the applications connect as.
+pub fn username(engine: Engine) -> &'static str {
+    match engine {
+        Engine::Postgres => "postgres",
+        // MySQL's image refuses MYSQL_USER=root; the root account gets a random password.
+        Engine::Mysql => "app",
+    }
+}
+
+pub const DATABASE: &str = "app";
+
+/// A 32-character alphanumeric password (~190 bits) from the OS CSPRNG; alphanumeric so it
+/// needs no escaping in URIs, shells or config files.
+pub fn generate_password() -> String {
+    rand::rng()
+        .sample_iter(&Alphanumeric)
+        .take(32)
+        .map(char::from)
+        .collect()
+}
+
+/// The password stored in an existing Secret's `password` key.
+pub fn existing_password(secret: &k8s_openapi::api::core::v1::Secret) -> Option<String> {
+    let bytes = secret.data.as_ref()?.get("password")?;
+    String::from_utf8(bytes.0.clone())
+        .ok()
+        .filter(|p| !p.is_empty())
+}
+
+pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Result<Child> {
+    let name = names.secret();
+    let engine = db.spec.engine;
+    let user = username(engine);
+    let host = names.dns(&names.read_write_service(), inputs.cluster_domain);
+    let port = db.spec.port();
+    let scheme = match engine {
+        Engine::Postgres => "postgresql",
+        Engine::Mysql => "mysql",
+    };
+    let uri = format!(
+        "{scheme}://{user}:{}@{host}:{port}/{DATABASE}",
+        inputs.password
+    );
+    // `data` (base64), not `stringData`: the server stores `data`, and comparing like with
+    // like is what keeps a converged reconcile free of writes.
+    let encode = |s: &str| STANDARD.encode(s);
+    Ok(Child {
+        kind: Kind::Secret,
+        body: json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": metadata(db, names, &name, "credentials", inputs.version)?,
+            "type": "Opaque",
+            "data": {
+                "username": encode(user),
+                "password": encode(inputs.password),
+                "host": encode(&host),
+                "port": encode(&port.to_string()),
+                "dbname": encode(DATABASE),
+                "uri": encode(&uri),
+            }
+        }),
+        name,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_long_random_and_alphanumeric() {
+        let a = generate_password();
+        let b = generate_password();
+        assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_alphanumeric()));
+        assert_ne!(a, b);
+    }
+}

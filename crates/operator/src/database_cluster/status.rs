@@ -1,0 +1,277 @@
+//! The status a DatabaseCluster should have, computed from what was observed (pure).
+
+use devctl_api::conditions::{self, DEGRADED, Desired, FALSE, PROGRESSING, READY, TRUE};
+use devctl_api::database_cluster::{DatabaseCluster, DatabaseClusterStatus, Phase};
+use devctl_api::labels;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::resources::{Names, selector};
+
+/// What the reconcile saw and did.
+pub struct Observed<'a> {
+    pub stateful_set: Option<&'a StatefulSet>,
+    /// The version the pods run or are rolling to (the spec's, unless the change was refused).
+    pub target_version: &'a str,
+    /// Why a requested version change was refused.
+    pub version_refused: Option<String>,
+    /// Volumes not yet at the requested size (`resized`/`total`), when a resize is under way.
+    pub volumes_pending: Option<(usize, usize)>,
+    /// The reconcile error, if the reconcile failed: (reason, message).
+    pub error: Option<(&'static str, String)>,
+    pub cluster_domain: &'a str,
+}
+
+fn rollout_complete(sts: &StatefulSet, replicas: i32) -> bool {
+    let Some(status) = sts.status.as_ref() else {
+        return false;
+    };
+    let generation_seen = status.observed_generation >= sts.metadata.generation;
+    let revision_done =
+        status.update_revision.is_some() && status.current_revision == status.update_revision;
+    generation_seen
+        && revision_done
+        && status.updated_replicas.unwrap_or(0) >= replicas
+        && status.ready_replicas.unwrap_or(0) >= replicas
+        && status.replicas == replicas
+}
+
+pub fn compute(
+    db: &DatabaseCluster,
+    observed: &Observed<'_>,
+    now: &Time,
+) -> Option<DatabaseClusterStatus> {
+    let names = Names::of(db).ok()?;
+    let previous = db.status.clone().unwrap_or_default();
+    let want = db.spec.replicas;
+    let sts_status = observed.stateful_set.and_then(|s| s.status.as_ref());
+    let ready = sts_status.and_then(|s| s.ready_replicas).unwrap_or(0);
+    let replicas = sts_status.map(|s| s.replicas).unwrap_or(0);
+    let complete = observed
+        .stateful_set
+        .is_some_and(|s| rollout_complete(s, want));
+
+    let current_version = if complete {
+        Some(observed.target_version.to_string())
+    } else {
+        previous.current_version.clone()
+    };
+    let upgrading = previous
+        .current_version
+        .as_deref()
+        .is_some_and(|v| v != observed.target_version)
+        && !complete;
+
+    let (phase, progress_reason, progress_message) = if observed.stateful_set.is_none() {
+        (
+            Phase::Pending,
+            "Creating",
+            "creating the StatefulSet".to_string(),
+        )
+    } else if upgrading {
+        (
+            Phase::Upgrading,
+            "Upgrading",
+            format!(
+                "rolling instances to version {} ({ready}/{want} ready)",
+                observed.target_version
+            ),
+        )
+    } else if complete {
+        (
+            Phase::Running,
+            "Ready",
+            format!("{ready}/{want} instances ready"),
+        )
+    } else if current_version.is_none() {
+        (
+            Phase::Creating,
+            "Creating",
+            format!("{ready}/{want} instances ready"),
+        )
+    } else {
+        (
+            Phase::Running,
+            "Scaling",
+            format!("{ready}/{want} instances ready"),
+        )
+    };
+    let phase = if observed.error.is_some() && current_version.is_none() {
+        Phase::Failed
+    } else {
+        phase
+    };
+
+    let mut desired = Vec::new();
+    match &observed.error {
+        Some((reason, message)) => {
+            desired.push(Desired::new(READY, FALSE, *reason, message.clone()));
+            desired.push(Desired::new(DEGRADED, TRUE, *reason, message.clone()));
+        }
+        None => {
+            if complete {
+                desired.push(Desired::new(READY, TRUE, "Ready", progress_message.clone()));
+            } else {
+                desired.push(Desired::new(
+                    READY,
+                    FALSE,
+                    progress_reason,
+                    progress_message.clone(),
+                ));
+            }
+            match &observed.version_refused {
+                Some(message) => desired.push(Desired::new(
+                    DEGRADED,
+                    TRUE,
+                    "VersionChangeRefused",
+                    message.clone(),
+                )),
+                None => desired.push(Desired::new(
+                    DEGRADED,
+                    FALSE,
+                    "AsExpected",
+                    "no problems found",
+                )),
+            }
+        }
+    }
+    let progressing = if !complete {
+        Some((progress_reason, progress_message))
+    } else {
+        observed.volumes_pending.map(|(done, total)| {
+            (
+                "ResizingVolumes",
+                format!(
+                    "{done}/{total} volumes expanded to {}",
+                    db.spec.storage.size
+                ),
+            )
+        })
+    };
+    desired.push(match progressing {
+        Some((reason, message)) => Desired::new(PROGRESSING, TRUE, reason, message),
+        None => Desired::new(
+            PROGRESSING,
+            FALSE,
+            "Converged",
+            "every child matches the spec",
+        ),
+    });
+
+    let storage_size = match observed.volumes_pending {
+        None if observed.stateful_set.is_some() => Some(db.spec.storage.size.clone()),
+        _ => previous.storage_size.clone(),
+    };
+
+    Some(DatabaseClusterStatus {
+        phase: Some(phase),
+        ready_replicas: ready,
+        replicas,
+        selector: Some(labels::to_selector_string(&selector(db))),
+        observed_generation: db.metadata.generation,
+        conditions: conditions::merge(&previous.conditions, &desired, db.metadata.generation, now),
+        primary_endpoint: Some(names.dns(&names.read_write_service(), observed.cluster_domain)),
+        replica_endpoint: (want > 1)
+            .then(|| names.dns(&names.read_only_service(), observed.cluster_domain)),
+        connection_secret_name: Some(names.secret()),
+        current_version,
+        storage_size,
+        last_backup: previous.last_backup,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::resources::test_support::sample;
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+    use serde_json::json;
+
+    fn sts(ready: i32, replicas: i32, done: bool) -> StatefulSet {
+        serde_json::from_value(json!({
+            "metadata": { "name": "my-postgres", "generation": 1 },
+            "status": {
+                "observedGeneration": 1, "replicas": replicas, "readyReplicas": ready,
+                "updatedReplicas": replicas,
+                "currentRevision": "a", "updateRevision": if done { "a" } else { "b" }
+            }
+        }))
+        .unwrap()
+    }
+
+    fn observed<'a>(sts: Option<&'a StatefulSet>) -> Observed<'a> {
+        Observed {
+            stateful_set: sts,
+            target_version: "16.2",
+            version_refused: None,
+            volumes_pending: None,
+            error: None,
+            cluster_domain: "cluster.local",
+        }
+    }
+
+    fn now() -> Time {
+        Time(Timestamp::from_second(1_000).unwrap())
+    }
+
+    fn condition<'a>(
+        s: &'a DatabaseClusterStatus,
+        t: &str,
+    ) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        conditions::find(&s.conditions, t).unwrap()
+    }
+
+    #[test]
+    fn conditions_exist_from_the_first_reconcile() {
+        let status = compute(&sample(), &observed(None), &now()).unwrap();
+        assert_eq!(status.phase, Some(Phase::Pending));
+        assert_eq!(condition(&status, READY).status, FALSE);
+        assert_eq!(condition(&status, PROGRESSING).status, TRUE);
+        assert_eq!(condition(&status, DEGRADED).status, FALSE);
+        assert_eq!(status.observed_generation, Some(1));
+        assert_eq!(
+            status.primary_endpoint.as_deref(),
+            Some("my-postgres-rw.prod.svc.cluster.local")
+        );
+        assert_eq!(
+            status.replica_endpoint.as_deref(),
+            Some("my-postgres-ro.prod.svc.cluster.local")
+        );
+    }
+
+    #[test]
+    fn ready_when_every_instance_runs_the_target_version() {
+        let s = sts(3, 3, true);
+        let status = compute(&sample(), &observed(Some(&s)), &now()).unwrap();
+        assert_eq!(status.phase, Some(Phase::Running));
+        assert_eq!(condition(&status, READY).status, TRUE);
+        assert_eq!(condition(&status, PROGRESSING).status, FALSE);
+        assert_eq!(status.current_version.as_deref(), Some("16.2"));
+    }
+
+    #[test]
+    fn a_converged_status_recomputes_to_itself() {
+        let s = sts(3, 3, true);
+        let mut db = sample();
+        db.status = compute(&db, &observed(Some(&s)), &now());
+        let later = Time(Timestamp::from_second(5_000).unwrap());
+        assert_eq!(
+            compute(&db, &observed(Some(&s)), &later),
+            db.status,
+            "no write in steady state"
+        );
+    }
+
+    #[test]
+    fn errors_become_degraded_and_not_ready() {
+        let mut o = observed(None);
+        o.error = Some((
+            "Forbidden",
+            "apply StatefulSet my-postgres: forbidden".into(),
+        ));
+        let status = compute(&sample(), &o, &now()).unwrap();
+        assert_eq!(condition(&status, READY).reason, "Forbidden");
+        assert_eq!(condition(&status, DEGRADED).status, TRUE);
+        assert_eq!(status.phase, Some(Phase::Failed));
+    }
+}

@@ -1,0 +1,93 @@
+//! postgresql.conf and pg_hba.conf.
+
+use std::collections::BTreeMap;
+
+/// Where the config files are mounted in the container.
+pub const CONFIG_DIR: &str = "/etc/devctl";
+pub const DATA_DIR: &str = "/var/lib/postgresql/data";
+pub const CONF: &str = "postgresql.conf";
+pub const HBA: &str = "pg_hba.conf";
+
+pub fn render(memory_mib: u64) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (CONF.to_string(), postgresql_conf(memory_mib)),
+        (HBA.to_string(), pg_hba_conf()),
+    ])
+}
+
+fn postgresql_conf(memory_mib: u64) -> String {
+    let max_connections = super::max_connections(memory_mib);
+    let shared_buffers = memory_mib / 4;
+    let effective_cache_size = memory_mib * 3 / 4;
+    // Each connection may run a few sorts/hashes at once; keep their sum within the memory
+    // not given to shared_buffers.
+    let work_mem_kb = ((memory_mib - shared_buffers) * 1024 / (max_connections * 3)).max(1024);
+    let maintenance_work_mem = (memory_mib / 16).clamp(16, 2048);
+    format!(
+        "# Rendered by devctl-operator from spec.resources ({memory_mib} MiB); edits are overwritten.
+listen_addresses = '*'
+port = 5432
+max_connections = {max_connections}
+password_encryption = scram-sha-256
+
+# Memory
+shared_buffers = {shared_buffers}MB
+effective_cache_size = {effective_cache_size}MB
+work_mem = {work_mem_kb}kB
+maintenance_work_mem = {maintenance_work_mem}MB
+
+# Write-ahead log and streaming replication
+wal_level = replica
+max_wal_senders = 10
+max_replication_slots = 10
+wal_keep_size = 512MB
+hot_standby = on
+wal_log_hints = on
+
+# Logging to stderr (collected by the container runtime)
+logging_collector = off
+log_min_duration_statement = 1000
+log_connections = on
+log_disconnections = on
+"
+    )
+}
+
+/// Password authentication with scram-sha-256 for every rule; no `trust`, no `md5`.
+fn pg_hba_conf() -> String {
+    "# Rendered by devctl-operator; edits are overwritten.
+# TYPE  DATABASE     USER  ADDRESS    METHOD
+local   all          all              scram-sha-256
+host    all          all   0.0.0.0/0  scram-sha-256
+host    all          all   ::/0       scram-sha-256
+host    replication  all   0.0.0.0/0  scram-sha-256
+host    replication  all   ::/0       scram-sha-256
+"
+    .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tunes_memory_from_resources() {
+        let files = render(4096);
+        let conf = &files[CONF];
+        assert!(conf.contains("shared_buffers = 1024MB"), "{conf}");
+        assert!(conf.contains("effective_cache_size = 3072MB"), "{conf}");
+        assert!(conf.contains("max_connections = 400"), "{conf}");
+    }
+
+    #[test]
+    fn every_rule_uses_scram() {
+        let hba = &render(512)[HBA];
+        for rule in hba
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        {
+            assert!(rule.trim_end().ends_with("scram-sha-256"), "{rule}");
+        }
+        assert!(!hba.contains("trust") && !hba.contains("md5"));
+    }
+}

@@ -1,0 +1,53 @@
+//! The operator's one error type.
+
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API request failed: {0}")]
+    Kube(#[from] kube::Error),
+
+    #[error("{action} {kind} {name}: {source}")]
+    Child {
+        action: &'static str,
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+
+    #[error("object has no {0}")]
+    MissingField(&'static str),
+
+    #[error("serialising {what}: {source}")]
+    Serialize {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+
+    #[error("cleanup did not finish within {0:?}")]
+    CleanupTimeout(Duration),
+}
+
+impl Error {
+    /// A CamelCase reason for conditions and events.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Child { source, .. } | Error::Kube(source) => match source {
+                kube::Error::Api(status) if status.code == 403 => "Forbidden",
+                kube::Error::Api(status) if status.code == 409 => "Conflict",
+                kube::Error::Api(status) if status.code == 422 => "Invalid",
+                _ => "ApiError",
+            },
+            Error::Finalizer(_) => "FinalizerError",
+            Error::MissingField(_) | Error::Serialize { .. } => "InternalError",
+            Error::CleanupTimeout(_) => "CleanupTimeout",
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

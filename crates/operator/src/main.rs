@@ -1,0 +1,142 @@
+//! `devctl-operator`: runs the controllers against a kubeconfig or the in-cluster config.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+use devctl_operator::Settings;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+#[derive(Parser)]
+#[command(
+    name = "devctl-operator",
+    version,
+    about = "The devctl Kubernetes operator"
+)]
+struct Args {
+    /// Kubeconfig file; without it: $KUBECONFIG, ~/.kube/config, then the in-cluster config.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context to use.
+    #[arg(long)]
+    context: Option<String>,
+    /// Namespace to watch; repeat for several. Every namespace when not given.
+    #[arg(
+        long = "namespace",
+        short = 'n',
+        env = "DEVCTL_WATCH_NAMESPACES",
+        value_delimiter = ','
+    )]
+    namespaces: Vec<String>,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "DEVCTL_LOG_FORMAT")]
+    log_format: LogFormat,
+    /// DNS suffix of the cluster (endpoints in status and in the credentials Secret).
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
+    /// Seconds between health checks of an unchanged, healthy object.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..))]
+    health_requeue_seconds: u64,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DEVCTL_LOG")
+        .unwrap_or_else(|_| "info,kube=warn".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn client(args: &Args) -> anyhow::Result<kube::Client> {
+    let options = KubeConfigOptions {
+        context: args.context.clone(),
+        ..Default::default()
+    };
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .with_context(|| format!("loading kubeconfig {}", path.display()))?
+        }
+        None if args.context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .context("loading kubeconfig")?,
+        None => kube::Config::infer()
+            .await
+            .context("no kubeconfig and not running in a cluster")?,
+    };
+    kube::Client::try_from(config).context("creating the Kubernetes client")
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut terminate) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = terminate.recv() => {},
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+    tracing::info!("shutting down");
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_logging(args.log_format);
+    let client = client(&args).await?;
+    let settings = Settings {
+        cluster_domain: args.cluster_domain.clone(),
+        health_requeue: Duration::from_secs(args.health_requeue_seconds),
+    };
+    let instance = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "devctl-operator".into());
+    tracing::info!(namespaces = ?args.namespaces, "starting");
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let scopes: Vec<Option<String>> = if args.namespaces.is_empty() {
+        vec![None]
+    } else {
+        args.namespaces.iter().cloned().map(Some).collect()
+    };
+    let controllers = scopes.into_iter().map(|namespace| {
+        let mut stopped = stopped.clone();
+        devctl_operator::database_cluster::run(
+            client.clone(),
+            namespace,
+            settings.clone(),
+            instance.clone(),
+            async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            },
+        )
+    });
+    let run = futures::future::join_all(controllers);
+    tokio::pin!(run);
+    tokio::select! {
+        _ = &mut run => {},
+        _ = shutdown_signal() => {
+            let _ = stop.send(true);
+            run.await;
+        }
+    }
+    Ok(())
+}
