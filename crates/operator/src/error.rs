@@ -2,12 +2,21 @@
 
 use std::time::Duration;
 
+/// The API server's own message for API errors (it names the field and the rule), the
+/// error's display otherwise.
+pub fn describe(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => status.message.clone(),
+        other => other.to_string(),
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("Kubernetes API request failed: {0}")]
+    #[error("Kubernetes API request failed: {}", describe(.0))]
     Kube(#[from] kube::Error),
 
-    #[error("{action} {kind} {name}: {source}")]
+    #[error("{action} {kind} {name}: {}", describe(source))]
     Child {
         action: &'static str,
         kind: &'static str,

@@ -33,6 +33,8 @@ pub struct Request {
     pub namespace: Option<String>,
     pub name: Option<String>,
     pub code: Option<u16>,
+    /// When the API server received the request (RFC 3339, microseconds).
+    pub received: Option<String>,
 }
 
 impl Request {
@@ -62,6 +64,8 @@ struct RawEvent {
     object_ref: Option<RawObjectRef>,
     #[serde(default)]
     response_status: Option<RawStatus>,
+    #[serde(default)]
+    request_received_timestamp: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -132,6 +136,7 @@ impl AuditLog {
                     namespace: object.as_ref().and_then(|o| o.namespace.clone()),
                     name: object.and_then(|o| o.name),
                     code: e.response_status.and_then(|s| s.code),
+                    received: e.request_received_timestamp,
                 }
             })
             .collect())

@@ -53,6 +53,33 @@ const STAGES: &[&str] = &[
     "pvc-delete",
 ];
 
+/// Our own stage: a claim whose requested size grew gets that capacity, as a CSI resizer
+/// would report it, so volume expansion can be tested end to end.
+const PVC_RESIZE_STAGE: &str = r#"apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pvc-resize
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: PersistentVolumeClaim
+  selector:
+    matchExpressions:
+    - cel:
+        expression: >-
+          self.status.phase == 'Bound'
+    - cel:
+        expression: >-
+          string(self.status.capacity.storage) != string(self.spec.resources.requests.storage)
+  steps:
+  - patch:
+      root: status
+      subresource: status
+      template: |
+        capacity:
+          storage: {{ .spec.resources.requests.storage }}
+"#;
+
 /// The storage class kwok's volume stages provision (kwok's stages select it by name).
 pub const STORAGE_CLASS: &str = "kwok-volume";
 
@@ -175,6 +202,10 @@ impl Cluster {
                     .display()
             ));
         }
+        let resize_stage = dir.join("pvc-resize.yaml");
+        std::fs::write(&resize_stage, PVC_RESIZE_STAGE)
+            .map_err(|e| Error::io("write the pvc-resize stage", e))?;
+        kwok_args.push(format!("--config={}", resize_stage.display()));
         control_plane.push_process(ManagedProcess::start(
             "kwok",
             &binaries.path("kwok"),

@@ -1,5 +1,8 @@
 //! `DatabaseCluster` `db.devctl.io/v1beta1`, the storage version.
 
+// `printcolumn(...)` repeats `type_ = "string"` by design; clippy reads that as duplicates.
+#![allow(clippy::duplicated_attributes)]
+
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use devctl_api::database_cluster::{self, DatabaseCluster, FINALIZER, Phase};
 use devctl_api::labels;
 use devctl_api::quantity;
+use futures::stream::BoxStream;
 use futures::{Future, StreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
@@ -56,7 +57,13 @@ fn relevant_change(db: &DatabaseCluster) -> Option<u64> {
     Some(hasher.finish())
 }
 
-/// Runs the controller until `shutdown` resolves.
+/// One item per finished reconcile: the object and the next action, or the error.
+pub type ReconcileResult = Result<
+    (ObjectRef<DatabaseCluster>, Action),
+    kube::runtime::controller::Error<Error, watcher::Error>,
+>;
+
+/// Runs the controller until `shutdown` resolves, logging each reconcile.
 pub async fn run(
     client: Client,
     namespace: Option<String>,
@@ -64,6 +71,24 @@ pub async fn run(
     instance: String,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
+    controller(client, namespace, settings, instance, shutdown)
+        .for_each(|result| async move {
+            match result {
+                Ok((object, _)) => tracing::debug!(object = %object, "reconciled"),
+                Err(error) => tracing::debug!(%error, "reconcile failed"),
+            }
+        })
+        .await;
+}
+
+/// The controller as a stream of reconcile results (tests count reconciles with it).
+pub fn controller(
+    client: Client,
+    namespace: Option<String>,
+    settings: Settings,
+    instance: String,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> BoxStream<'static, ReconcileResult> {
     let ns = namespace.as_deref();
     // Children are watched by label, so the caches hold only what devctl manages.
     let children = watcher::Config::default().labels(&labels::managed_selector());
@@ -132,13 +157,7 @@ pub async fn run(
         })
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, context)
-        .for_each(|result| async move {
-            match result {
-                Ok((object, _)) => tracing::debug!(object = %object, "reconciled"),
-                Err(error) => tracing::debug!(%error, "reconcile failed"),
-            }
-        })
-        .await;
+        .boxed()
 }
 
 fn key(db: &DatabaseCluster) -> String {
@@ -214,9 +233,11 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     let sts = ctx
         .stores
         .stateful_set(&names.namespace, &names.stateful_set());
+    let target_image = resources::stateful_set::image(&db, &target_version);
     let observed = Observed {
         stateful_set: sts.as_deref(),
         target_version: &target_version,
+        target_image: &target_image,
         version_refused: version_refused.clone(),
         volumes_pending,
         error,

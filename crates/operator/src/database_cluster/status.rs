@@ -13,6 +13,8 @@ pub struct Observed<'a> {
     pub stateful_set: Option<&'a StatefulSet>,
     /// The version the pods run or are rolling to (the spec's, unless the change was refused).
     pub target_version: &'a str,
+    /// The image of `target_version`.
+    pub target_image: &'a str,
     /// Why a requested version change was refused.
     pub version_refused: Option<String>,
     /// Volumes not yet at the requested size (`resized`/`total`), when a resize is under way.
@@ -190,6 +192,10 @@ mod tests {
     fn sts(ready: i32, replicas: i32, done: bool) -> StatefulSet {
         serde_json::from_value(json!({
             "metadata": { "name": "my-postgres", "generation": 1 },
+            "spec": {
+                "selector": {}, "serviceName": "x",
+                "template": { "spec": { "containers": [{ "name": "postgres", "image": "postgres:16.2" }] } }
+            },
             "status": {
                 "observedGeneration": 1, "replicas": replicas, "readyReplicas": ready,
                 "updatedReplicas": replicas,
@@ -203,6 +209,7 @@ mod tests {
         Observed {
             stateful_set: sts,
             target_version: "16.2",
+            target_image: "postgres:16.2",
             version_refused: None,
             volumes_pending: None,
             error: None,

@@ -27,6 +27,32 @@ pub fn restricted_container_security_context() -> Value {
     })
 }
 
+fn claim_labels(db: &DatabaseCluster) -> std::collections::BTreeMap<String, String> {
+    let mut labels = labels(db, "storage", "");
+    labels.remove(devctl_api::labels::VERSION);
+    labels
+}
+
+/// The image the StatefulSet's database container runs.
+pub fn image_of(sts: &k8s_openapi::api::apps::v1::StatefulSet) -> Option<&str> {
+    sts.spec
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .first()?
+        .image
+        .as_deref()
+}
+
+/// The image for `version`: `spec.image` when set, else the engine's official image.
+pub fn image(db: &DatabaseCluster, version: &str) -> String {
+    match &db.spec.image {
+        Some(image) => image.clone(),
+        None => format!("{}:{version}", db.spec.engine.as_str()),
+    }
+}
+
 fn secret_env(name: &str, secret: &str, key: &str) -> Value {
     json!({ "name": name, "valueFrom": { "secretKeyRef": { "name": secret, "key": key } } })
 }
@@ -35,10 +61,7 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
     let spec = &db.spec;
     let name = names.stateful_set();
     let secret_name = names.secret();
-    let image = match &spec.image {
-        Some(image) => image.clone(),
-        None => format!("{}:{}", spec.engine.as_str(), inputs.version),
-    };
+    let image = image(db, inputs.version);
     let port = spec.port();
     let port_name = services::port_name(db);
 
@@ -157,7 +180,8 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
                     "kind": "PersistentVolumeClaim",
                     "metadata": {
                         "name": DATA_VOLUME,
-                        "labels": labels(db, "storage", inputs.version),
+                        // No version label: claim templates are immutable, versions are not.
+                        "labels": claim_labels(db),
                     },
                     "spec": claim_spec,
                 }],

@@ -1,0 +1,767 @@
+//! The DatabaseCluster controller against the real control plane (`Cluster` mode).
+
+mod support;
+
+use devctl_api::database_cluster::{DatabaseCluster, Phase};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::ResourceExt;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use serde_json::json;
+use support::{OPERATOR_USER, TIMEOUT, condition_status, is_ready, start};
+
+fn database(name: &str, replicas: i32) -> DatabaseCluster {
+    serde_json::from_value(json!({
+        "apiVersion": "db.devctl.io/v1beta1",
+        "kind": "DatabaseCluster",
+        "metadata": { "name": name },
+        "spec": { "engine": "postgres", "version": "16.2", "replicas": replicas, "storage": { "size": "10Gi" } }
+    }))
+    .unwrap()
+}
+
+async fn wait_gone<K>(api: &kube::Api<K>, name: &str, uid: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    tokio::time::timeout(
+        TIMEOUT,
+        await_condition(api.clone(), name, conditions::is_deleted(uid)),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{name} was not deleted within {TIMEOUT:?}"))
+    .unwrap();
+}
+
+async fn password(env: &support::Env, name: &str) -> Vec<u8> {
+    let secret: Secret = env
+        .api::<Secret>()
+        .get(&format!("{name}-credentials"))
+        .await
+        .unwrap();
+    secret.data.unwrap()["password"].0.clone()
+}
+
+#[tokio::test]
+async fn sample_converges_is_idempotent_and_heals() {
+    let mut env = start("sample").await;
+    let dbs = env.dbs();
+    dbs.create(&PostParams::default(), &database("my-postgres", 3))
+        .await
+        .unwrap();
+    let db = env
+        .wait_db("my-postgres", "Ready with 3 ready replicas", |db| {
+            is_ready(db, 3)
+        })
+        .await;
+    let status = db.status.clone().unwrap();
+    assert_eq!(status.phase, Some(Phase::Running));
+    assert_eq!(
+        status.connection_secret_name.as_deref(),
+        Some("my-postgres-credentials")
+    );
+    assert_eq!(
+        status.primary_endpoint.as_deref(),
+        Some(format!("my-postgres-rw.{}.svc.cluster.local", env.namespace).as_str())
+    );
+    assert!(
+        db.finalizers()
+            .contains(&"db.devctl.io/finalizer".to_string())
+    );
+
+    // Exactly the children, with owner references and labels.
+    let uid = db.metadata.uid.clone().unwrap();
+    let owned = |meta: &kube::api::ObjectMeta| {
+        meta.owner_references
+            .as_ref()
+            .is_some_and(|r| r.iter().any(|r| r.uid == uid && r.controller == Some(true)))
+            && meta.labels.as_ref().is_some_and(|l| {
+                l.get("app.kubernetes.io/managed-by").map(String::as_str) == Some("devctl-operator")
+            })
+    };
+    let selector = ListParams::default().labels("app.kubernetes.io/instance=my-postgres");
+    let services: Vec<String> = env
+        .api::<Service>()
+        .list(&selector)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .inspect(|s| assert!(owned(&s.metadata)))
+        .map(|s| s.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(
+        services,
+        ["my-postgres-headless", "my-postgres-ro", "my-postgres-rw"]
+    );
+    let config: ConfigMap = env.api().get("my-postgres-config").await.unwrap();
+    assert!(owned(&config.metadata));
+    let data = config.data.unwrap();
+    assert!(
+        data["pg_hba.conf"].contains("scram-sha-256") && !data["pg_hba.conf"].contains("trust")
+    );
+    assert!(data["postgresql.conf"].contains("shared_buffers = 128MB"));
+    let secret: Secret = env.api().get("my-postgres-credentials").await.unwrap();
+    assert!(owned(&secret.metadata));
+    let keys: Vec<&String> = secret.data.as_ref().unwrap().keys().collect();
+    assert_eq!(
+        keys,
+        ["dbname", "host", "password", "port", "uri", "username"]
+    );
+    let sts: StatefulSet = env.api().get("my-postgres").await.unwrap();
+    assert!(owned(&sts.metadata));
+    assert_eq!(sts.spec.replicas, Some(3));
+    assert_eq!(
+        sts.spec.service_name.as_deref(),
+        Some("my-postgres-headless")
+    );
+    let pdb: PodDisruptionBudget = env.api().get("my-postgres").await.unwrap();
+    assert!(owned(&pdb.metadata));
+
+    // `kubectl get dbc` shows the printer columns.
+    let out = env
+        .cluster
+        .kubectl()
+        .args(["get", "dbc", "-n", &env.namespace])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "NAME", "ENGINE", "VERSION", "REPLICAS", "READY", "PHASE", "AGE"
+        ]
+    );
+    let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        &row[..6],
+        ["my-postgres", "postgres", "16.2", "3", "3", "Running"]
+    );
+
+    // Idempotency: forced reconciles of a converged cluster make zero write requests.
+    let audit = env.cluster.audit_log().unwrap();
+    let password_before = password(&env, "my-postgres").await;
+    env.drain();
+    let mark = audit.mark();
+    for i in 0..5 {
+        let poke =
+            json!({ "metadata": { "annotations": { "test.devctl.io/poke": i.to_string() } } });
+        dbs.patch("my-postgres", &PatchParams::default(), &Patch::Merge(&poke))
+            .await
+            .unwrap();
+        env.next_reconcile("my-postgres").await;
+    }
+    let operator_requests: Vec<_> = audit
+        .requests_since(mark)
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.user == OPERATOR_USER)
+        .collect();
+    let writes: Vec<_> = operator_requests.iter().filter(|r| r.is_write()).collect();
+    assert!(
+        writes.is_empty(),
+        "steady-state reconciles wrote: {writes:#?}"
+    );
+    let services_after = env
+        .api::<Service>()
+        .list(&selector)
+        .await
+        .unwrap()
+        .items
+        .len();
+    assert_eq!(services_after, 3, "no duplicate children");
+
+    // Self-heal: deleted children come back, a hand-scaled StatefulSet is restored.
+    let sts_api = env.api::<StatefulSet>();
+    let old_uid = sts.metadata.uid.clone().unwrap();
+    sts_api
+        .delete("my-postgres", &DeleteParams::background())
+        .await
+        .unwrap();
+    wait_gone(&sts_api, "my-postgres", &old_uid).await;
+    let recreated = await_condition(sts_api.clone(), "my-postgres", |s: Option<&StatefulSet>| {
+        s.is_some_and(|s| s.status.as_ref().and_then(|st| st.ready_replicas) == Some(3))
+    });
+    let recreated = tokio::time::timeout(TIMEOUT, recreated)
+        .await
+        .expect("the deleted StatefulSet was not recreated and ready within the timeout")
+        .unwrap()
+        .unwrap();
+    assert_ne!(recreated.metadata.uid.as_deref(), Some(old_uid.as_str()));
+    env.wait_db(
+        "my-postgres",
+        "Ready again after the StatefulSet was deleted",
+        |db| is_ready(db, 3),
+    )
+    .await;
+
+    for (delete, name) in [
+        ("service", "my-postgres-rw"),
+        ("configmap", "my-postgres-config"),
+    ] {
+        let out = env
+            .cluster
+            .kubectl()
+            .args(["delete", delete, name, "-n", &env.namespace, "--wait=true"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let what = format!("{delete} {name} to be recreated");
+        devctl_testenv::eventually(&what, TIMEOUT, || async {
+            let out = env
+                .cluster
+                .kubectl()
+                .args(["get", delete, name, "-n", &env.namespace])
+                .output()
+                .ok()?;
+            out.status.success().then_some(())
+        })
+        .await
+        .unwrap();
+    }
+
+    sts_api
+        .patch(
+            "my-postgres",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "replicas": 0 } })),
+        )
+        .await
+        .unwrap();
+    let restored = await_condition(sts_api.clone(), "my-postgres", |s: Option<&StatefulSet>| {
+        s.is_some_and(|s| s.spec.replicas == Some(3) && s.metadata.generation.unwrap_or(0) > 2)
+    });
+    tokio::time::timeout(TIMEOUT, restored)
+        .await
+        .expect("hand-scaled StatefulSet was not restored to 3")
+        .unwrap();
+    env.wait_db(
+        "my-postgres",
+        "Ready after the hand scale was undone",
+        |db| is_ready(db, 3),
+    )
+    .await;
+    assert_eq!(
+        password(&env, "my-postgres").await,
+        password_before,
+        "the password must never change"
+    );
+
+    // Events for what the operator did, visible to `kubectl describe`.
+    let events = env
+        .api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let reasons: Vec<&str> = events
+        .items
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("my-postgres"))
+        .filter_map(|e| e.reason.as_deref())
+        .collect();
+    assert!(reasons.contains(&"Created"), "{reasons:?}");
+    for event in &events.items {
+        let note = event.note.clone().unwrap_or_default();
+        assert!(
+            !note.contains(std::str::from_utf8(&password_before).unwrap()),
+            "a secret leaked into an event"
+        );
+    }
+}
+
+#[tokio::test]
+async fn scaling_follows_kubectl_scale() {
+    let env = start("scale").await;
+    env.dbs()
+        .create(&PostParams::default(), &database("scaled", 3))
+        .await
+        .unwrap();
+    env.wait_db("scaled", "Ready with 3", |db| is_ready(db, 3))
+        .await;
+
+    for replicas in [5, 1] {
+        let out = env
+            .cluster
+            .kubectl()
+            .args([
+                "scale",
+                "dbc/scaled",
+                &format!("--replicas={replicas}"),
+                "-n",
+                &env.namespace,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let db = env
+            .wait_db("scaled", &format!("Ready with {replicas}"), |db| {
+                is_ready(db, replicas) && db.status.as_ref().is_some_and(|s| s.replicas == replicas)
+            })
+            .await;
+        let sts: StatefulSet = env.api().get("scaled").await.unwrap();
+        assert_eq!(sts.spec.replicas, Some(replicas));
+        // The read-only Service and the PDB exist exactly when there are replicas.
+        let ro = env
+            .api::<Service>()
+            .get_opt("scaled-ro")
+            .await
+            .unwrap()
+            .is_some();
+        let pdb = env
+            .api::<PodDisruptionBudget>()
+            .get_opt("scaled")
+            .await
+            .unwrap()
+            .is_some();
+        assert_eq!(
+            (ro, pdb),
+            (replicas > 1, replicas > 1),
+            "at {replicas} replicas"
+        );
+        assert_eq!(
+            db.status.as_ref().unwrap().observed_generation,
+            db.metadata.generation
+        );
+        assert_eq!(
+            db.status.as_ref().unwrap().replica_endpoint.is_some(),
+            replicas > 1
+        );
+    }
+}
+
+#[tokio::test]
+async fn storage_grows_in_place_and_never_shrinks() {
+    let env = start("storage").await;
+    env.dbs()
+        .create(&PostParams::default(), &database("sized", 2))
+        .await
+        .unwrap();
+    env.wait_db("sized", "Ready with 2", |db| is_ready(db, 2))
+        .await;
+
+    env.dbs()
+        .patch(
+            "sized",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "storage": { "size": "20Gi" } } })),
+        )
+        .await
+        .unwrap();
+    let claims = env.api::<PersistentVolumeClaim>();
+    devctl_testenv::eventually(
+        "both claims to request and report 20Gi",
+        TIMEOUT,
+        || async {
+            let list = claims
+                .list(&ListParams::default().labels("app.kubernetes.io/instance=sized"))
+                .await
+                .ok()?;
+            let all = list.items.len() == 2
+                && list.items.iter().all(|c| {
+                    let sizes = || -> Option<(String, String)> {
+                        let requested = c
+                            .spec
+                            .as_ref()?
+                            .resources
+                            .as_ref()?
+                            .requests
+                            .as_ref()?
+                            .get("storage")?
+                            .0
+                            .clone();
+                        let capacity = c
+                            .status
+                            .as_ref()?
+                            .capacity
+                            .as_ref()?
+                            .get("storage")?
+                            .0
+                            .clone();
+                        Some((requested, capacity))
+                    };
+                    sizes().is_some_and(|(r, c)| r == "20Gi" && c == "20Gi")
+                });
+            all.then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    env.wait_db("sized", "status.storageSize 20Gi", |db| {
+        db.status.as_ref().and_then(|s| s.storage_size.as_deref()) == Some("20Gi")
+            && condition_status(db, "Progressing").is_some_and(|(s, _)| s == "False")
+    })
+    .await;
+    // The claim template is immutable and stays as it was.
+    let sts: StatefulSet = env.api().get("sized").await.unwrap();
+    let template = &sts.spec.volume_claim_templates.unwrap()[0];
+    assert_eq!(
+        template
+            .spec
+            .as_ref()
+            .unwrap()
+            .resources
+            .as_ref()
+            .unwrap()
+            .requests
+            .as_ref()
+            .unwrap()["storage"]
+            .0,
+        "10Gi"
+    );
+
+    let shrink = env
+        .dbs()
+        .patch(
+            "sized",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "storage": { "size": "5Gi" } } })),
+        )
+        .await;
+    match shrink {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422);
+            assert!(
+                status.message.contains("storage.size cannot shrink"),
+                "{}",
+                status.message
+            );
+        }
+        other => panic!("shrinking storage must be rejected, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn invalid_specs_are_rejected_with_field_messages() {
+    let env = start("invalid").await;
+    let dbs = env.dbs();
+    let cases = [
+        (json!({ "replicas": 0 }), "spec.replicas"),
+        (json!({ "replicas": 8 }), "spec.replicas"),
+        (json!({ "version": "16" }), "spec.version"),
+        (
+            json!({ "storage": { "size": "10GB" } }),
+            "spec.storage.size",
+        ),
+        (json!({ "engine": "oracle" }), "spec.engine"),
+    ];
+    // Raw objects: some values (engine "oracle") cannot even be held by the Rust types.
+    let raw = kube::api::Api::<kube::api::DynamicObject>::namespaced_with(
+        env.client.clone(),
+        &env.namespace,
+        &kube::discovery::ApiResource::erase::<DatabaseCluster>(&()),
+    );
+    for (i, (overrides, field)) in cases.into_iter().enumerate() {
+        let mut body = serde_json::to_value(database(&format!("bad-{i}"), 1)).unwrap();
+        for (k, v) in overrides.as_object().unwrap() {
+            body["spec"][k] = v.clone();
+        }
+        let result = raw
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(body).unwrap(),
+            )
+            .await;
+        match result {
+            Err(kube::Error::Api(status)) => {
+                assert_eq!(status.code, 422, "{field}: {status:?}");
+                assert!(
+                    status.message.contains(field),
+                    "{field} not named in: {}",
+                    status.message
+                );
+            }
+            other => panic!("{field}: expected a 422, got {other:?}"),
+        }
+    }
+
+    // Engine change on an existing cluster.
+    dbs.create(&PostParams::default(), &database("fixed-engine", 1))
+        .await
+        .unwrap();
+    let change = dbs
+        .patch(
+            "fixed-engine",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "engine": "mysql" } })),
+        )
+        .await;
+    match change {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422);
+            assert!(
+                status.message.contains("engine is immutable"),
+                "{}",
+                status.message
+            );
+        }
+        other => panic!("engine change must be rejected, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn deleting_runs_the_finalizer_and_removes_children() {
+    let env = start("delete").await;
+    let dbs = env.dbs();
+    dbs.create(&PostParams::default(), &database("doomed", 1))
+        .await
+        .unwrap();
+    let db = env
+        .wait_db("doomed", "Ready with 1", |db| is_ready(db, 1))
+        .await;
+    let uid = db.metadata.uid.clone().unwrap();
+    dbs.delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_gone(&dbs, "doomed", &uid).await;
+    let sts_api = env.api::<StatefulSet>();
+    devctl_testenv::eventually("children to be garbage-collected", TIMEOUT, || async {
+        let sts = sts_api.get_opt("doomed").await.ok()?;
+        let cm = env.api::<ConfigMap>().get_opt("doomed-config").await.ok()?;
+        let secret = env
+            .api::<Secret>()
+            .get_opt("doomed-credentials")
+            .await
+            .ok()?;
+        (sts.is_none() && cm.is_none() && secret.is_none()).then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn minor_upgrades_roll_and_downgrades_are_refused() {
+    let env = start("upgrade").await;
+    let dbs = env.dbs();
+    dbs.create(&PostParams::default(), &database("versioned", 2))
+        .await
+        .unwrap();
+    env.wait_db("versioned", "Ready with 2", |db| is_ready(db, 2))
+        .await;
+
+    dbs.patch(
+        "versioned",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "version": "16.4" } })),
+    )
+    .await
+    .unwrap();
+    env.wait_db("versioned", "running 16.4", |db| {
+        is_ready(db, 2)
+            && db
+                .status
+                .as_ref()
+                .and_then(|s| s.current_version.as_deref())
+                == Some("16.4")
+    })
+    .await;
+    let sts: StatefulSet = env.api().get("versioned").await.unwrap();
+    let image = sts.spec.template.spec.as_ref().unwrap().containers[0]
+        .image
+        .clone();
+    assert_eq!(image.as_deref(), Some("postgres:16.4"));
+
+    dbs.patch(
+        "versioned",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "version": "16.1" } })),
+    )
+    .await
+    .unwrap();
+    let db = env
+        .wait_db("versioned", "Degraded=True VersionChangeRefused", |db| {
+            condition_status(db, "Degraded") == Some(("True".into(), "VersionChangeRefused".into()))
+        })
+        .await;
+    let message = devctl_api::conditions::find(&db.status.unwrap().conditions, "Degraded")
+        .unwrap()
+        .message
+        .clone();
+    assert!(message.contains("downgrade from 16.4 to 16.1"), "{message}");
+    let sts: StatefulSet = env.api().get("versioned").await.unwrap();
+    let image = sts.spec.template.spec.as_ref().unwrap().containers[0]
+        .image
+        .clone();
+    assert_eq!(
+        image.as_deref(),
+        Some("postgres:16.4"),
+        "a refused downgrade must not roll the pods"
+    );
+}
+
+#[tokio::test]
+async fn a_denied_child_becomes_a_condition_and_an_event_and_is_retried_with_backoff() {
+    let env = start("denied").await;
+    // A ValidatingAdmissionPolicy that denies the ConfigMap of this cluster only.
+    let policy = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": { "name": format!("deny-{}", env.namespace) },
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [{ "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["configmaps"] }]
+            },
+            "validations": [{ "expression": "object.metadata.name != 'blocked-config'", "message": "blocked by test policy", "reason": "Forbidden" }]
+        }
+    });
+    let binding = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": { "name": format!("deny-{}", env.namespace) },
+        "spec": {
+            "policyName": format!("deny-{}", env.namespace),
+            "validationActions": ["Deny"],
+            "matchResources": { "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": env.namespace } } }
+        }
+    });
+    let dynamic = |kind: &str| {
+        let gvk = kube::api::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+        let plural = if kind.ends_with("Policy") {
+            format!("{}ies", kind.to_lowercase().trim_end_matches('y'))
+        } else {
+            format!("{}s", kind.to_lowercase())
+        };
+        kube::api::Api::<kube::api::DynamicObject>::all_with(
+            env.client.clone(),
+            &kube::discovery::ApiResource::from_gvk_with_plural(&gvk, &plural),
+        )
+    };
+    let pp = PatchParams::apply("test").force();
+    let name = format!("deny-{}", env.namespace);
+    dynamic("ValidatingAdmissionPolicy")
+        .patch(&name, &pp, &Patch::Apply(&policy))
+        .await
+        .unwrap();
+    dynamic("ValidatingAdmissionPolicyBinding")
+        .patch(&name, &pp, &Patch::Apply(&binding))
+        .await
+        .unwrap();
+    // Policies take effect asynchronously: wait until a probe ConfigMap is denied.
+    let probe_api = env.api::<ConfigMap>();
+    devctl_testenv::eventually("the admission policy to deny", TIMEOUT, || async {
+        let cm: ConfigMap =
+            serde_json::from_value(json!({ "metadata": { "name": "blocked-config" } })).ok()?;
+        match probe_api
+            .create(
+                &PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                },
+                &cm,
+            )
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.message.contains("blocked by test policy") => Some(()),
+            _ => None,
+        }
+    })
+    .await
+    .unwrap();
+
+    let audit = env.cluster.audit_log().unwrap();
+    let mark = audit.mark();
+    env.dbs()
+        .create(&PostParams::default(), &database("blocked", 1))
+        .await
+        .unwrap();
+    let db = env
+        .wait_db("blocked", "Ready=False with the denial", |db| {
+            condition_status(db, "Degraded").is_some_and(|(s, _)| s == "True")
+        })
+        .await;
+    let ready = devctl_api::conditions::find(&db.status.as_ref().unwrap().conditions, "Ready")
+        .unwrap()
+        .clone();
+    assert_eq!(ready.status, "False");
+    assert!(
+        ready.message.contains("ConfigMap blocked-config")
+            && ready.message.contains("blocked by test policy"),
+        "{}",
+        ready.message
+    );
+
+    // Retried with growing delays (1 s, 2 s, 4 s, ...), not in a tight loop.
+    let attempts = devctl_testenv::eventually(
+        "four apply attempts of the denied ConfigMap",
+        TIMEOUT,
+        || async {
+            let attempts: Vec<_> = audit
+                .requests_since(mark)
+                .ok()?
+                .into_iter()
+                .filter(|r| {
+                    r.user == OPERATOR_USER
+                        && r.verb == "patch"
+                        && r.resource == "configmaps"
+                        && r.name.as_deref() == Some("blocked-config")
+                })
+                .collect();
+            (attempts.len() >= 4).then_some(attempts)
+        },
+    )
+    .await
+    .unwrap();
+    let times: Vec<i64> = attempts
+        .iter()
+        .map(|r| {
+            r.received
+                .as_deref()
+                .unwrap()
+                .parse::<k8s_openapi::jiff::Timestamp>()
+                .unwrap()
+                .as_millisecond()
+        })
+        .collect();
+    let gaps: Vec<i64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        gaps.windows(2).all(|g| g[1] > g[0]),
+        "delays must grow: {gaps:?} ms"
+    );
+    assert!(
+        gaps[0] >= 800,
+        "first retry after about a second: {gaps:?} ms"
+    );
+
+    let events = env
+        .api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|e| e.type_.as_deref() == Some("Warning")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("blocked")
+                && e.note
+                    .as_deref()
+                    .is_some_and(|n| n.contains("blocked by test policy"))),
+        "no Warning event for the denial"
+    );
+
+    // Lifting the denial: the next retry succeeds and the condition clears.
+    dynamic("ValidatingAdmissionPolicyBinding")
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    dynamic("ValidatingAdmissionPolicy")
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.wait_db("blocked", "Ready after the denial was lifted", |db| {
+        is_ready(db, 1) && condition_status(db, "Degraded").is_some_and(|(s, _)| s == "False")
+    })
+    .await;
+}

@@ -1,0 +1,141 @@
+//! Shared set-up for the operator's integration tests: a namespace on the shared cluster, the
+//! CRDs, and the operator running in-process for that namespace under its own identity.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use devctl_api::database_cluster::DatabaseCluster;
+use devctl_operator::Settings;
+use devctl_operator::database_cluster::controller;
+use devctl_testenv::Cluster;
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::wait::await_condition;
+use tokio::sync::mpsc;
+
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The user the in-process operator authenticates as (so the audit log can tell its
+/// requests from the test's own).
+pub const OPERATOR_USER: &str = "devctl-operator-under-test";
+
+pub struct Env {
+    pub cluster: &'static Cluster,
+    pub namespace: String,
+    pub client: kube::Client,
+    /// Receives the name of every object after each finished reconcile.
+    pub reconciled: mpsc::UnboundedReceiver<String>,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Env {
+    pub fn dbs(&self) -> Api<DatabaseCluster> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// Waits until `condition` holds for the DatabaseCluster `name`.
+    pub async fn wait_db(
+        &self,
+        name: &str,
+        what: &str,
+        condition: impl Fn(&DatabaseCluster) -> bool,
+    ) -> DatabaseCluster {
+        let api = self.dbs();
+        let wait = await_condition(api.clone(), name, move |db: Option<&DatabaseCluster>| {
+            db.is_some_and(&condition)
+        });
+        match tokio::time::timeout(TIMEOUT, wait).await {
+            Ok(Ok(Some(db))) => db,
+            Ok(other) => panic!("watching {name} for {what}: {other:?}"),
+            Err(_) => {
+                let current = api.get_opt(name).await.ok().flatten();
+                panic!(
+                    "timed out after {TIMEOUT:?} waiting for {name}: {what}\ncurrent status: {:#?}",
+                    current.and_then(|d| d.status)
+                )
+            }
+        }
+    }
+
+    /// Drops reconcile notifications received so far.
+    pub fn drain(&mut self) {
+        while self.reconciled.try_recv().is_ok() {}
+    }
+
+    /// Waits for the next finished reconcile of `name`.
+    pub async fn next_reconcile(&mut self, name: &str) {
+        let wait = async {
+            while let Some(object) = self.reconciled.recv().await {
+                if object == name {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(TIMEOUT, wait)
+            .await
+            .unwrap_or_else(|_| panic!("no reconcile of {name} within {TIMEOUT:?}"));
+    }
+}
+
+/// A fresh namespace with the operator watching it.
+pub async fn start(prefix: &str) -> Env {
+    let cluster = devctl_testenv::shared_cluster().await.unwrap();
+    cluster.install_crds(&devctl_api::crds()).await.unwrap();
+    let namespace = cluster.create_namespace(prefix).await.unwrap();
+    let client = cluster.client().await.unwrap();
+    let operator_client = cluster
+        .client_for(OPERATOR_USER, &["system:masters"])
+        .await
+        .unwrap();
+    let (tx, reconciled) = mpsc::unbounded_channel();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let settings = Settings {
+        health_requeue: Duration::from_secs(300),
+        ..Settings::default()
+    };
+    let stream = controller::controller(
+        operator_client,
+        Some(namespace.clone()),
+        settings,
+        "test".into(),
+        async {
+            let _ = stopped.await;
+        },
+    );
+    tokio::spawn(stream.for_each(move |result| {
+        if let Ok((object, _)) = &result {
+            let _ = tx.send(object.name.clone());
+        }
+        async {}
+    }));
+    Env {
+        cluster,
+        namespace,
+        client,
+        reconciled,
+        _stop: stop,
+    }
+}
+
+pub fn condition_status(db: &DatabaseCluster, type_: &str) -> Option<(String, String)> {
+    let status = db.status.as_ref()?;
+    let c = devctl_api::conditions::find(&status.conditions, type_)?;
+    Some((c.status.clone(), c.reason.clone()))
+}
+
+pub fn is_ready(db: &DatabaseCluster, replicas: i32) -> bool {
+    condition_status(db, "Ready").is_some_and(|(s, _)| s == "True")
+        && db
+            .status
+            .as_ref()
+            .is_some_and(|s| s.ready_replicas == replicas)
+        && db.status.as_ref().and_then(|s| s.observed_generation) == db.metadata.generation
+}
