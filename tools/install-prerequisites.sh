@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing devctl needs, from the package registries only:
-# rustfmt and clippy (rustup). Go (>= 1.26) and Rust must already be on the machine.
+# rustfmt and clippy (rustup); PostgreSQL and MariaDB servers (Debian packages), which check
+# that the configuration the operator renders starts a real database. Go (>= 1.26) and Rust
+# must already be on the machine.
 # Safe to run again: it installs only what is missing.
 set -euo pipefail
 
@@ -19,4 +21,16 @@ if command -v rustup >/dev/null 2>&1; then
     rustup component list --installed 2>/dev/null | grep -q "^$component" || rustup component add "$component"
   done
 fi
+# Real database servers for the engine-configuration tests (not started as services).
+debian_packages=()
+compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || debian_packages+=(postgresql)
+command -v psql >/dev/null 2>&1 || debian_packages+=(postgresql-client)
+command -v mariadbd >/dev/null 2>&1 || debian_packages+=(mariadb-server)
+if (( ${#debian_packages[@]} )); then
+  sudo=""; [[ $(id -u) == 0 ]] || sudo="sudo"
+  echo "installing Debian packages: ${debian_packages[*]}"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${debian_packages[@]}"
+fi
+
 echo "prerequisites present"
