@@ -66,6 +66,34 @@ fn dev_up_runs_a_cluster_until_ctrl_c() {
     let nodes: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(nodes["items"].as_array().unwrap().len(), 2);
 
+    // The newcomer's path: apply the example, the in-process operator makes it Running.
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/postgres.yaml");
+    let apply = Command::new(&kubectl)
+        .args(["apply", "-f", example])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    assert!(
+        apply.status.success(),
+        "{}",
+        String::from_utf8_lossy(&apply.stderr)
+    );
+    let wait = Command::new(&kubectl)
+        .args([
+            "wait",
+            "dbc/my-postgres",
+            "--for=jsonpath={.status.phase}=Running",
+            "--timeout=60s",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    assert!(
+        wait.status.success(),
+        "the example never reached Running: {}",
+        String::from_utf8_lossy(&wait.stderr)
+    );
+
     let processes = children_of(devctl.id());
     assert!(
         processes.len() >= 5,

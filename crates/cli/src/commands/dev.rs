@@ -17,16 +17,23 @@ pub enum DevCommand {
         /// Write the API server's audit log (metadata level) next to the other logs.
         #[arg(long)]
         audit: bool,
+        /// Install the CRDs but do not run the operator (run `devctl-operator` yourself).
+        #[arg(long)]
+        no_operator: bool,
     },
 }
 
 pub async fn run(command: DevCommand) -> anyhow::Result<()> {
     match command {
-        DevCommand::Up { nodes, audit } => up(nodes.into(), audit).await,
+        DevCommand::Up {
+            nodes,
+            audit,
+            no_operator,
+        } => up(nodes.into(), audit, !no_operator).await,
     }
 }
 
-async fn up(nodes: usize, audit: bool) -> anyhow::Result<()> {
+async fn up(nodes: usize, audit: bool, run_operator: bool) -> anyhow::Result<()> {
     let started = Instant::now();
     eprintln!(
         "Starting a local cluster (etcd, kube-apiserver, controller-manager, scheduler, kwok with {nodes} nodes)..."
@@ -40,6 +47,28 @@ async fn up(nodes: usize, audit: bool) -> anyhow::Result<()> {
     })
     .await
     .context("starting the local cluster")?;
+    cluster
+        .install_crds(&devctl_api::crds())
+        .await
+        .context("installing the devctl CRDs")?;
+    let (stop_operator, operator_stopped) = tokio::sync::oneshot::channel::<()>();
+    let operator = if run_operator {
+        let client = cluster
+            .client()
+            .await
+            .context("connecting to the local cluster")?;
+        Some(tokio::spawn(devctl_operator::database_cluster::run(
+            client,
+            None,
+            devctl_operator::Settings::default(),
+            "devctl-dev".into(),
+            async {
+                let _ = operator_stopped.await;
+            },
+        )))
+    } else {
+        None
+    };
     let kubeconfig = cluster.kubeconfig_path().display().to_string();
     let kubectl = cluster.binaries().path("kubectl");
     println!(
@@ -51,11 +80,26 @@ async fn up(nodes: usize, audit: bool) -> anyhow::Result<()> {
     println!("  export KUBECONFIG={kubeconfig}");
     println!("  {} get nodes", kubectl.display());
     println!();
+    match operator {
+        Some(_) => println!(
+            "The devctl operator runs in this process (DEVCTL_LOG=info shows its logs). Try:"
+        ),
+        None => println!(
+            "CRDs installed; start the operator with: cargo run -p devctl-operator -- --kubeconfig {kubeconfig}"
+        ),
+    }
+    println!("  {} apply -f examples/postgres.yaml", kubectl.display());
+    println!("  {} get dbc -w", kubectl.display());
+    println!();
     println!("Logs: {}", cluster.log_dir().display());
     println!("Press Ctrl-C to stop and remove everything.");
 
     wait_for_shutdown_signal().await?;
-    eprintln!("Stopping the local cluster...");
+    eprintln!("Stopping the operator and the local cluster...");
+    let _ = stop_operator.send(());
+    if let Some(operator) = operator {
+        let _ = operator.await;
+    }
     drop(cluster);
     eprintln!("Stopped.");
     Ok(())
