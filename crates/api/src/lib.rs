@@ -5,6 +5,7 @@ pub mod conditions;
 pub mod database_cluster;
 pub mod labels;
 pub mod quantity;
+pub mod web_app;
 
 /// Group of the database resources.
 pub const DB_GROUP: &str = "db.devctl.io";
@@ -13,7 +14,7 @@ pub const DB_GROUP: &str = "db.devctl.io";
 pub fn crds()
 -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
-    vec![database_cluster::crd()]
+    vec![database_cluster::crd(), web_app::crd()]
 }
 
 /// A Kubernetes object as a YAML document (for `deploy/` and `devctl operator manifests`).

@@ -18,7 +18,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::subset::is_subset;
+use crate::subset::first_difference;
 
 /// The field manager of everything the operator writes (children and status).
 pub const FIELD_MANAGER: &str = "devctl-operator";
@@ -74,7 +74,8 @@ pub enum Change {
     Deleted(Kind, String),
 }
 
-/// Caches of the children, fed by label-selected watches (only objects devctl manages).
+/// Caches of the children, fed by label-selected watches (only objects devctl manages). A
+/// controller fills the caches of the kinds it owns; the others stay empty.
 #[derive(Clone)]
 pub struct Stores {
     pub config_maps: Store<ConfigMap>,
@@ -84,6 +85,25 @@ pub struct Stores {
     pub deployments: Store<Deployment>,
     pub pod_disruption_budgets: Store<PodDisruptionBudget>,
     pub persistent_volume_claims: Store<PersistentVolumeClaim>,
+}
+
+impl Default for Stores {
+    /// Empty caches (no watch feeds them).
+    fn default() -> Self {
+        fn empty<K: kube::runtime::reflector::Lookup<DynamicType = ()> + Clone + 'static>()
+        -> Store<K> {
+            kube::runtime::reflector::store::<K>().0
+        }
+        Self {
+            config_maps: empty(),
+            secrets: empty(),
+            services: empty(),
+            stateful_sets: empty(),
+            deployments: empty(),
+            pod_disruption_budgets: empty(),
+            persistent_volume_claims: empty(),
+        }
+    }
 }
 
 fn to_value<K: serde::Serialize>(object: &Arc<K>) -> Option<Value> {
@@ -176,8 +196,13 @@ impl Children<'_> {
             let observed = self
                 .stores
                 .observed(child.kind, self.namespace, &child.name);
-            if observed.as_ref().is_some_and(|o| is_subset(&child.body, o)) {
-                continue;
+            if let Some(observed) = &observed {
+                match first_difference(&child.body, observed, "") {
+                    None => continue,
+                    Some(difference) => {
+                        tracing::debug!(kind = child.kind.as_str(), name = %child.name, %difference, "child differs")
+                    }
+                }
             }
             let api: Api<DynamicObject> = Api::namespaced_with(
                 self.client.clone(),

@@ -27,10 +27,30 @@ impl Default for Settings {
     }
 }
 
+/// The name of the operator in events.
+pub const CONTROLLER_NAME: &str = "devctl-operator";
+
 pub struct Context {
     pub client: Client,
     pub stores: Stores,
     pub recorder: Recorder,
     pub backoff: Backoff,
     pub settings: Settings,
+}
+
+impl Context {
+    /// `instance` tells replicas apart in events (the pod name in a cluster).
+    pub fn new(client: Client, stores: Stores, settings: Settings, instance: String) -> Self {
+        let reporter = kube::runtime::events::Reporter {
+            controller: CONTROLLER_NAME.into(),
+            instance: Some(instance),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            stores,
+            backoff: Backoff::default(),
+            settings,
+        }
+    }
 }

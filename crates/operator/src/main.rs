@@ -112,24 +112,7 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(namespaces = ?args.namespaces, "starting");
 
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let scopes: Vec<Option<String>> = if args.namespaces.is_empty() {
-        vec![None]
-    } else {
-        args.namespaces.iter().cloned().map(Some).collect()
-    };
-    let controllers = scopes.into_iter().map(|namespace| {
-        let mut stopped = stopped.clone();
-        devctl_operator::database_cluster::run(
-            client.clone(),
-            namespace,
-            settings.clone(),
-            instance.clone(),
-            async move {
-                let _ = stopped.wait_for(|stop| *stop).await;
-            },
-        )
-    });
-    let run = futures::future::join_all(controllers);
+    let run = devctl_operator::run(client, &args.namespaces, settings, &instance, stopped);
     tokio::pin!(run);
     tokio::select! {
         _ = &mut run => {},

@@ -20,13 +20,35 @@ pub fn is_subset(desired: &Value, observed: &Value) -> bool {
     }
 }
 
-/// Empty maps and lists are dropped by the API server, so their absence is a match.
+/// The path of the first desired field the observed object does not match (for logs that
+/// say why a child was applied).
+pub fn first_difference(desired: &Value, observed: &Value, path: &str) -> Option<String> {
+    match (desired, observed) {
+        (Value::Object(d), Value::Object(o)) => d.iter().find_map(|(k, dv)| match o.get(k) {
+            Some(ov) => first_difference(dv, ov, &format!("{path}.{k}")),
+            None if is_empty(dv) => None,
+            None => Some(format!("{path}.{k} (missing)")),
+        }),
+        (Value::Array(d), Value::Array(o)) if d.len() == o.len() => d
+            .iter()
+            .zip(o)
+            .enumerate()
+            .find_map(|(i, (dv, ov))| first_difference(dv, ov, &format!("{path}[{i}]"))),
+        _ if is_subset(desired, observed) => None,
+        _ => Some(format!("{path}: want {desired}, have {observed}")),
+    }
+}
+
+/// Zero values (empty maps and lists, 0, false, "") are dropped by the API server for
+/// `omitempty` fields, so their absence is a match.
 fn is_empty(value: &Value) -> bool {
     match value {
         Value::Object(m) => m.is_empty(),
         Value::Array(a) => a.is_empty(),
         Value::Null => true,
-        _ => false,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::Bool(b) => !b,
+        Value::String(s) => s.is_empty(),
     }
 }
 
@@ -50,5 +72,10 @@ mod tests {
         let list = json!({"a": [1, 2]});
         assert!(!is_subset(&list, &json!({"a": [1]})));
         assert!(is_subset(&json!({"a": {}}), &json!({})));
+        assert!(
+            is_subset(&json!({"delay": 0, "flag": false}), &json!({})),
+            "omitempty zero values"
+        );
+        assert!(!is_subset(&json!({"delay": 5}), &json!({})));
     }
 }

@@ -51,21 +51,22 @@ async fn up(nodes: usize, audit: bool, run_operator: bool) -> anyhow::Result<()>
         .install_crds(&devctl_api::crds())
         .await
         .context("installing the devctl CRDs")?;
-    let (stop_operator, operator_stopped) = tokio::sync::oneshot::channel::<()>();
+    let (stop_operator, operator_stopped) = tokio::sync::watch::channel(false);
     let operator = if run_operator {
         let client = cluster
             .client()
             .await
             .context("connecting to the local cluster")?;
-        Some(tokio::spawn(devctl_operator::database_cluster::run(
-            client,
-            None,
-            devctl_operator::Settings::default(),
-            "devctl-dev".into(),
-            async {
-                let _ = operator_stopped.await;
-            },
-        )))
+        Some(tokio::spawn(async move {
+            devctl_operator::run(
+                client,
+                &[],
+                devctl_operator::Settings::default(),
+                "devctl-dev",
+                operator_stopped,
+            )
+            .await
+        }))
     } else {
         None
     };
@@ -96,7 +97,7 @@ async fn up(nodes: usize, audit: bool, run_operator: bool) -> anyhow::Result<()>
 
     wait_for_shutdown_signal().await?;
     eprintln!("Stopping the operator and the local cluster...");
-    let _ = stop_operator.send(());
+    let _ = stop_operator.send(true);
     if let Some(operator) = operator {
         let _ = operator.await;
     }

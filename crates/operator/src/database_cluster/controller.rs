@@ -1,8 +1,6 @@
 //! Watches, reconcile and error policy of the DatabaseCluster controller: the thin async
 //! shell around the pure desired state (`resources`) and status (`status`).
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use devctl_api::database_cluster::{self, DatabaseCluster, FINALIZER, Phase};
@@ -13,49 +11,25 @@ use futures::{Future, StreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 use kube::runtime::{PredicateConfig, WatchStreamExt};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::resources::{self, Inputs, Names, secret};
 use super::status::{self, Observed};
-use crate::backoff::Backoff;
-use crate::children::{Change, Children, FIELD_MANAGER, Stores};
+use crate::children::{Change, Children, Stores};
 use crate::context::{Context, Settings};
 use crate::error::{Error, Result};
-
-/// Name of this controller in events and logs.
-pub const CONTROLLER_NAME: &str = "devctl-operator";
-
-/// Which namespace to watch: one, or all when `None`.
-fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
-{
-    match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    }
-}
-
-/// Reconciles only when something a user or the finalizer helper changed: the spec
-/// (generation), deletion, finalizers or annotations. The operator's own status writes
-/// change none of these, so they do not trigger another reconcile; deletions still do.
-fn relevant_change(db: &DatabaseCluster) -> Option<u64> {
-    let mut hasher = DefaultHasher::new();
-    db.metadata.generation.hash(&mut hasher);
-    db.metadata.deletion_timestamp.is_some().hash(&mut hasher);
-    db.metadata.finalizers.hash(&mut hasher);
-    db.metadata.annotations.hash(&mut hasher);
-    Some(hasher.finish())
-}
+use crate::reconciler::{
+    error_policy, key, log_results, now, publish, publish_changes, relevant_change, scoped_api,
+    watch_children, write_status,
+};
 
 /// One item per finished reconcile: the object and the next action, or the error.
 pub type ReconcileResult = Result<
@@ -71,14 +45,7 @@ pub async fn run(
     instance: String,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    controller(client, namespace, settings, instance, shutdown)
-        .for_each(|result| async move {
-            match result {
-                Ok((object, _)) => tracing::debug!(object = %object, "reconciled"),
-                Err(error) => tracing::debug!(%error, "reconcile failed"),
-            }
-        })
-        .await;
+    log_results(controller(client, namespace, settings, instance, shutdown)).await;
 }
 
 /// The controller as a stream of reconcile results (tests count reconciles with it).
@@ -90,30 +57,17 @@ pub fn controller(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> BoxStream<'static, ReconcileResult> {
     let ns = namespace.as_deref();
-    // Children are watched by label, so the caches hold only what devctl manages.
-    let children = watcher::Config::default().labels(&labels::managed_selector());
-
-    macro_rules! child_watch {
-        ($kind:ty) => {{
-            let (reader, writer) = reflector::store::<$kind>();
-            let stream = watcher(api::<$kind>(&client, ns), children.clone())
-                .default_backoff()
-                .reflect(writer)
-                .touched_objects();
-            (reader, stream)
-        }};
-    }
-    let (config_maps, config_map_stream) = child_watch!(ConfigMap);
-    let (secrets, secret_stream) = child_watch!(Secret);
-    let (services, service_stream) = child_watch!(Service);
-    let (stateful_sets, stateful_set_stream) = child_watch!(StatefulSet);
-    let (pod_disruption_budgets, pdb_stream) = child_watch!(PodDisruptionBudget);
-    let (persistent_volume_claims, pvc_stream) = child_watch!(PersistentVolumeClaim);
-    let (deployments, _) = reflector::store();
+    let (config_maps, config_map_stream) = watch_children::<ConfigMap>(&client, ns);
+    let (secrets, secret_stream) = watch_children::<Secret>(&client, ns);
+    let (services, service_stream) = watch_children::<Service>(&client, ns);
+    let (stateful_sets, stateful_set_stream) = watch_children::<StatefulSet>(&client, ns);
+    let (pod_disruption_budgets, pdb_stream) = watch_children::<PodDisruptionBudget>(&client, ns);
+    let (persistent_volume_claims, pvc_stream) =
+        watch_children::<PersistentVolumeClaim>(&client, ns);
 
     let (db_reader, db_writer) = reflector::store::<DatabaseCluster>();
     let db_stream = watcher(
-        api::<DatabaseCluster>(&client, ns),
+        scoped_api::<DatabaseCluster>(&client, ns),
         watcher::Config::default(),
     )
     .default_backoff()
@@ -121,27 +75,16 @@ pub fn controller(
     .applied_objects()
     .predicate_filter(relevant_change, PredicateConfig::default());
 
-    let context = Arc::new(Context {
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: CONTROLLER_NAME.into(),
-                instance: Some(instance),
-            },
-        ),
-        client,
-        stores: Stores {
-            config_maps,
-            secrets,
-            services,
-            stateful_sets,
-            deployments,
-            pod_disruption_budgets,
-            persistent_volume_claims,
-        },
-        backoff: Backoff::default(),
-        settings,
-    });
+    let stores = Stores {
+        config_maps,
+        secrets,
+        services,
+        stateful_sets,
+        pod_disruption_budgets,
+        persistent_volume_claims,
+        ..Stores::default()
+    };
+    let context = Arc::new(Context::new(client, stores, settings, instance));
 
     Controller::for_stream(db_stream, db_reader)
         .owns_stream(config_map_stream)
@@ -160,10 +103,6 @@ pub fn controller(
         .boxed()
 }
 
-fn key(db: &DatabaseCluster) -> String {
-    format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any())
-}
-
 async fn reconcile(db: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Result<Action> {
     let namespace = db
         .namespace()
@@ -178,12 +117,6 @@ async fn reconcile(db: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Result<Action
     .await
     .map_err(|e| Error::Finalizer(Box::new(e)))?;
     Ok(action)
-}
-
-fn error_policy(db: Arc<DatabaseCluster>, error: &Error, ctx: Arc<Context>) -> Action {
-    let delay = ctx.backoff.next_delay(&key(&db));
-    tracing::warn!(object = %key(&db), %error, retry_in = ?delay, "reconcile failed");
-    Action::requeue(delay)
 }
 
 /// The version to run and, when the requested change is refused, why.
@@ -205,16 +138,6 @@ fn plan_version(db: &DatabaseCluster) -> (String, Option<String>) {
         },
         None => (requested.clone(), None),
     }
-}
-
-fn now() -> Time {
-    // metav1.Time has second precision on the wire; truncating keeps recomputed status equal
-    // to what was stored.
-    let seconds = k8s_openapi::jiff::Timestamp::now().as_second();
-    Time(
-        k8s_openapi::jiff::Timestamp::from_second(seconds)
-            .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now()),
-    )
 }
 
 async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
@@ -245,7 +168,7 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     };
     let status = status::compute(&db, &observed, &now());
     if status.is_some() && status != db.status {
-        write_status(&db, ctx, &names, json!(status)).await?;
+        write_status(ctx, db.as_ref(), json!(status)).await?;
     }
 
     publish_events(
@@ -259,7 +182,7 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     if let Err(error) = converged {
         publish(
             ctx,
-            &db,
+            db.as_ref(),
             EventType::Warning,
             error.reason(),
             "Reconcile",
@@ -268,7 +191,7 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
         .await;
         return Err(error);
     }
-    ctx.backoff.reset(&key(&db));
+    ctx.backoff.reset(&key(db.as_ref()));
     Ok(Action::requeue(ctx.settings.health_requeue))
 }
 
@@ -410,47 +333,6 @@ async fn expand_volumes(
     Ok((expanded < claims.len()).then_some((expanded, claims.len())))
 }
 
-async fn write_status(
-    db: &DatabaseCluster,
-    ctx: &Context,
-    names: &Names,
-    status: serde_json::Value,
-) -> Result<()> {
-    let api: Api<DatabaseCluster> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    let body = json!({
-        "apiVersion": DatabaseCluster::api_version(&()),
-        "kind": DatabaseCluster::kind(&()),
-        "status": status,
-    });
-    api.patch_status(
-        &db.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await?;
-    Ok(())
-}
-
-async fn publish(
-    ctx: &Context,
-    db: &DatabaseCluster,
-    type_: EventType,
-    reason: &str,
-    action: &str,
-    note: String,
-) {
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: action.into(),
-        secondary: None,
-    };
-    if let Err(error) = ctx.recorder.publish(&event, &db.object_ref(&())).await {
-        tracing::warn!(object = %key(db), %error, "could not publish an event");
-    }
-}
-
 async fn publish_events(
     db: &DatabaseCluster,
     ctx: &Context,
@@ -472,22 +354,7 @@ async fn publish_events(
         )
         .await;
     }
-    for change in changes {
-        let (reason, kind, name) = match change {
-            Change::Created(kind, name) => ("Created", kind, name),
-            Change::Updated(kind, name) => ("Updated", kind, name),
-            Change::Deleted(kind, name) => ("Deleted", kind, name),
-        };
-        publish(
-            ctx,
-            db,
-            EventType::Normal,
-            reason,
-            reason,
-            format!("{reason} {} {name}", kind.as_str()),
-        )
-        .await;
-    }
+    publish_changes(ctx, db, changes).await;
     // Once per refusal: only when the condition is not already saying so.
     let already_refused = db
         .status
@@ -512,15 +379,14 @@ async fn publish_events(
 /// Bounded cleanup before the finalizer is removed. Children go away through garbage
 /// collection (controller owner references); the backup issue adds a final backup here.
 async fn cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
-    let names = Names::of(&db)?;
     if db.status.as_ref().and_then(|s| s.phase) != Some(Phase::Deleting) {
         // The whole status: with server-side apply, fields left out would be removed.
         let mut status = db.status.clone().unwrap_or_default();
         status.phase = Some(Phase::Deleting);
-        write_status(&db, ctx, &names, json!(status)).await?;
+        write_status(ctx, db.as_ref(), json!(status)).await?;
         publish(
             ctx,
-            &db,
+            db.as_ref(),
             EventType::Normal,
             "Deleting",
             "Delete",
@@ -528,6 +394,6 @@ async fn cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
         )
         .await;
     }
-    ctx.backoff.reset(&key(&db));
+    ctx.backoff.reset(&key(db.as_ref()));
     Ok(Action::await_change())
 }

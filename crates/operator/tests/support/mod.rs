@@ -41,6 +41,36 @@ impl Env {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
+    pub fn web_apps(&self) -> Api<devctl_api::web_app::WebApp> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// Waits until `condition` holds for the WebApp `name`.
+    pub async fn wait_web_app(
+        &self,
+        name: &str,
+        what: &str,
+        condition: impl Fn(&devctl_api::web_app::WebApp) -> bool,
+    ) -> devctl_api::web_app::WebApp {
+        let api = self.web_apps();
+        let wait = await_condition(
+            api.clone(),
+            name,
+            move |app: Option<&devctl_api::web_app::WebApp>| app.is_some_and(&condition),
+        );
+        match tokio::time::timeout(TIMEOUT, wait).await {
+            Ok(Ok(Some(app))) => app,
+            Ok(other) => panic!("watching {name} for {what}: {other:?}"),
+            Err(_) => {
+                let current = api.get_opt(name).await.ok().flatten();
+                panic!(
+                    "timed out after {TIMEOUT:?} waiting for {name}: {what}\ncurrent status: {:#?}",
+                    current.and_then(|a| a.status)
+                )
+            }
+        }
+    }
+
     /// Waits until `condition` holds for the DatabaseCluster `name`.
     pub async fn wait_db(
         &self,
@@ -87,6 +117,11 @@ impl Env {
 
 /// A fresh namespace with the operator watching it.
 pub async fn start(prefix: &str) -> Env {
+    // `RUST_LOG=devctl_operator=debug` shows the operator's logs in failing tests.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let cluster = devctl_testenv::shared_cluster().await.unwrap();
     cluster.install_crds(&devctl_api::crds()).await.unwrap();
     let namespace = cluster.create_namespace(prefix).await.unwrap();
@@ -96,26 +131,41 @@ pub async fn start(prefix: &str) -> Env {
         .await
         .unwrap();
     let (tx, reconciled) = mpsc::unbounded_channel();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let settings = Settings {
         health_requeue: Duration::from_secs(300),
         ..Settings::default()
     };
-    let stream = controller::controller(
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (stop_web_apps, web_apps_stopped) = tokio::sync::oneshot::channel::<()>();
+    let databases = controller::controller(
+        operator_client.clone(),
+        Some(namespace.clone()),
+        settings.clone(),
+        "test".into(),
+        async {
+            let _ = stopped.await;
+            let _ = stop_web_apps.send(());
+        },
+    )
+    .map(|r| r.map(|(o, _)| o.name).ok());
+    let web_apps = devctl_operator::web_app::controller::controller(
         operator_client,
         Some(namespace.clone()),
         settings,
         "test".into(),
         async {
-            let _ = stopped.await;
+            let _ = web_apps_stopped.await;
         },
+    )
+    .map(|r| r.map(|(o, _)| o.name).ok());
+    tokio::spawn(
+        futures::stream::select(databases, web_apps).for_each(move |name| {
+            if let Some(name) = name {
+                let _ = tx.send(name);
+            }
+            async {}
+        }),
     );
-    tokio::spawn(stream.for_each(move |result| {
-        if let Ok((object, _)) = &result {
-            let _ = tx.send(object.name.clone());
-        }
-        async {}
-    }));
     Env {
         cluster,
         namespace,

@@ -7,6 +7,7 @@ use super::{Inputs, Names, config_map, labels, metadata, selector, services};
 use crate::children::{Child, Kind};
 use crate::engine::{self, mysql, postgres};
 use crate::error::Result;
+use crate::pod_security;
 
 /// Annotation on the pod template carrying the configuration hash.
 pub const CONFIG_HASH_ANNOTATION: &str = "db.devctl.io/config-hash";
@@ -16,16 +17,6 @@ const DATABASE_UID: i64 = 999;
 
 /// Name of the volume claim template (PVCs are `data-<name>-<ordinal>`).
 pub const DATA_VOLUME: &str = "data";
-
-/// Container security context that passes Pod Security Standards `restricted`.
-pub fn restricted_container_security_context() -> Value {
-    json!({
-        "allowPrivilegeEscalation": false,
-        "capabilities": { "drop": ["ALL"] },
-        "runAsNonRoot": true,
-        "seccompProfile": { "type": "RuntimeDefault" },
-    })
-}
 
 fn claim_labels(db: &DatabaseCluster) -> std::collections::BTreeMap<String, String> {
     let mut labels = labels(db, "storage", "");
@@ -119,7 +110,7 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
         "ports": [{ "name": port_name, "containerPort": port, "protocol": "TCP" }],
         "env": env,
         "resources": engine::effective_resources(spec),
-        "securityContext": restricted_container_security_context(),
+        "securityContext": pod_security::restricted_container(),
         "volumeMounts": [
             { "name": DATA_VOLUME, "mountPath": data_dir },
             { "name": "config", "mountPath": config_dir, "readOnly": true },
@@ -159,13 +150,7 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
                         "annotations": { CONFIG_HASH_ANNOTATION: config_map::hash(db) },
                     },
                     "spec": {
-                        "securityContext": {
-                            "runAsNonRoot": true,
-                            "runAsUser": DATABASE_UID,
-                            "runAsGroup": DATABASE_UID,
-                            "fsGroup": DATABASE_UID,
-                            "seccompProfile": { "type": "RuntimeDefault" },
-                        },
+                        "securityContext": pod_security::restricted_pod(Some(DATABASE_UID)),
                         "enableServiceLinks": false,
                         "terminationGracePeriodSeconds": 60,
                         "containers": [container],

@@ -1,0 +1,7 @@
+//! The WebApp controller: a Deployment and a Service per WebApp.
+
+pub mod controller;
+pub mod resources;
+pub mod status;
+
+pub use controller::run;

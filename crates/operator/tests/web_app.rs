@@ -1,0 +1,288 @@
+//! The WebApp controller against the real control plane (`Cluster` mode).
+
+mod support;
+
+use devctl_api::web_app::WebApp;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use serde_json::json;
+use support::{OPERATOR_USER, TIMEOUT, start};
+
+fn web_app(name: &str) -> WebApp {
+    serde_json::from_value(json!({
+        "apiVersion": "apps.devctl.io/v1", "kind": "WebApp",
+        "metadata": { "name": name },
+        "spec": { "image": "myregistry/myapp:v2.1.0", "replicas": 5, "port": 8080 }
+    }))
+    .unwrap()
+}
+
+fn condition(app: &WebApp, type_: &str) -> Option<String> {
+    let status = app.status.as_ref()?;
+    Some(
+        devctl_api::conditions::find(&status.conditions, type_)?
+            .status
+            .clone(),
+    )
+}
+
+fn available_with(app: &WebApp, replicas: i32) -> bool {
+    condition(app, "Available").as_deref() == Some("True")
+        && condition(app, "Ready").as_deref() == Some("True")
+        && app
+            .status
+            .as_ref()
+            .is_some_and(|s| s.ready_replicas == replicas && s.available_replicas == replicas)
+        && app.status.as_ref().and_then(|s| s.observed_generation) == app.metadata.generation
+}
+
+async fn deployment_matches(
+    env: &support::Env,
+    what: &str,
+    check: impl Fn(&Deployment) -> bool + Send + 'static,
+) -> Deployment {
+    let wait = await_condition(
+        env.api::<Deployment>(),
+        "my-service-deployment",
+        move |d: Option<&Deployment>| d.is_some_and(&check),
+    );
+    tokio::time::timeout(TIMEOUT, wait)
+        .await
+        .unwrap_or_else(|_| {
+            panic!("timed out after {TIMEOUT:?} waiting for the Deployment: {what}")
+        })
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn seed_sample_becomes_available_is_idempotent_and_heals() {
+    let mut env = start("webapp").await;
+    let apps = env.web_apps();
+    apps.create(&PostParams::default(), &web_app("my-service"))
+        .await
+        .unwrap();
+    env.wait_web_app("my-service", "Available with 5 ready pods", |a| {
+        available_with(a, 5)
+    })
+    .await;
+
+    let deployment: Deployment = env.api().get("my-service-deployment").await.unwrap();
+    let spec = &deployment.spec;
+    assert_eq!(spec.replicas, Some(5));
+    let container = &spec.template.spec.as_ref().unwrap().containers[0];
+    assert_eq!(container.image.as_deref(), Some("myregistry/myapp:v2.1.0"));
+    assert_eq!(container.ports.as_ref().unwrap()[0].container_port, 8080);
+    let service: Service = env.api().get("my-service-svc").await.unwrap();
+    let port = &service.spec.as_ref().unwrap().ports.as_ref().unwrap()[0];
+    assert_eq!(port.port, 80);
+    assert_eq!(
+        port.target_port,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(8080))
+    );
+
+    let out = env
+        .cluster
+        .kubectl()
+        .args(["get", "wa", "-n", &env.namespace])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "IMAGE", "REPLICAS", "READY", "AGE"]);
+    let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        &row[..4],
+        ["my-service", "myregistry/myapp:v2.1.0", "5", "5"]
+    );
+
+    // Idempotency: forced reconciles of a converged WebApp make zero write requests.
+    let audit = env.cluster.audit_log().unwrap();
+    env.drain();
+    let mark = audit.mark();
+    for i in 0..5 {
+        let poke =
+            json!({ "metadata": { "annotations": { "test.devctl.io/poke": i.to_string() } } });
+        apps.patch("my-service", &PatchParams::default(), &Patch::Merge(&poke))
+            .await
+            .unwrap();
+        env.next_reconcile("my-service").await;
+    }
+    let writes: Vec<_> = audit
+        .requests_since(mark)
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.user == OPERATOR_USER && r.is_write())
+        .collect();
+    assert!(
+        writes.is_empty(),
+        "steady-state reconciles wrote: {writes:#?}"
+    );
+    let selector = ListParams::default().labels("app.kubernetes.io/instance=my-service");
+    assert_eq!(
+        env.api::<Deployment>()
+            .list(&selector)
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1,
+        "no duplicate Deployment"
+    );
+    assert_eq!(
+        env.api::<Service>()
+            .list(&selector)
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1,
+        "no duplicate Service"
+    );
+
+    // Changing image and replicas updates the Deployment in place.
+    let uid = deployment.metadata.uid.clone().unwrap();
+    let change = json!({ "spec": { "image": "myregistry/myapp:v2.2.0", "replicas": 3 } });
+    apps.patch(
+        "my-service",
+        &PatchParams::default(),
+        &Patch::Merge(&change),
+    )
+    .await
+    .unwrap();
+    let updated = deployment_matches(&env, "image v2.2.0 and 3 replicas", |d| {
+        d.spec.replicas == Some(3)
+            && d.spec.template.spec.as_ref().is_some_and(|p| {
+                p.containers[0].image.as_deref() == Some("myregistry/myapp:v2.2.0")
+            })
+    })
+    .await;
+    assert_eq!(
+        updated.metadata.uid.as_deref(),
+        Some(uid.as_str()),
+        "updated in place, not recreated"
+    );
+    env.wait_web_app("my-service", "Available with 3 ready pods", |a| {
+        available_with(a, 3)
+    })
+    .await;
+
+    // Self-heal: a deleted Deployment comes back, hand-changed replicas are restored.
+    env.api::<Deployment>()
+        .delete("my-service-deployment", &DeleteParams::background())
+        .await
+        .unwrap();
+    let recreated = deployment_matches(&env, "recreated", move |d| {
+        d.metadata.uid.as_deref() != Some(uid.as_str())
+    })
+    .await;
+    assert_eq!(recreated.spec.replicas, Some(3));
+    env.api::<Deployment>()
+        .patch(
+            "my-service-deployment",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "replicas": 7 } })),
+        )
+        .await
+        .unwrap();
+    deployment_matches(&env, "replicas restored to 3", |d| {
+        d.spec.replicas == Some(3) && d.metadata.generation > Some(2)
+    })
+    .await;
+
+    // Events are visible in `kubectl describe`.
+    let out = env
+        .cluster
+        .kubectl()
+        .args(["describe", "webapp", "my-service", "-n", &env.namespace])
+        .output()
+        .unwrap();
+    let description = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        description.contains("Created") && description.contains("Deployment my-service-deployment"),
+        "{description}"
+    );
+    assert!(
+        description.contains("Scaling from 5 to 3 pods"),
+        "{description}"
+    );
+}
+
+#[tokio::test]
+async fn invalid_web_apps_are_rejected_with_field_messages() {
+    let env = start("webapp-invalid").await;
+    let raw = kube::api::Api::<kube::api::DynamicObject>::namespaced_with(
+        env.client.clone(),
+        &env.namespace,
+        &kube::discovery::ApiResource::erase::<WebApp>(&()),
+    );
+    let cases = [
+        (json!({ "replicas": 0 }), "spec.replicas"),
+        (json!({ "port": 0 }), "spec.port"),
+        (json!({ "port": 70000 }), "spec.port"),
+        (json!({ "image": "" }), "spec.image"),
+    ];
+    for (i, (overrides, field)) in cases.into_iter().enumerate() {
+        let mut body = serde_json::to_value(web_app(&format!("bad-{i}"))).unwrap();
+        for (k, v) in overrides.as_object().unwrap() {
+            body["spec"][k] = v.clone();
+        }
+        match raw
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(body).unwrap(),
+            )
+            .await
+        {
+            Err(kube::Error::Api(status)) => {
+                assert_eq!(status.code, 422, "{field}: {status:?}");
+                assert!(
+                    status.message.contains(field),
+                    "{field} not named in: {}",
+                    status.message
+                );
+            }
+            other => panic!("{field}: expected a 422, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn deleting_a_web_app_garbage_collects_its_children() {
+    let env = start("webapp-delete").await;
+    let apps = env.web_apps();
+    let mut app = web_app("short-lived");
+    app.spec.replicas = 1;
+    apps.create(&PostParams::default(), &app).await.unwrap();
+    let app = env
+        .wait_web_app("short-lived", "Available", |a| available_with(a, 1))
+        .await;
+    apps.delete("short-lived", &DeleteParams::default())
+        .await
+        .unwrap();
+    let uid = app.metadata.uid.unwrap();
+    tokio::time::timeout(
+        TIMEOUT,
+        await_condition(apps.clone(), "short-lived", conditions::is_deleted(&uid)),
+    )
+    .await
+    .expect("the WebApp was not deleted")
+    .unwrap();
+    devctl_testenv::eventually(
+        "the Deployment and Service to be garbage-collected",
+        TIMEOUT,
+        || async {
+            let deployment = env
+                .api::<Deployment>()
+                .get_opt("short-lived-deployment")
+                .await
+                .ok()?;
+            let service = env.api::<Service>().get_opt("short-lived-svc").await.ok()?;
+            (deployment.is_none() && service.is_none()).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+}
