@@ -17,7 +17,10 @@ pub fn crds()
     vec![database_cluster::crd(), web_app::crd()]
 }
 
+/// Why an object could not be written as YAML.
+pub type YamlError = serde_saphyr::SerializeError;
+
 /// A Kubernetes object as a YAML document (for `deploy/` and `devctl operator manifests`).
-pub fn to_yaml<T: serde::Serialize>(object: &T) -> Result<String, serde_saphyr::SerializeError> {
+pub fn to_yaml<T: serde::Serialize>(object: &T) -> Result<String, YamlError> {
     serde_saphyr::to_string(object)
 }

@@ -1,11 +1,16 @@
 //! `devctl`: installs the devctl operator into a cluster, drives its resources, and runs a
 //! local simulated cluster for development.
 
+mod cluster;
 mod commands;
+mod output;
+mod wait;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+
+use crate::cluster::GlobalArgs;
 
 #[derive(Parser)]
 #[command(
@@ -14,15 +19,31 @@ use clap::{Parser, Subcommand};
     about = "Run databases and web apps on Kubernetes with the devctl operator"
 )]
 struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Install, inspect and remove the operator.
+    #[command(subcommand)]
+    Operator(commands::operator::OperatorCommand),
+    /// Create and inspect databases (DatabaseCluster resources).
+    #[command(subcommand)]
+    Db(commands::db::DbCommand),
+    /// Create and inspect web apps (WebApp resources).
+    #[command(subcommand)]
+    Webapp(commands::webapp::WebappCommand),
     /// Local development: a simulated cluster on this machine.
     #[command(subcommand)]
     Dev(commands::dev::DevCommand),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[tokio::main]
@@ -35,13 +56,21 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    let global = cli.global;
     let result = match cli.command {
+        Command::Operator(command) => commands::operator::run(&global, command).await,
+        Command::Db(command) => commands::db::run(&global, command).await,
+        Command::Webapp(command) => commands::webapp::run(&global, command).await,
         Command::Dev(command) => commands::dev::run(command).await,
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "devctl", &mut std::io::stdout());
+            Ok(())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            // One line a user can act on; the chain of causes follows on the same line.
+            // One line a user can act on: the error and its causes, outermost first.
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
         }

@@ -1,1 +1,4 @@
+pub mod db;
 pub mod dev;
+pub mod operator;
+pub mod webapp;

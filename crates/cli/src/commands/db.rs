@@ -1,0 +1,464 @@
+//! `devctl db create|list|status|credentials|delete`.
+
+use std::time::Duration;
+
+use clap::Subcommand;
+use devctl_api::conditions;
+use devctl_api::database_cluster::{DatabaseCluster, Engine};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::json;
+
+use crate::cluster::{self, Connection, GlobalArgs};
+use crate::output::{self, table};
+use crate::wait;
+
+#[derive(Subcommand)]
+pub enum DbCommand {
+    /// Create a database cluster.
+    Create {
+        name: String,
+        /// Database engine.
+        #[arg(long, value_enum, default_value_t = EngineArg::Postgres)]
+        engine: EngineArg,
+        /// Engine version as major.minor, e.g. 16.2.
+        #[arg(long)]
+        version: String,
+        /// Number of instances (1-7).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=7))]
+        replicas: i32,
+        /// Volume size per instance, e.g. 10Gi.
+        #[arg(long, default_value = "10Gi")]
+        storage: String,
+        /// Storage class (the cluster's default when unset).
+        #[arg(long)]
+        storage_class: Option<String>,
+        /// Wait until the cluster is Ready.
+        #[arg(long)]
+        wait: bool,
+        /// How long to wait, in seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+    },
+    /// List database clusters.
+    List {
+        /// List across all namespaces.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+    },
+    /// Show a cluster's phase, conditions, endpoints, pods and recent events.
+    Status { name: String },
+    /// Show how to connect (password masked unless --show-password).
+    Credentials {
+        name: String,
+        #[arg(long)]
+        show_password: bool,
+    },
+    /// Delete a database cluster (its volumes are kept).
+    Delete {
+        name: String,
+        /// Wait until it is gone.
+        #[arg(long)]
+        wait: bool,
+        /// How long to wait, in seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+    },
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum EngineArg {
+    Postgres,
+    Mysql,
+}
+
+pub async fn run(global: &GlobalArgs, command: DbCommand) -> anyhow::Result<()> {
+    let connection = cluster::connect(global).await?;
+    let api: Api<DatabaseCluster> =
+        Api::namespaced(connection.client.clone(), &connection.namespace);
+    match command {
+        DbCommand::Create {
+            name,
+            engine,
+            version,
+            replicas,
+            storage,
+            storage_class,
+            wait,
+            timeout,
+        } => {
+            let engine = match engine {
+                EngineArg::Postgres => Engine::Postgres,
+                EngineArg::Mysql => Engine::Mysql,
+            };
+            let mut storage_spec = json!({ "size": storage });
+            if let Some(class) = storage_class {
+                storage_spec["storageClassName"] = json!(class);
+            }
+            let db: DatabaseCluster = serde_json::from_value(json!({
+                "apiVersion": "db.devctl.io/v1beta1", "kind": "DatabaseCluster",
+                "metadata": { "name": name },
+                "spec": { "engine": engine, "version": version, "replicas": replicas, "storage": storage_spec }
+            }))?;
+            api.create(&PostParams::default(), &db).await.map_err(|e| {
+                cluster::explain(
+                    e,
+                    &format!("creating databasecluster {name}"),
+                    &connection.server,
+                )
+            })?;
+            println!("databasecluster {}/{name} created", connection.namespace);
+            if wait {
+                eprintln!("Waiting for {name} to be Ready...");
+                wait::until(
+                    &api,
+                    &name,
+                    Duration::from_secs(timeout),
+                    progress,
+                    is_ready,
+                )
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+                println!("databasecluster {name} is Ready");
+            }
+            Ok(())
+        }
+        DbCommand::List { all_namespaces } => {
+            let api: Api<DatabaseCluster> = if all_namespaces {
+                Api::all(connection.client.clone())
+            } else {
+                api
+            };
+            let list = api
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| cluster::explain(e, "listing databaseclusters", &connection.server))?;
+            if output::structured(global.output, &list.items)? {
+                return Ok(());
+            }
+            let mut header = vec![
+                "NAME", "ENGINE", "VERSION", "REPLICAS", "READY", "PHASE", "AGE",
+            ];
+            if all_namespaces {
+                header.insert(0, "NAMESPACE");
+            }
+            let rows: Vec<Vec<String>> = list
+                .items
+                .iter()
+                .map(|db| {
+                    let status = db.status.clone().unwrap_or_default();
+                    let mut row = vec![
+                        db.name_any(),
+                        db.spec.engine.to_string(),
+                        db.spec.version.clone(),
+                        db.spec.replicas.to_string(),
+                        status.ready_replicas.to_string(),
+                        status
+                            .phase
+                            .map(|p| p.as_str().to_string())
+                            .unwrap_or_default(),
+                        output::age(db.metadata.creation_timestamp.as_ref()),
+                    ];
+                    if all_namespaces {
+                        row.insert(0, db.namespace().unwrap_or_default());
+                    }
+                    row
+                })
+                .collect();
+            if rows.is_empty() {
+                eprintln!(
+                    "No databaseclusters found in {}.",
+                    if all_namespaces {
+                        "any namespace"
+                    } else {
+                        &connection.namespace
+                    }
+                );
+                return Ok(());
+            }
+            table(&header, &rows);
+            Ok(())
+        }
+        DbCommand::Status { name } => status(global, &connection, &api, &name).await,
+        DbCommand::Credentials {
+            name,
+            show_password,
+        } => credentials(global, &connection, &api, &name, show_password).await,
+        DbCommand::Delete {
+            name,
+            wait,
+            timeout,
+        } => {
+            api.delete(&name, &DeleteParams::default())
+                .await
+                .map_err(|e| {
+                    cluster::explain(
+                        e,
+                        &format!("deleting databasecluster {name}"),
+                        &connection.server,
+                    )
+                })?;
+            println!("databasecluster {}/{name} deleted", connection.namespace);
+            if wait {
+                wait::until(
+                    &api,
+                    &name,
+                    Duration::from_secs(timeout),
+                    |d| {
+                        if d.is_some() {
+                            "finalizing".into()
+                        } else {
+                            "gone".into()
+                        }
+                    },
+                    |d| d.is_none(),
+                )
+                .await?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn progress(db: Option<&DatabaseCluster>) -> String {
+    let Some(db) = db else {
+        return "not found".into();
+    };
+    let status = db.status.clone().unwrap_or_default();
+    let ready = conditions::find(&status.conditions, conditions::READY);
+    format!(
+        "phase {}, {}/{} ready{}",
+        status.phase.map(|p| p.as_str()).unwrap_or("Pending"),
+        status.ready_replicas,
+        db.spec.replicas,
+        ready
+            .map(|c| format!(" — {}: {}", c.reason, c.message))
+            .unwrap_or_default()
+    )
+}
+
+fn is_ready(db: Option<&DatabaseCluster>) -> bool {
+    db.and_then(|d| d.status.as_ref()).is_some_and(|s| {
+        conditions::find(&s.conditions, conditions::READY)
+            .is_some_and(|c| c.status == conditions::TRUE)
+    }) && db.is_some_and(|d| {
+        d.status.as_ref().and_then(|s| s.observed_generation) == d.metadata.generation
+    })
+}
+
+async fn get(
+    connection: &Connection,
+    api: &Api<DatabaseCluster>,
+    name: &str,
+) -> anyhow::Result<DatabaseCluster> {
+    match api.get_opt(name).await {
+        Ok(Some(db)) => Ok(db),
+        Ok(None) => anyhow::bail!(
+            "databasecluster {name} not found in namespace {}",
+            connection.namespace
+        ),
+        Err(e) => Err(cluster::explain(
+            e,
+            &format!("reading databasecluster {name}"),
+            &connection.server,
+        )),
+    }
+}
+
+/// Pods and events of an owner, for `status` commands.
+pub async fn pods_and_events(
+    connection: &Connection,
+    selector: Option<&str>,
+    name: &str,
+) -> (Vec<Pod>, Vec<Event>) {
+    let pods: Api<Pod> = Api::namespaced(connection.client.clone(), &connection.namespace);
+    let pods = match selector {
+        Some(selector) => pods
+            .list(&ListParams::default().labels(selector))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let events: Api<Event> = Api::namespaced(connection.client.clone(), &connection.namespace);
+    let mut events: Vec<Event> = events
+        .list(&ListParams::default().fields(&format!("regarding.name={name}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    events.sort_by_key(|e| {
+        e.series
+            .as_ref()
+            .map(|s| s.last_observed_time.0)
+            .or(e.event_time.as_ref().map(|t| t.0))
+    });
+    let skip = events.len().saturating_sub(10);
+    (pods, events.into_iter().skip(skip).collect())
+}
+
+pub fn print_pods_and_events(pods: &[Pod], events: &[Event]) {
+    println!("\nPods:");
+    if pods.is_empty() {
+        println!("  (none)");
+    } else {
+        let rows: Vec<Vec<String>> = pods
+            .iter()
+            .map(|p| {
+                let status = p.status.as_ref();
+                let ready = status
+                    .and_then(|s| s.conditions.as_ref())
+                    .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+                    .map(|c| c.status.clone())
+                    .unwrap_or_else(|| "Unknown".into());
+                vec![
+                    format!("  {}", p.name_any()),
+                    status.and_then(|s| s.phase.clone()).unwrap_or_default(),
+                    ready,
+                    p.spec
+                        .as_ref()
+                        .and_then(|s| s.node_name.clone())
+                        .unwrap_or_default(),
+                ]
+            })
+            .collect();
+        table(&["  NAME", "PHASE", "READY", "NODE"], &rows);
+    }
+    println!("\nRecent events:");
+    if events.is_empty() {
+        println!("  (none)");
+    }
+    for e in events {
+        println!(
+            "  {:<8} {:<22} {}",
+            e.type_.clone().unwrap_or_default(),
+            e.reason.clone().unwrap_or_default(),
+            e.note.clone().unwrap_or_default()
+        );
+    }
+}
+
+async fn status(
+    global: &GlobalArgs,
+    connection: &Connection,
+    api: &Api<DatabaseCluster>,
+    name: &str,
+) -> anyhow::Result<()> {
+    let db = get(connection, api, name).await?;
+    let status = db.status.clone().unwrap_or_default();
+    let (pods, events) = pods_and_events(connection, status.selector.as_deref(), name).await;
+    if output::structured(
+        global.output,
+        &json!({ "databaseCluster": db, "pods": pods, "events": events }),
+    )? {
+        return Ok(());
+    }
+    println!("Name:        {}/{}", connection.namespace, name);
+    println!("Engine:      {} {}", db.spec.engine, db.spec.version);
+    println!(
+        "Phase:       {}",
+        status.phase.map(|p| p.as_str()).unwrap_or("Pending")
+    );
+    println!(
+        "Instances:   {}/{} ready",
+        status.ready_replicas, db.spec.replicas
+    );
+    println!(
+        "Storage:     {} per instance",
+        status
+            .storage_size
+            .as_deref()
+            .unwrap_or(&db.spec.storage.size)
+    );
+    println!(
+        "Primary:     {}",
+        status.primary_endpoint.as_deref().unwrap_or("-")
+    );
+    println!(
+        "Replicas:    {}",
+        status.replica_endpoint.as_deref().unwrap_or("-")
+    );
+    println!(
+        "Credentials: secret/{}",
+        status.connection_secret_name.as_deref().unwrap_or("-")
+    );
+    println!("\nConditions:");
+    let rows: Vec<Vec<String>> = status
+        .conditions
+        .iter()
+        .map(|c| {
+            vec![
+                format!("  {}", c.type_),
+                c.status.clone(),
+                c.reason.clone(),
+                c.message.clone(),
+            ]
+        })
+        .collect();
+    table(&["  TYPE", "STATUS", "REASON", "MESSAGE"], &rows);
+    print_pods_and_events(&pods, &events);
+    Ok(())
+}
+
+async fn credentials(
+    global: &GlobalArgs,
+    connection: &Connection,
+    api: &Api<DatabaseCluster>,
+    name: &str,
+    show_password: bool,
+) -> anyhow::Result<()> {
+    let db = get(connection, api, name).await?;
+    let secret_name = db
+        .status
+        .as_ref()
+        .and_then(|s| s.connection_secret_name.clone())
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "databasecluster {name} has no credentials yet (is the operator running?)"
+            )
+        })?;
+    let secrets: Api<Secret> = Api::namespaced(connection.client.clone(), &connection.namespace);
+    let secret = secrets.get(&secret_name).await.map_err(|e| {
+        cluster::explain(
+            e,
+            &format!("reading secret {secret_name}"),
+            &connection.server,
+        )
+    })?;
+    let data = secret.data.unwrap_or_default();
+    let field = |key: &str| {
+        data.get(key)
+            .map(|v| String::from_utf8_lossy(&v.0).to_string())
+            .unwrap_or_default()
+    };
+    let password = field("password");
+    let mask = |text: String| {
+        if show_password {
+            text
+        } else {
+            text.replace(&password, "********")
+        }
+    };
+    let values = json!({
+        "username": field("username"),
+        "password": mask(password.clone()),
+        "host": field("host"),
+        "port": field("port"),
+        "dbname": field("dbname"),
+        "uri": mask(field("uri")),
+        "secret": secret_name,
+    });
+    if output::structured(global.output, &values)? {
+        return Ok(());
+    }
+    for key in [
+        "uri", "host", "port", "dbname", "username", "password", "secret",
+    ] {
+        println!("{key:<9} {}", values[key].as_str().unwrap_or_default());
+    }
+    if !show_password {
+        eprintln!("(password masked; pass --show-password to print it)");
+    }
+    Ok(())
+}

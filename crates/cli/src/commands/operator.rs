@@ -1,0 +1,470 @@
+//! `devctl operator manifests|install|uninstall`.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Subcommand;
+use devctl_api::database_cluster::DatabaseCluster;
+use devctl_api::web_app::WebApp;
+use devctl_operator::manifests::{self, INSTALL_FIELD_MANAGER, InstallOptions, NAME, NAMESPACE};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::cluster::{self, Connection, GlobalArgs};
+use crate::wait;
+
+#[derive(Subcommand)]
+pub enum OperatorCommand {
+    /// Print every object `install` applies, as YAML.
+    Manifests {
+        /// Operator image.
+        #[arg(long, default_value = manifests::DEFAULT_IMAGE)]
+        image: String,
+        /// Operator replicas.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=5))]
+        replicas: i32,
+    },
+    /// Install or upgrade the operator (server-side apply; safe to repeat).
+    Install {
+        /// Operator image.
+        #[arg(long, default_value = manifests::DEFAULT_IMAGE)]
+        image: String,
+        /// Operator replicas.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=5))]
+        replicas: i32,
+        /// Wait until the operator Deployment is available.
+        #[arg(long)]
+        wait: bool,
+        /// How long to wait, in seconds.
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
+    },
+    /// Remove the operator, its RBAC and its CRDs.
+    Uninstall {
+        /// Delete every DatabaseCluster and WebApp first and wait for their cleanup.
+        #[arg(long)]
+        delete_resources: bool,
+        /// Remove devctl finalizers from remaining resources first (when the operator is gone
+        /// and cannot run its cleanup); implies deleting them.
+        #[arg(long)]
+        skip_finalizers: bool,
+        /// How long to wait for resources, the namespace and the CRDs to go away, in seconds.
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
+    },
+}
+
+pub async fn run(global: &GlobalArgs, command: OperatorCommand) -> anyhow::Result<()> {
+    match command {
+        OperatorCommand::Manifests { image, replicas } => {
+            print!(
+                "{}",
+                manifests::to_yaml(&manifests::manifests(&InstallOptions { image, replicas }))?
+            );
+            Ok(())
+        }
+        OperatorCommand::Install {
+            image,
+            replicas,
+            wait,
+            timeout,
+        } => {
+            install(
+                global,
+                InstallOptions { image, replicas },
+                wait,
+                Duration::from_secs(timeout),
+            )
+            .await
+        }
+        OperatorCommand::Uninstall {
+            delete_resources,
+            skip_finalizers,
+            timeout,
+        } => {
+            uninstall(
+                global,
+                delete_resources,
+                skip_finalizers,
+                Duration::from_secs(timeout),
+            )
+            .await
+        }
+    }
+}
+
+/// The API resource of a manifest object and whether it is namespaced.
+fn resource_of(object: &Value) -> anyhow::Result<(ApiResource, bool)> {
+    let api_version = object["apiVersion"].as_str().unwrap_or_default();
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let (plural, namespaced) = match kind {
+        "CustomResourceDefinition" => ("customresourcedefinitions", false),
+        "Namespace" => ("namespaces", false),
+        "ServiceAccount" => ("serviceaccounts", true),
+        "ClusterRole" => ("clusterroles", false),
+        "ClusterRoleBinding" => ("clusterrolebindings", false),
+        "Role" => ("roles", true),
+        "RoleBinding" => ("rolebindings", true),
+        "Deployment" => ("deployments", true),
+        "Service" => ("services", true),
+        other => anyhow::bail!("no API mapping for manifest kind {other}"),
+    };
+    Ok((
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural),
+        namespaced,
+    ))
+}
+
+fn dynamic_api(client: &kube::Client, object: &Value) -> anyhow::Result<Api<DynamicObject>> {
+    let (resource, namespaced) = resource_of(object)?;
+    Ok(if namespaced {
+        Api::namespaced_with(
+            client.clone(),
+            object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or(NAMESPACE),
+            &resource,
+        )
+    } else {
+        Api::all_with(client.clone(), &resource)
+    })
+}
+
+fn describe(object: &Value) -> String {
+    format!(
+        "{} {}",
+        object["kind"].as_str().unwrap_or_default().to_lowercase(),
+        object["metadata"]["name"].as_str().unwrap_or_default()
+    )
+}
+
+/// Applies `objects` with server-side apply, printing created/configured/unchanged like
+/// `kubectl apply`.
+pub async fn apply_all(connection: &Connection, objects: &[Value]) -> anyhow::Result<()> {
+    let params = PatchParams::apply(INSTALL_FIELD_MANAGER).force();
+    for object in objects {
+        let api = dynamic_api(&connection.client, object)?;
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let what = describe(object);
+        let before = api
+            .get_opt(name)
+            .await
+            .map_err(|e| cluster::explain(e, &format!("reading {what}"), &connection.server))?
+            .and_then(|o| o.resource_version());
+        let after = api
+            .patch(name, &params, &Patch::Apply(object))
+            .await
+            .map_err(|e| cluster::explain(e, &format!("applying {what}"), &connection.server))?
+            .resource_version();
+        let verb = match before {
+            None => "created",
+            Some(rv) if after.as_deref() == Some(rv.as_str()) => "unchanged",
+            Some(_) => "configured",
+        };
+        println!("{what} {verb}");
+    }
+    Ok(())
+}
+
+async fn install(
+    global: &GlobalArgs,
+    options: InstallOptions,
+    wait: bool,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let connection = cluster::connect(global).await?;
+    let objects = manifests::manifests(&options);
+    let (crds, rest): (Vec<Value>, Vec<Value>) = objects
+        .into_iter()
+        .partition(|o| o["kind"] == "CustomResourceDefinition");
+    apply_all(&connection, &crds).await?;
+    let crd_api: Api<CustomResourceDefinition> = Api::all(connection.client.clone());
+    for crd in &crds {
+        let name = crd["metadata"]["name"].as_str().unwrap_or_default();
+        wait::until(
+            &crd_api,
+            name,
+            timeout,
+            |c| {
+                format!(
+                    "CRD {name}: {}",
+                    if established(c) {
+                        "Established"
+                    } else {
+                        "waiting to be Established"
+                    }
+                )
+            },
+            established,
+        )
+        .await?;
+    }
+    apply_all(&connection, &rest).await?;
+    if wait {
+        eprintln!("Waiting for the operator Deployment to be available...");
+        let deployments: Api<Deployment> = Api::namespaced(connection.client.clone(), NAMESPACE);
+        wait::until(
+            &deployments,
+            NAME,
+            timeout,
+            deployment_progress,
+            deployment_available,
+        )
+        .await?;
+    }
+    println!("devctl operator installed in namespace {NAMESPACE}");
+    Ok(())
+}
+
+fn established(crd: Option<&CustomResourceDefinition>) -> bool {
+    crd.and_then(|c| c.status.as_ref())
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        })
+}
+
+fn deployment_progress(d: Option<&Deployment>) -> String {
+    let Some(d) = d else {
+        return "deployment not found yet".into();
+    };
+    let want = d.spec.replicas.unwrap_or(1);
+    let status = d.status.as_ref();
+    format!(
+        "operator: {}/{want} available, {}/{want} up to date",
+        status.and_then(|s| s.available_replicas).unwrap_or(0),
+        status.and_then(|s| s.updated_replicas).unwrap_or(0)
+    )
+}
+
+fn deployment_available(d: Option<&Deployment>) -> bool {
+    let Some(d) = d else { return false };
+    let want = d.spec.replicas.unwrap_or(1);
+    d.status.as_ref().is_some_and(|s| {
+        s.observed_generation >= d.metadata.generation
+            && s.updated_replicas.unwrap_or(0) == want
+            && s.available_replicas.unwrap_or(0) == want
+    })
+}
+
+/// A devctl custom resource still in the cluster.
+struct Remaining {
+    kind: &'static str,
+    namespace: String,
+    name: String,
+    finalizers: Vec<String>,
+}
+
+async fn list_remaining(connection: &Connection) -> anyhow::Result<Vec<Remaining>> {
+    async fn list<K>(connection: &Connection, kind: &'static str) -> anyhow::Result<Vec<Remaining>>
+    where
+        K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::all(connection.client.clone());
+        match api.list(&ListParams::default()).await {
+            Ok(list) => Ok(list
+                .items
+                .iter()
+                .map(|o| Remaining {
+                    kind,
+                    namespace: o.namespace().unwrap_or_default(),
+                    name: o.name_any(),
+                    finalizers: o.finalizers().to_vec(),
+                })
+                .collect()),
+            // The CRD is not installed: nothing of this kind can exist.
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(Vec::new()),
+            Err(e) => Err(cluster::explain(
+                e,
+                &format!("listing {kind}s"),
+                &connection.server,
+            )),
+        }
+    }
+    let mut remaining = list::<DatabaseCluster>(connection, "databasecluster").await?;
+    remaining.extend(list::<WebApp>(connection, "webapp").await?);
+    Ok(remaining)
+}
+
+fn dynamic_for(connection: &Connection, r: &Remaining) -> Api<DynamicObject> {
+    let resource = match r.kind {
+        "databasecluster" => ApiResource::erase::<DatabaseCluster>(&()),
+        _ => ApiResource::erase::<WebApp>(&()),
+    };
+    Api::namespaced_with(connection.client.clone(), &r.namespace, &resource)
+}
+
+async fn uninstall(
+    global: &GlobalArgs,
+    delete_resources: bool,
+    skip_finalizers: bool,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let connection = cluster::connect(global).await?;
+    let remaining = list_remaining(&connection).await?;
+    if !remaining.is_empty() && !delete_resources && !skip_finalizers {
+        let list: Vec<String> = remaining
+            .iter()
+            .map(|r| format!("{} {}/{}", r.kind, r.namespace, r.name))
+            .collect();
+        anyhow::bail!(
+            "refusing to uninstall: {} devctl resource(s) still exist ({}); delete them, or pass --delete-resources (or --skip-finalizers if the operator is gone)",
+            remaining.len(),
+            list.join(", ")
+        );
+    }
+    if skip_finalizers {
+        for r in &remaining {
+            let ours: Vec<&String> = r
+                .finalizers
+                .iter()
+                .filter(|f| f.contains("devctl.io"))
+                .collect();
+            if ours.is_empty() {
+                continue;
+            }
+            let keep: Vec<&String> = r
+                .finalizers
+                .iter()
+                .filter(|f| !f.contains("devctl.io"))
+                .collect();
+            let patch = json!({ "metadata": { "finalizers": keep } });
+            dynamic_for(&connection, r)
+                .patch(&r.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|e| {
+                    cluster::explain(
+                        e,
+                        &format!(
+                            "removing finalizers of {} {}/{}",
+                            r.kind, r.namespace, r.name
+                        ),
+                        &connection.server,
+                    )
+                })?;
+            let names: Vec<&str> = ours.iter().map(|s| s.as_str()).collect();
+            println!(
+                "{} {}/{}: removed finalizer {}; its cleanup was skipped",
+                r.kind,
+                r.namespace,
+                r.name,
+                names.join(", ")
+            );
+        }
+    }
+    for r in &remaining {
+        match dynamic_for(&connection, r)
+            .delete(&r.name, &DeleteParams::background())
+            .await
+        {
+            Ok(_) => println!("{} {}/{} deleted", r.kind, r.namespace, r.name),
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(e) => {
+                return Err(cluster::explain(
+                    e,
+                    &format!("deleting {} {}/{}", r.kind, r.namespace, r.name),
+                    &connection.server,
+                ));
+            }
+        }
+    }
+    if !remaining.is_empty() {
+        eprintln!(
+            "Waiting for {} resource(s) to finish their cleanup...",
+            remaining.len()
+        );
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last = usize::MAX;
+        loop {
+            let left = list_remaining(&connection).await?;
+            if left.is_empty() {
+                break;
+            }
+            if left.len() != last {
+                eprintln!(
+                    "  {} left: {}",
+                    left.len(),
+                    left.iter()
+                        .map(|r| format!("{}/{}", r.namespace, r.name))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                last = left.len();
+            }
+            if tokio::time::Instant::now() >= deadline {
+                anyhow::bail!(
+                    "timed out after {}s waiting for {} resource(s) to be deleted; is the operator running? If it is gone, run uninstall with --skip-finalizers",
+                    timeout.as_secs(),
+                    left.len()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    // The operator first (so it stops acting), RBAC, the namespace, the CRDs last.
+    let objects = manifests::manifests(&InstallOptions::default());
+    let mut ordered: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["kind"] != "CustomResourceDefinition")
+        .rev()
+        .collect();
+    ordered.extend(
+        objects
+            .iter()
+            .filter(|o| o["kind"] == "CustomResourceDefinition"),
+    );
+    for object in ordered {
+        let api = dynamic_api(&connection.client, object)?;
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let what = describe(object);
+        match api.delete(name, &DeleteParams::background()).await {
+            Ok(_) => println!("{what} deleted"),
+            Err(kube::Error::Api(status)) if status.code == 404 => println!("{what} not found"),
+            Err(e) => {
+                return Err(cluster::explain(
+                    e,
+                    &format!("deleting {what}"),
+                    &connection.server,
+                ));
+            }
+        }
+        if matches!(
+            object["kind"].as_str(),
+            Some("Namespace" | "CustomResourceDefinition")
+        ) {
+            wait_deleted(&api, name, &what, timeout).await?;
+        }
+    }
+    println!("devctl operator uninstalled");
+    Ok(())
+}
+
+async fn wait_deleted(
+    api: &Api<DynamicObject>,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    wait::until(
+        api,
+        name,
+        timeout,
+        |o| {
+            if o.is_some() {
+                format!("{what}: terminating")
+            } else {
+                format!("{what}: gone")
+            }
+        },
+        |o| o.is_none(),
+    )
+    .await
+    .with_context(|| format!("waiting for {what} to be deleted"))
+}

@@ -1,0 +1,74 @@
+//! Waiting with progress: watch an object until a condition holds or a timeout passes,
+//! printing each new state on stderr.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::Resource;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::de::DeserializeOwned;
+
+/// Watches `name` until `done` returns `Ok(true)`; `describe` gives the progress line printed
+/// whenever it changes. On timeout the error carries the last progress line.
+pub async fn until<K>(
+    api: &Api<K>,
+    name: &str,
+    timeout: Duration,
+    describe: impl Fn(Option<&K>) -> String,
+    done: impl Fn(Option<&K>) -> bool,
+) -> anyhow::Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let mut last = String::new();
+    let stream = watcher(
+        api.clone(),
+        watcher::Config::default().fields(&format!("metadata.name={name}")),
+    )
+    .default_backoff();
+    let wait = async {
+        let mut stream = std::pin::pin!(stream);
+        let mut current: Option<K> = None;
+        let mut listed = false;
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(watcher::Event::Apply(obj)) | Ok(watcher::Event::InitApply(obj)) => {
+                    current = Some(obj)
+                }
+                Ok(watcher::Event::Delete(_)) => current = None,
+                Ok(watcher::Event::InitDone) => listed = true,
+                Ok(watcher::Event::Init) => current = None,
+                Err(error) => tracing::debug!(%error, "watch error; retrying"),
+            }
+            if !listed {
+                continue;
+            }
+            let line = describe(current.as_ref());
+            if line != last {
+                eprintln!("  {line}");
+                last = line;
+            }
+            if done(current.as_ref()) {
+                return true;
+            }
+        }
+        false
+    };
+    match tokio::time::timeout(timeout, wait).await {
+        Ok(true) => Ok(()),
+        Ok(false) => anyhow::bail!("the watch of {name} ended unexpectedly"),
+        Err(_) => {
+            let state = if last.is_empty() {
+                "no state observed".to_string()
+            } else {
+                last
+            };
+            anyhow::bail!(
+                "timed out after {}s waiting for {name}: {state}",
+                timeout.as_secs()
+            )
+        }
+    }
+}
