@@ -48,10 +48,11 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Silent by default: errors reach the user as one line from main (DEVCTL_LOG=debug for more).
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("DEVCTL_LOG")
-                .unwrap_or_else(|_| "warn".into()),
+                .unwrap_or_else(|_| "off".into()),
         )
         .with_writer(std::io::stderr)
         .init();
