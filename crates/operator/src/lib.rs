@@ -10,6 +10,7 @@ pub mod context;
 pub mod database_cluster;
 pub mod engine;
 pub mod error;
+pub mod leader_election;
 pub mod manifests;
 pub mod pod_security;
 pub mod reconciler;

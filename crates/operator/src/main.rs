@@ -35,6 +35,12 @@ struct Args {
     /// DNS suffix of the cluster (endpoints in status and in the credentials Secret).
     #[arg(long, default_value = "cluster.local")]
     cluster_domain: String,
+    /// Run controllers only while holding the leader Lease (for more than one replica).
+    #[arg(long)]
+    leader_elect: bool,
+    /// Namespace of the leader Lease (default: $POD_NAMESPACE, else devctl-system).
+    #[arg(long, env = "POD_NAMESPACE", default_value = devctl_operator::manifests::NAMESPACE)]
+    leader_election_namespace: String,
     /// Seconds between health checks of an unchanged, healthy object.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..))]
     health_requeue_seconds: u64,
@@ -110,6 +116,19 @@ async fn main() -> anyhow::Result<()> {
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| "devctl-operator".into());
     tracing::info!(namespaces = ?args.namespaces, "starting");
+
+    if args.leader_elect {
+        let namespaces = args.namespaces.clone();
+        devctl_operator::leader_election::run_as_leader(
+            client.clone(),
+            &args.leader_election_namespace,
+            &instance,
+            |stopped| devctl_operator::run(client, &namespaces, settings, &instance, stopped),
+            shutdown_signal(),
+        )
+        .await?;
+        return Ok(());
+    }
 
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let run = devctl_operator::run(client, &args.namespaces, settings, &instance, stopped);

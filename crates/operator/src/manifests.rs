@@ -94,6 +94,16 @@ pub const RULES: &[Rule] = &[
     },
 ];
 
+/// The leader-election Role, in the operator's namespace only: read and renew its one Lease
+/// (server-side apply is a patch), create it the first time (create cannot be limited by name).
+pub const LEADER_ELECTION_RULES: &[(&[&str], Option<&str>)] = &[
+    (&["create"], None),
+    (&["get", "patch"], Some(crate::leader_election::LEASE_NAME)),
+];
+
+/// Name of the leader-election Role and RoleBinding.
+pub const LEADER_ELECTION_NAME: &str = "devctl-operator-leader-election";
+
 /// Options of `devctl operator install`.
 #[derive(Debug, Clone)]
 pub struct InstallOptions {
@@ -168,6 +178,23 @@ pub fn manifests(options: &InstallOptions) -> Vec<Value> {
             "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME },
             "subjects": [{ "kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE }],
         }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": { "name": LEADER_ELECTION_NAME, "namespace": NAMESPACE, "labels": labels() },
+            "rules": LEADER_ELECTION_RULES.iter().map(|(verbs, name)| {
+                let mut rule = json!({ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": verbs });
+                if let Some(name) = name {
+                    rule["resourceNames"] = json!([name]);
+                }
+                rule
+            }).collect::<Vec<_>>(),
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": { "name": LEADER_ELECTION_NAME, "namespace": NAMESPACE, "labels": labels() },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": LEADER_ELECTION_NAME },
+            "subjects": [{ "kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE }],
+        }),
         deployment(options),
     ]);
     objects
@@ -189,8 +216,11 @@ fn deployment(options: &InstallOptions) -> Value {
                     "containers": [{
                         "name": "operator",
                         "image": options.image,
-                        "args": ["--log-format=json"],
-                        "env": [{ "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } }],
+                        "args": ["--log-format=json", "--leader-elect"],
+                        "env": [
+                            { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
+                            { "name": "POD_NAMESPACE", "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } },
+                        ],
                         "resources": {
                             "requests": { "cpu": "50m", "memory": "64Mi" },
                             "limits": { "memory": "256Mi" },

@@ -82,7 +82,8 @@ pub async fn operator_kubeconfig(cluster: &devctl_testenv::Cluster, dir: &Path) 
     path
 }
 
-/// The operator binary running with `kubeconfig`; killed on drop.
+/// The operator binary running with `kubeconfig` and leader election on (as the installed
+/// Deployment runs it, so the leader-election Role is exercised too); killed on drop.
 pub struct Operator(Child);
 
 impl Operator {
@@ -92,6 +93,7 @@ impl Operator {
             Command::new(operator_binary())
                 .arg("--kubeconfig")
                 .arg(kubeconfig)
+                .arg("--leader-elect")
                 .env("DEVCTL_LOG", "info")
                 .stdout(Stdio::null())
                 .stderr(log)
