@@ -65,3 +65,20 @@ pub fn age(time: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) 
         s => format!("{}d", s / 86400),
     }
 }
+
+/// The conditions of a status as an indented table.
+pub fn conditions(conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]) {
+    println!("\nConditions:");
+    let rows: Vec<Vec<String>> = conditions
+        .iter()
+        .map(|c| {
+            vec![
+                format!("  {}", c.type_),
+                c.status.clone(),
+                c.reason.clone(),
+                c.message.clone(),
+            ]
+        })
+        .collect();
+    table(&["  TYPE", "STATUS", "REASON", "MESSAGE"], &rows);
+}

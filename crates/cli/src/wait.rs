@@ -72,3 +72,24 @@ where
         }
     }
 }
+
+/// Waits until `name` no longer exists (finalizers done).
+pub async fn until_deleted<K>(api: &Api<K>, name: &str, timeout: Duration) -> anyhow::Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    until(
+        api,
+        name,
+        timeout,
+        |o| {
+            if o.is_some() {
+                "being deleted".into()
+            } else {
+                "gone".into()
+            }
+        },
+        |o| o.is_none(),
+    )
+    .await
+}

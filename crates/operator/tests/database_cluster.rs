@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use serde_json::json;
-use support::{OPERATOR_USER, TIMEOUT, condition_status, is_ready, start};
+use support::{OPERATOR_USER, TIMEOUT, assert_rejected, condition_status, is_ready, start};
 
 fn database(name: &str, replicas: i32) -> DatabaseCluster {
     serde_json::from_value(json!({
@@ -143,25 +143,10 @@ async fn sample_converges_is_idempotent_and_heals() {
     );
 
     // Idempotency: forced reconciles of a converged cluster make zero write requests.
-    let audit = env.cluster.audit_log().unwrap();
     let password_before = password(&env, "my-postgres").await;
-    env.drain();
-    let mark = audit.mark();
-    for i in 0..5 {
-        let poke =
-            json!({ "metadata": { "annotations": { "test.devctl.io/poke": i.to_string() } } });
-        dbs.patch("my-postgres", &PatchParams::default(), &Patch::Merge(&poke))
-            .await
-            .unwrap();
-        env.next_reconcile("my-postgres").await;
-    }
-    let operator_requests: Vec<_> = audit
-        .requests_since(mark)
-        .unwrap()
-        .into_iter()
-        .filter(|r| r.user == OPERATOR_USER)
-        .collect();
-    let writes: Vec<_> = operator_requests.iter().filter(|r| r.is_write()).collect();
+    let writes = env
+        .writes_during_forced_reconciles(&dbs, "my-postgres", 5)
+        .await;
     assert!(
         writes.is_empty(),
         "steady-state reconciles wrote: {writes:#?}"
@@ -429,17 +414,7 @@ async fn storage_grows_in_place_and_never_shrinks() {
             &Patch::Merge(json!({ "spec": { "storage": { "size": "5Gi" } } })),
         )
         .await;
-    match shrink {
-        Err(kube::Error::Api(status)) => {
-            assert_eq!(status.code, 422);
-            assert!(
-                status.message.contains("storage.size cannot shrink"),
-                "{}",
-                status.message
-            );
-        }
-        other => panic!("shrinking storage must be rejected, got {other:?}"),
-    }
+    assert_rejected(shrink, "storage.size cannot shrink");
 }
 
 #[tokio::test]
@@ -473,17 +448,7 @@ async fn invalid_specs_are_rejected_with_field_messages() {
                 &serde_json::from_value(body).unwrap(),
             )
             .await;
-        match result {
-            Err(kube::Error::Api(status)) => {
-                assert_eq!(status.code, 422, "{field}: {status:?}");
-                assert!(
-                    status.message.contains(field),
-                    "{field} not named in: {}",
-                    status.message
-                );
-            }
-            other => panic!("{field}: expected a 422, got {other:?}"),
-        }
+        assert_rejected(result, field);
     }
 
     // Engine change on an existing cluster.
@@ -497,17 +462,7 @@ async fn invalid_specs_are_rejected_with_field_messages() {
             &Patch::Merge(json!({ "spec": { "engine": "mysql" } })),
         )
         .await;
-    match change {
-        Err(kube::Error::Api(status)) => {
-            assert_eq!(status.code, 422);
-            assert!(
-                status.message.contains("engine is immutable"),
-                "{}",
-                status.message
-            );
-        }
-        other => panic!("engine change must be rejected, got {other:?}"),
-    }
+    assert_rejected(change, "engine is immutable");
 }
 
 #[tokio::test]

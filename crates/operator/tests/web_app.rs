@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use serde_json::json;
-use support::{OPERATOR_USER, TIMEOUT, start};
+use support::{TIMEOUT, assert_rejected, start};
 
 fn web_app(name: &str) -> WebApp {
     serde_json::from_value(json!({
@@ -99,23 +99,9 @@ async fn seed_sample_becomes_available_is_idempotent_and_heals() {
     );
 
     // Idempotency: forced reconciles of a converged WebApp make zero write requests.
-    let audit = env.cluster.audit_log().unwrap();
-    env.drain();
-    let mark = audit.mark();
-    for i in 0..5 {
-        let poke =
-            json!({ "metadata": { "annotations": { "test.devctl.io/poke": i.to_string() } } });
-        apps.patch("my-service", &PatchParams::default(), &Patch::Merge(&poke))
-            .await
-            .unwrap();
-        env.next_reconcile("my-service").await;
-    }
-    let writes: Vec<_> = audit
-        .requests_since(mark)
-        .unwrap()
-        .into_iter()
-        .filter(|r| r.user == OPERATOR_USER && r.is_write())
-        .collect();
+    let writes = env
+        .writes_during_forced_reconciles(&apps, "my-service", 5)
+        .await;
     assert!(
         writes.is_empty(),
         "steady-state reconciles wrote: {writes:#?}"
@@ -229,23 +215,14 @@ async fn invalid_web_apps_are_rejected_with_field_messages() {
         for (k, v) in overrides.as_object().unwrap() {
             body["spec"][k] = v.clone();
         }
-        match raw
-            .create(
+        assert_rejected(
+            raw.create(
                 &PostParams::default(),
                 &serde_json::from_value(body).unwrap(),
             )
-            .await
-        {
-            Err(kube::Error::Api(status)) => {
-                assert_eq!(status.code, 422, "{field}: {status:?}");
-                assert!(
-                    status.message.contains(field),
-                    "{field} not named in: {}",
-                    status.message
-                );
-            }
-            other => panic!("{field}: expected a 422, got {other:?}"),
-        }
+            .await,
+            field,
+        );
     }
 }
 

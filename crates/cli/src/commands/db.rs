@@ -202,20 +202,7 @@ pub async fn run(global: &GlobalArgs, command: DbCommand) -> anyhow::Result<()> 
                 })?;
             println!("databasecluster {}/{name} deleted", connection.namespace);
             if wait {
-                wait::until(
-                    &api,
-                    &name,
-                    Duration::from_secs(timeout),
-                    |d| {
-                        if d.is_some() {
-                            "finalizing".into()
-                        } else {
-                            "gone".into()
-                        }
-                    },
-                    |d| d.is_none(),
-                )
-                .await?;
+                wait::until_deleted(&api, &name, Duration::from_secs(timeout)).await?;
             }
             Ok(())
         }
@@ -383,20 +370,7 @@ async fn status(
         "Credentials: secret/{}",
         status.connection_secret_name.as_deref().unwrap_or("-")
     );
-    println!("\nConditions:");
-    let rows: Vec<Vec<String>> = status
-        .conditions
-        .iter()
-        .map(|c| {
-            vec![
-                format!("  {}", c.type_),
-                c.status.clone(),
-                c.reason.clone(),
-                c.message.clone(),
-            ]
-        })
-        .collect();
-    table(&["  TYPE", "STATUS", "REASON", "MESSAGE"], &rows);
+    output::conditions(&status.conditions);
     print_pods_and_events(&pods, &events);
     Ok(())
 }

@@ -452,19 +452,7 @@ async fn wait_deleted(
     what: &str,
     timeout: Duration,
 ) -> anyhow::Result<()> {
-    wait::until(
-        api,
-        name,
-        timeout,
-        |o| {
-            if o.is_some() {
-                format!("{what}: terminating")
-            } else {
-                format!("{what}: gone")
-            }
-        },
-        |o| o.is_none(),
-    )
-    .await
-    .with_context(|| format!("waiting for {what} to be deleted"))
+    wait::until_deleted(api, name, timeout)
+        .await
+        .with_context(|| format!("waiting for {what} to be deleted"))
 }

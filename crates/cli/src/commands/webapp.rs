@@ -192,20 +192,7 @@ pub async fn run(global: &GlobalArgs, command: WebappCommand) -> anyhow::Result<
                 status.ready_replicas, app.spec.replicas, status.available_replicas
             );
             println!("Service:   {}-svc:80 -> {}", name, app.spec.port);
-            println!("\nConditions:");
-            let rows: Vec<Vec<String>> = status
-                .conditions
-                .iter()
-                .map(|c| {
-                    vec![
-                        format!("  {}", c.type_),
-                        c.status.clone(),
-                        c.reason.clone(),
-                        c.message.clone(),
-                    ]
-                })
-                .collect();
-            table(&["  TYPE", "STATUS", "REASON", "MESSAGE"], &rows);
+            output::conditions(&status.conditions);
             print_pods_and_events(&pods, &events);
             Ok(())
         }
@@ -221,20 +208,7 @@ pub async fn run(global: &GlobalArgs, command: WebappCommand) -> anyhow::Result<
                 })?;
             println!("webapp {}/{name} deleted", connection.namespace);
             if wait {
-                wait::until(
-                    &api,
-                    &name,
-                    Duration::from_secs(timeout),
-                    |a| {
-                        if a.is_some() {
-                            "deleting".into()
-                        } else {
-                            "gone".into()
-                        }
-                    },
-                    |a| a.is_none(),
-                )
-                .await?;
+                wait::until_deleted(&api, &name, Duration::from_secs(timeout)).await?;
             }
             Ok(())
         }

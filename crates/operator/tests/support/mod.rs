@@ -95,6 +95,42 @@ impl Env {
         }
     }
 
+    /// Forces `times` reconciles of `name` (an annotation change passes the watch predicate)
+    /// and returns the write requests the operator made meanwhile, from the audit log.
+    pub async fn writes_during_forced_reconciles<K>(
+        &mut self,
+        api: &Api<K>,
+        name: &str,
+        times: usize,
+    ) -> Vec<devctl_testenv::audit::Request>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let audit = self
+            .cluster
+            .audit_log()
+            .expect("the shared cluster logs audit events");
+        self.drain();
+        let mark = audit.mark();
+        for i in 0..times {
+            let poke = serde_json::json!({ "metadata": { "annotations": { "test.devctl.io/poke": i.to_string() } } });
+            api.patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&poke),
+            )
+            .await
+            .unwrap();
+            self.next_reconcile(name).await;
+        }
+        audit
+            .requests_since(mark)
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.user == OPERATOR_USER && r.is_write())
+            .collect()
+    }
+
     /// Drops reconcile notifications received so far.
     pub fn drain(&mut self) {
         while self.reconciled.try_recv().is_ok() {}
@@ -188,4 +224,19 @@ pub fn is_ready(db: &DatabaseCluster, replicas: i32) -> bool {
             .as_ref()
             .is_some_and(|s| s.ready_replicas == replicas)
         && db.status.as_ref().and_then(|s| s.observed_generation) == db.metadata.generation
+}
+
+/// Asserts the API server rejected a request with 422 and a message containing `expected`.
+pub fn assert_rejected<T: std::fmt::Debug>(result: Result<T, kube::Error>, expected: &str) {
+    match result {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "{expected}: {status:?}");
+            assert!(
+                status.message.contains(expected),
+                "{expected:?} not in: {}",
+                status.message
+            );
+        }
+        other => panic!("expected a 422 mentioning {expected:?}, got {other:?}"),
+    }
 }
