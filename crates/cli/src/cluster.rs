@@ -11,7 +11,7 @@ use crate::output::Format;
 #[derive(Args, Debug, Clone)]
 pub struct GlobalArgs {
     /// Path to the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).
-    #[arg(long, global = true, env = "KUBECONFIG")]
+    #[arg(long, global = true)]
     pub kubeconfig: Option<PathBuf>,
     /// The kubeconfig context to use.
     #[arg(long, global = true)]

@@ -157,3 +157,23 @@ async fn a_wait_that_times_out_fails_with_the_failing_condition() {
         format!("error: databasecluster ghost not found in namespace {namespace}")
     );
 }
+
+#[tokio::test]
+async fn installing_without_permissions_says_forbidden() {
+    let cluster = devctl_testenv::shared_cluster().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("intern.kubeconfig");
+    devctl_testenv::kubeconfig::write(
+        &cluster.kubeconfig_for("intern", &["interns"]).unwrap(),
+        &kubeconfig,
+    )
+    .unwrap();
+    let out = devctl(&kubeconfig, &["operator", "install"]);
+    assert_eq!(out.status.code(), Some(1));
+    let message = stderr(&out);
+    assert_eq!(message.lines().count(), 1, "{message}");
+    assert!(
+        message.contains("forbidden") && message.contains("\"intern\""),
+        "{message}"
+    );
+}

@@ -16,7 +16,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 )]
 struct Args {
     /// Kubeconfig file; without it: $KUBECONFIG, ~/.kube/config, then the in-cluster config.
-    #[arg(long, env = "KUBECONFIG")]
+    #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// Kubeconfig context to use.
     #[arg(long)]
