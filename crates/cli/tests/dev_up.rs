@@ -4,18 +4,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|stat| {
-            !stat
-                .rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
-        .unwrap_or(false)
-}
+use devctl_testenv::process::is_running;
 
 fn children_of(pid: u32) -> Vec<u32> {
     let mut all = Vec::new();
@@ -106,7 +95,7 @@ fn dev_up_runs_a_cluster_until_ctrl_c() {
     let status = devctl.wait().unwrap();
     assert!(status.success(), "dev up exited with {status} after Ctrl-C");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while processes.iter().any(|p| alive(*p)) {
+    while processes.iter().any(|p| is_running(*p)) {
         assert!(
             Instant::now() < deadline,
             "control-plane processes survived dev up: {processes:?}"

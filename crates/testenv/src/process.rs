@@ -206,6 +206,20 @@ impl Drop for ManagedProcess {
     }
 }
 
+/// Whether `pid` is a running process (a zombie has exited already and does not count).
+pub fn is_running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
 /// The last `lines` lines of a log file (for error messages).
 pub fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();

@@ -5,23 +5,10 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use devctl_testenv::process::is_running;
 use devctl_testenv::{ControlPlane, eventually};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
-
-fn alive(pid: u32) -> bool {
-    // A zombie has exited already; only count processes that still run.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|stat| {
-            !stat
-                .rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
-        .unwrap_or(false)
-}
 
 #[tokio::test]
 async fn dropping_a_control_plane_stops_its_processes_and_removes_its_directory() {
@@ -29,10 +16,10 @@ async fn dropping_a_control_plane_stops_its_processes_and_removes_its_directory(
     let pids = cp.pids();
     let dir = cp.dir().to_path_buf();
     assert_eq!(pids.len(), 2, "{pids:?}");
-    assert!(pids.iter().all(|(_, pid)| alive(*pid)));
+    assert!(pids.iter().all(|(_, pid)| is_running(*pid)));
     drop(cp);
     for (name, pid) in pids {
-        assert!(!alive(pid), "{name} ({pid}) still runs after drop");
+        assert!(!is_running(pid), "{name} ({pid}) still runs after drop");
     }
     assert!(!dir.exists(), "{} was not removed", dir.display());
 }
@@ -78,14 +65,14 @@ async fn killed_test_process_takes_its_control_plane_with_it() {
     let dir = PathBuf::from(fields.next().unwrap());
     let pids: Vec<u32> = fields.map(|p| p.parse().unwrap()).collect();
     assert_eq!(pids.len(), 2);
-    assert!(pids.iter().all(|pid| alive(*pid)));
+    assert!(pids.iter().all(|pid| is_running(*pid)));
 
     child.kill().unwrap(); // SIGKILL: no destructor, no atexit hook runs.
     child.wait().unwrap();
     eventually(
         "the killed test's etcd and kube-apiserver to die",
         TIMEOUT,
-        || async { pids.iter().all(|pid| !alive(*pid)).then_some(()) },
+        || async { pids.iter().all(|pid| !is_running(*pid)).then_some(()) },
     )
     .await
     .unwrap();
