@@ -1,6 +1,7 @@
 //! What every reconcile gets: the client, the child caches, the event recorder, the
 //! per-object backoff and the settings.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
@@ -8,6 +9,7 @@ use kube::runtime::events::Recorder;
 
 use crate::backoff::Backoff;
 use crate::children::Stores;
+use crate::metrics::Metrics;
 
 /// Settings from the command line.
 #[derive(Debug, Clone)]
@@ -16,6 +18,8 @@ pub struct Settings {
     pub cluster_domain: String,
     /// How often a healthy object is looked at again even if nothing changed.
     pub health_requeue: Duration,
+    /// Where reconciles are counted and timed.
+    pub metrics: Arc<Metrics>,
 }
 
 impl Default for Settings {
@@ -23,6 +27,7 @@ impl Default for Settings {
         Self {
             cluster_domain: "cluster.local".into(),
             health_requeue: Duration::from_secs(300),
+            metrics: Arc::default(),
         }
     }
 }

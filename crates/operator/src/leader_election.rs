@@ -37,6 +37,7 @@ pub async fn run_as_leader<F, Fut>(
     client: kube::Client,
     namespace: &str,
     identity: &str,
+    metrics: &crate::metrics::Metrics,
     controllers: F,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), LeaderElectionError>
@@ -66,6 +67,7 @@ where
         return Ok(());
     }
     tracing::info!(identity, "became the leader; starting controllers");
+    metrics.set_leader(LEASE_NAME, true);
 
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut controllers = std::pin::pin!(controllers(stopped));
@@ -76,6 +78,7 @@ where
     };
     let _ = stop.send(true);
     controllers.await;
+    metrics.set_leader(LEASE_NAME, false);
     // Closing the channel makes the lease task release the lease and finish.
     drop(leading);
     match lease_task.await {

@@ -12,6 +12,7 @@ pub mod engine;
 pub mod error;
 pub mod leader_election;
 pub mod manifests;
+pub mod metrics;
 pub mod pod_security;
 pub mod reconciler;
 pub mod subset;

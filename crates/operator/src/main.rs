@@ -41,6 +41,9 @@ struct Args {
     /// Namespace of the leader Lease (default: $POD_NAMESPACE, else devctl-system).
     #[arg(long, env = "POD_NAMESPACE", default_value = devctl_operator::manifests::NAMESPACE)]
     leader_election_namespace: String,
+    /// Address of the /metrics, /healthz and /readyz endpoints; `off` disables them.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_bind_address: String,
     /// Seconds between health checks of an unchanged, healthy object.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..))]
     health_requeue_seconds: u64,
@@ -108,10 +111,31 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     init_logging(args.log_format);
     let client = client(&args).await?;
+    let metrics = std::sync::Arc::new(devctl_operator::metrics::Metrics::default());
     let settings = Settings {
         cluster_domain: args.cluster_domain.clone(),
         health_requeue: Duration::from_secs(args.health_requeue_seconds),
+        metrics: metrics.clone(),
     };
+    let (server_stop, server_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = if args.metrics_bind_address == "off" {
+        None
+    } else {
+        let listener = tokio::net::TcpListener::bind(&args.metrics_bind_address)
+            .await
+            .with_context(|| {
+                format!("binding the metrics address {}", args.metrics_bind_address)
+            })?;
+        tracing::info!(address = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
+        Some(tokio::spawn(devctl_operator::metrics::serve(
+            listener,
+            metrics.clone(),
+            async {
+                let _ = server_stopped.await;
+            },
+        )))
+    };
+    metrics.set_ready(true);
     let instance = std::env::var("POD_NAME")
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| "devctl-operator".into());
@@ -123,10 +147,12 @@ async fn main() -> anyhow::Result<()> {
             client.clone(),
             &args.leader_election_namespace,
             &instance,
+            &metrics,
             |stopped| devctl_operator::run(client, &namespaces, settings, &instance, stopped),
             shutdown_signal(),
         )
         .await?;
+        stop_server(server_stop, server).await;
         return Ok(());
     }
 
@@ -140,5 +166,16 @@ async fn main() -> anyhow::Result<()> {
             run.await;
         }
     }
+    stop_server(server_stop, server).await;
     Ok(())
+}
+
+async fn stop_server(
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+) {
+    let _ = stop.send(());
+    if let Some(server) = server {
+        let _ = server.await;
+    }
 }

@@ -104,6 +104,9 @@ pub const LEADER_ELECTION_RULES: &[(&[&str], Option<&str>)] = &[
 /// Name of the leader-election Role and RoleBinding.
 pub const LEADER_ELECTION_NAME: &str = "devctl-operator-leader-election";
 
+/// Port of /metrics, /healthz and /readyz.
+pub const METRICS_PORT: i32 = 8080;
+
 /// Options of `devctl operator install`.
 #[derive(Debug, Clone)]
 pub struct InstallOptions {
@@ -195,6 +198,14 @@ pub fn manifests(options: &InstallOptions) -> Vec<Value> {
             "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": LEADER_ELECTION_NAME },
             "subjects": [{ "kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE }],
         }),
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": { "name": format!("{NAME}-metrics"), "namespace": NAMESPACE, "labels": labels() },
+            "spec": {
+                "selector": { "app.kubernetes.io/name": NAME, "app.kubernetes.io/instance": NAME },
+                "ports": [{ "name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP" }],
+            }
+        }),
         deployment(options),
     ]);
     objects
@@ -216,7 +227,10 @@ fn deployment(options: &InstallOptions) -> Value {
                     "containers": [{
                         "name": "operator",
                         "image": options.image,
-                        "args": ["--log-format=json", "--leader-elect"],
+                        "args": ["--log-format=json", "--leader-elect", format!("--metrics-bind-address=0.0.0.0:{METRICS_PORT}")],
+                        "ports": [{ "name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP" }],
+                        "livenessProbe": { "httpGet": { "path": "/healthz", "port": "metrics" }, "periodSeconds": 10 },
+                        "readinessProbe": { "httpGet": { "path": "/readyz", "port": "metrics" }, "periodSeconds": 5 },
                         "env": [
                             { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
                             { "name": "POD_NAMESPACE", "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } },

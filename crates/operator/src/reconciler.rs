@@ -31,6 +31,20 @@ pub fn now() -> Time {
     Time(Timestamp::from_second(now.as_second()).unwrap_or(now))
 }
 
+/// Runs one reconcile of `controller`, counting and timing it in the metrics.
+pub async fn measured(
+    ctx: &Context,
+    controller: &'static str,
+    reconcile: impl std::future::Future<Output = Result<Action>>,
+) -> Result<Action> {
+    let started = std::time::Instant::now();
+    let result = reconcile.await;
+    ctx.settings
+        .metrics
+        .reconciled(controller, result.is_ok(), started.elapsed());
+    result
+}
+
 /// The error policy of every controller: retry with per-object exponential backoff.
 pub fn error_policy<K: Resource>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
     let key = key(object.as_ref());

@@ -40,6 +40,7 @@ fn start_replica(
                 "--namespace",
                 watch,
             ])
+            .args(["--metrics-bind-address", "127.0.0.1:0"])
             .env("POD_NAME", identity)
             .env("DEVCTL_LOG", "info")
             .stdout(Stdio::null())
@@ -47,6 +48,29 @@ fn start_replica(
             .spawn()
             .unwrap(),
     )
+}
+
+thread_local! {
+    static LOG_DIR: std::cell::RefCell<Option<std::path::PathBuf>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The replicas' logs, for failure messages.
+fn replica_logs() -> String {
+    LOG_DIR.with(|dir| {
+        let Some(dir) = dir.borrow().clone() else {
+            return String::new();
+        };
+        ["a.log", "b.log"]
+            .iter()
+            .map(|f| {
+                format!(
+                    "--- {f}:\n{}",
+                    std::fs::read_to_string(dir.join(f)).unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    })
 }
 
 fn database(name: &str) -> DatabaseCluster {
@@ -71,7 +95,12 @@ async fn holder_becomes(leases: &Api<Lease>, identity: &str) {
     );
     tokio::time::timeout(TIMEOUT, wait)
         .await
-        .unwrap_or_else(|_| panic!("{identity} did not become the leader within {TIMEOUT:?}"))
+        .unwrap_or_else(|_| {
+            panic!(
+                "{identity} did not become the leader within {TIMEOUT:?}; {}",
+                replica_logs()
+            )
+        })
         .unwrap();
 }
 
@@ -82,6 +111,7 @@ async fn only_the_leader_reconciles_and_the_follower_takes_over() {
     let lease_namespace = cluster.create_namespace("leases").await.unwrap();
     let work = cluster.create_namespace("led").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
+    LOG_DIR.with(|d| *d.borrow_mut() = Some(dir.path().to_path_buf()));
     let kubeconfig = |user: &str| {
         let path = dir.path().join(format!("{user}.kubeconfig"));
         devctl_testenv::kubeconfig::write(

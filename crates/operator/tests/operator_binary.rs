@@ -25,10 +25,19 @@ async fn binary_reconciles_the_examples_in_its_namespace() {
     )
     .unwrap();
 
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let mut operator = Command::new(env!("CARGO_BIN_EXE_devctl-operator"))
         .arg("--kubeconfig")
         .arg(&kubeconfig)
         .args(["--namespace", &namespace, "--log-format", "json"])
+        .args([
+            "--metrics-bind-address",
+            &format!("127.0.0.1:{metrics_port}"),
+        ])
         .env("DEVCTL_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -83,6 +92,21 @@ async fn binary_reconciles_the_examples_in_its_namespace() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&mysql_image.stdout), "mysql:8.4");
 
+    // Health and metrics endpoints, with controller-runtime's metric names.
+    assert!(http_get(metrics_port, "/healthz").starts_with("HTTP/1.1 200"));
+    assert!(http_get(metrics_port, "/readyz").starts_with("HTTP/1.1 200"));
+    let metrics = http_get(metrics_port, "/metrics");
+    assert!(
+        metrics.contains(
+            r#"controller_runtime_reconcile_total{controller="databasecluster",result="success"}"#
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("controller_runtime_reconcile_time_seconds_bucket"),
+        "{metrics}"
+    );
+
     // SAFETY: signalling the child we started.
     unsafe {
         libc::kill(operator.id() as libc::pid_t, libc::SIGTERM);
@@ -98,4 +122,18 @@ async fn binary_reconciles_the_examples_in_its_namespace() {
             .any(|l| l.starts_with('{') && l.contains("\"starting\"")),
         "expected JSON logs, got: {logs:?}"
     );
+}
+
+/// A plain HTTP/1.1 GET on loopback (no client library needed for three endpoints).
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
 }

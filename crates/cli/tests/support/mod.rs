@@ -94,6 +94,7 @@ impl Operator {
                 .arg("--kubeconfig")
                 .arg(kubeconfig)
                 .arg("--leader-elect")
+                .args(["--metrics-bind-address", "127.0.0.1:0"])
                 .env("DEVCTL_LOG", "info")
                 .stdout(Stdio::null())
                 .stderr(log)

@@ -27,8 +27,8 @@ use crate::children::{Change, Children, Stores};
 use crate::context::{Context, Settings};
 use crate::error::{Error, Result};
 use crate::reconciler::{
-    error_policy, key, log_results, now, publish, publish_changes, relevant_change, scoped_api,
-    watch_children, write_status,
+    error_policy, key, log_results, measured, now, publish, publish_changes, relevant_change,
+    scoped_api, watch_children, write_status,
 };
 
 /// One item per finished reconcile: the object and the next action, or the error.
@@ -104,14 +104,18 @@ pub fn controller(
 }
 
 async fn reconcile(db: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Result<Action> {
+    measured(&ctx, "databasecluster", reconcile_with_finalizer(db, &ctx)).await
+}
+
+async fn reconcile_with_finalizer(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     let namespace = db
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<DatabaseCluster> = Api::namespaced(ctx.client.clone(), &namespace);
     let action = finalizer(&api, FINALIZER, db, |event| async {
         match event {
-            FinalizerEvent::Apply(db) => apply(db, &ctx).await,
-            FinalizerEvent::Cleanup(db) => cleanup(db, &ctx).await,
+            FinalizerEvent::Apply(db) => apply(db, ctx).await,
+            FinalizerEvent::Cleanup(db) => cleanup(db, ctx).await,
         }
     })
     .await

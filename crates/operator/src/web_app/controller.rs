@@ -22,8 +22,8 @@ use crate::children::{Children, Stores};
 use crate::context::{Context, Settings};
 use crate::error::{Error, Result};
 use crate::reconciler::{
-    error_policy, key, log_results, now, publish, publish_changes, relevant_change, scoped_api,
-    watch_children, write_status,
+    error_policy, key, log_results, measured, now, publish, publish_changes, relevant_change,
+    scoped_api, watch_children, write_status,
 };
 
 /// One item per finished reconcile: the object and the next action, or the error.
@@ -76,6 +76,10 @@ pub fn controller(
 }
 
 async fn reconcile(app: Arc<WebApp>, ctx: Arc<Context>) -> Result<Action> {
+    measured(&ctx, "webapp", reconcile_web_app(app, &ctx)).await
+}
+
+async fn reconcile_web_app(app: Arc<WebApp>, ctx: &Context) -> Result<Action> {
     if app.metadata.deletion_timestamp.is_some() {
         // Garbage collection removes the children; nothing to do.
         return Ok(Action::await_change());
@@ -107,7 +111,7 @@ async fn reconcile(app: Arc<WebApp>, ctx: Arc<Context>) -> Result<Action> {
         .map(|e| (e.reason(), e.to_string()));
     let status = status::compute(&app, deployment.as_deref(), error, &now());
     if Some(&status) != app.status.as_ref() {
-        write_status(&ctx, app.as_ref(), json!(status)).await?;
+        write_status(ctx, app.as_ref(), json!(status)).await?;
     }
 
     if let Some(from) = previous.as_ref().and_then(|d| d.spec.replicas)
@@ -115,7 +119,7 @@ async fn reconcile(app: Arc<WebApp>, ctx: Arc<Context>) -> Result<Action> {
     {
         let note = format!("Scaling from {from} to {} pods", app.spec.replicas);
         publish(
-            &ctx,
+            ctx,
             app.as_ref(),
             EventType::Normal,
             "Scaling",
@@ -126,13 +130,13 @@ async fn reconcile(app: Arc<WebApp>, ctx: Arc<Context>) -> Result<Action> {
     }
     match converged {
         Ok(changes) => {
-            publish_changes(&ctx, app.as_ref(), &changes).await;
+            publish_changes(ctx, app.as_ref(), &changes).await;
             ctx.backoff.reset(&key(app.as_ref()));
             Ok(Action::requeue(ctx.settings.health_requeue))
         }
         Err(error) => {
             publish(
-                &ctx,
+                ctx,
                 app.as_ref(),
                 EventType::Warning,
                 error.reason(),

@@ -1,0 +1,198 @@
+//! Prometheus metrics and health endpoints.
+//!
+//! Metric names follow controller-runtime's, so dashboards and alerts written for Go
+//! operators work unchanged: `controller_runtime_reconcile_total{controller,result}`,
+//! `controller_runtime_reconcile_errors_total{controller}`,
+//! `controller_runtime_reconcile_time_seconds{controller}` and
+//! `leader_election_master_status{name}`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets_range};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    controller: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabels {
+    controller: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LeaseLabels {
+    name: &'static str,
+}
+
+/// The operator's metrics registry.
+pub struct Metrics {
+    registry: Registry,
+    reconciles: Family<ResultLabels, Counter>,
+    errors: Family<ControllerLabels, Counter>,
+    durations: Family<ControllerLabels, Histogram>,
+    leader: Family<LeaseLabels, Gauge>,
+    ready: AtomicBool,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let reconciles = Family::<ResultLabels, Counter>::default();
+        let errors = Family::<ControllerLabels, Counter>::default();
+        // controller-runtime's buckets span 5 ms to 60 s.
+        let durations = Family::<ControllerLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets_range(0.005, 60.0, 16))
+        });
+        let leader = Family::<LeaseLabels, Gauge>::default();
+        registry.register(
+            "controller_runtime_reconcile",
+            "Reconciles per controller and result (success, error, requeue_after)",
+            reconciles.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_errors",
+            "Reconciles that returned an error",
+            errors.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_time_seconds",
+            "Time per reconcile",
+            durations.clone(),
+        );
+        registry.register(
+            "leader_election_master_status",
+            "1 while this replica holds the leader lease",
+            leader.clone(),
+        );
+        Self {
+            registry,
+            reconciles,
+            errors,
+            durations,
+            leader,
+            ready: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Metrics {
+    /// Records one finished reconcile of `controller`.
+    pub fn reconciled(&self, controller: &'static str, success: bool, took: Duration) {
+        let result = if success { "success" } else { "error" };
+        self.reconciles
+            .get_or_create(&ResultLabels { controller, result })
+            .inc();
+        if !success {
+            self.errors
+                .get_or_create(&ControllerLabels { controller })
+                .inc();
+        }
+        self.durations
+            .get_or_create(&ControllerLabels { controller })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Whether this replica holds the leader lease `name`.
+    pub fn set_leader(&self, name: &'static str, leading: bool) {
+        self.leader
+            .get_or_create(&LeaseLabels { name })
+            .set(i64::from(leading));
+    }
+
+    /// Marks the operator ready (connected, controllers or leader election started).
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
+            text.clear();
+        }
+        text
+    }
+}
+
+async fn metrics(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        metrics.encode(),
+    )
+}
+
+async fn ready(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    if metrics.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "starting")
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let router = Router::new()
+        .route("/metrics", get(self::metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
+        .with_state(metrics);
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconciles_are_counted_with_controller_runtime_names() {
+        let metrics = Metrics::default();
+        metrics.reconciled("databasecluster", true, Duration::from_millis(12));
+        metrics.reconciled("databasecluster", false, Duration::from_millis(3));
+        metrics.set_leader("devctl-operator", true);
+        let text = metrics.encode();
+        assert!(text.contains(r#"controller_runtime_reconcile_total{controller="databasecluster",result="success"} 1"#), "{text}");
+        assert!(
+            text.contains(
+                r#"controller_runtime_reconcile_errors_total{controller="databasecluster"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("controller_runtime_reconcile_time_seconds_bucket"),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"leader_election_master_status{name="devctl-operator"} 1"#),
+            "{text}"
+        );
+    }
+}
