@@ -136,10 +136,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let _ = operator.kill();
     let _ = operator.wait();
 
-    println!(
-        "clusters            {count} (1 instance each; {} children each)",
-        7 - 2
-    );
+    // One instance: ConfigMap, Secret, headless and read-write Services, StatefulSet.
+    println!("clusters            {count} (1 instance and 5 children each)");
     println!("all Ready after     {:.1} s", converged.as_secs_f64());
     println!(
         "operator CPU        {cpu_converge:.2} s to converge, {cpu_idle:.2} s in {} s idle",

@@ -150,6 +150,15 @@ pub fn relevant_change<K: Resource>(object: &K) -> Option<u64> {
     Some(hasher.finish())
 }
 
+/// Drops what the operator never reads from cached objects: managedFields and kubectl's
+/// last-applied-configuration (a full copy of the object). Caches are the operator's memory.
+pub fn prune<K: Resource>(object: &mut K) {
+    object.managed_fields_mut().clear();
+    if let Some(annotations) = object.meta_mut().annotations.as_mut() {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
 /// A cache of the children of kind `K` devctl manages (label-selected, so memory grows with
 /// what devctl owns) and the stream of touched children that triggers their owners.
 pub fn watch_children<K>(
@@ -174,6 +183,7 @@ where
         kube::runtime::watcher::Config::default().labels(&devctl_api::labels::managed_selector());
     let stream = kube::runtime::watcher(scoped_api::<K>(client, namespace), config)
         .default_backoff()
+        .modify(prune)
         .reflect(writer)
         .touched_objects();
     (reader, stream)

@@ -22,8 +22,8 @@ use crate::children::{Children, Stores};
 use crate::context::{Context, Settings};
 use crate::error::{Error, Result};
 use crate::reconciler::{
-    error_policy, key, log_results, measured, now, publish, publish_changes, relevant_change,
-    scoped_api, watch_children, write_status,
+    error_policy, key, log_results, measured, now, prune, publish, publish_changes,
+    relevant_change, scoped_api, watch_children, write_status,
 };
 
 /// One item per finished reconcile: the object and the next action, or the error.
@@ -58,6 +58,7 @@ pub fn controller(
         watcher::Config::default(),
     )
     .default_backoff()
+    .modify(prune)
     .reflect(writer)
     .applied_objects()
     .predicate_filter(relevant_change, PredicateConfig::default());
