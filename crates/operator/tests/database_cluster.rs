@@ -720,3 +720,29 @@ async fn a_denied_child_becomes_a_condition_and_an_event_and_is_retried_with_bac
     })
     .await;
 }
+
+#[tokio::test]
+async fn kubectl_explain_describes_the_fields() {
+    let env = start("explain").await;
+    let what = "kubectl explain databasecluster.spec.storage to show the field descriptions";
+    let text = devctl_testenv::eventually(what, TIMEOUT, || async {
+        let out = env
+            .cluster
+            .kubectl()
+            .args(["explain", "databasecluster.spec.storage"])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        (out.status.success() && text.contains("storageClassName")).then_some(text)
+    })
+    .await
+    .unwrap();
+    assert!(
+        text.contains("Persistent storage for each instance"),
+        "{text}"
+    );
+    assert!(
+        text.contains("can grow") && text.contains("never shrink"),
+        "{text}"
+    );
+}

@@ -383,7 +383,17 @@ async fn publish_events(
 
 /// Bounded cleanup before the finalizer is removed. Children go away through garbage
 /// collection (controller owner references); the backup issue adds a final backup here.
+/// Longest a cleanup may take before it counts as failed (and is retried with backoff), so a
+/// hung step can never hold the finalizer — and the namespace — forever unnoticed.
+pub const CLEANUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
 async fn cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
+    tokio::time::timeout(CLEANUP_TIMEOUT, run_cleanup(db, ctx))
+        .await
+        .map_err(|_| Error::CleanupTimeout(CLEANUP_TIMEOUT))?
+}
+
+async fn run_cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     if db.status.as_ref().and_then(|s| s.phase) != Some(Phase::Deleting) {
         // The whole status: with server-side apply, fields left out would be removed.
         let mut status = db.status.clone().unwrap_or_default();
