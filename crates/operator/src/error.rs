@@ -31,13 +31,6 @@ pub enum Error {
     #[error("object has no {0}")]
     MissingField(&'static str),
 
-    #[error("serialising {what}: {source}")]
-    Serialize {
-        what: String,
-        #[source]
-        source: serde_json::Error,
-    },
-
     #[error("cleanup did not finish within {0:?}")]
     CleanupTimeout(Duration),
 }
@@ -53,7 +46,7 @@ impl Error {
                 _ => "ApiError",
             },
             Error::Finalizer(_) => "FinalizerError",
-            Error::MissingField(_) | Error::Serialize { .. } => "InternalError",
+            Error::MissingField(_) => "InternalError",
             Error::CleanupTimeout(_) => "CleanupTimeout",
         }
     }
