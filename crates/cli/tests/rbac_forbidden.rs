@@ -81,4 +81,35 @@ async fn a_removed_rule_becomes_a_forbidden_condition() {
     );
     let status = devctl_ok(&kubeconfig, &["db", "status", "guarded", "-n", &namespace]);
     assert!(status.contains("Forbidden"), "{status}");
+
+    // `--wait` gives up with the failing condition's message.
+    let waited = devctl(
+        &kubeconfig,
+        &[
+            "db",
+            "create",
+            "guarded-too",
+            "-n",
+            &namespace,
+            "--version",
+            "16.2",
+            "--replicas",
+            "2",
+            "--wait",
+            "--timeout",
+            "15",
+        ],
+    );
+    assert_eq!(waited.status.code(), Some(1));
+    let last = stderr(&waited)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        last.starts_with("error: timed out after 15s waiting for guarded-too")
+            && last.contains("Forbidden")
+            && last.contains("poddisruptionbudgets"),
+        "{last}"
+    );
 }

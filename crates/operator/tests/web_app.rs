@@ -194,6 +194,10 @@ async fn seed_sample_becomes_available_is_idempotent_and_heals() {
         description.contains("Scaling from 5 to 3 pods"),
         "{description}"
     );
+    assert!(
+        description.contains("Updated Deployment my-service-deployment"),
+        "{description}"
+    );
 }
 
 #[tokio::test]
