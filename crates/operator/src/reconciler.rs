@@ -150,6 +150,36 @@ pub fn relevant_change<K: Resource>(object: &K) -> Option<u64> {
     Some(hasher.finish())
 }
 
+/// The cache of a controller's own resource and the stream that triggers its reconciles:
+/// pruned objects, filtered by [`relevant_change`] so the operator's status writes do not
+/// trigger it again.
+pub fn watch_primary<K>(
+    client: &kube::Client,
+    namespace: Option<&str>,
+) -> (
+    kube::runtime::reflector::Store<K>,
+    impl futures::Stream<Item = Result<K, kube::runtime::watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    use kube::runtime::WatchStreamExt;
+    let (reader, writer) = kube::runtime::reflector::store::<K>();
+    let stream = kube::runtime::watcher(scoped_api::<K>(client, namespace), Default::default())
+        .default_backoff()
+        .modify(prune)
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(relevant_change, kube::runtime::PredicateConfig::default());
+    (reader, stream)
+}
+
 /// Drops what the operator never reads from cached objects: managedFields and kubectl's
 /// last-applied-configuration (a full copy of the object). Caches are the operator's memory.
 pub fn prune<K: Resource>(object: &mut K) {

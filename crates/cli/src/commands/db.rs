@@ -119,37 +119,24 @@ pub async fn run(global: &GlobalArgs, command: DbCommand) -> anyhow::Result<()> 
                     progress,
                     is_ready,
                 )
-                .await
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+                .await?;
                 println!("databasecluster {name} is Ready");
             }
             Ok(())
         }
         DbCommand::List { all_namespaces } => {
-            let api: Api<DatabaseCluster> = if all_namespaces {
-                Api::all(connection.client.clone())
-            } else {
-                api
-            };
-            let list = api
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| cluster::explain(e, "listing databaseclusters", &connection.server))?;
-            if output::structured(global.output, &list.items)? {
-                return Ok(());
-            }
-            let mut header = vec![
+            let header = [
                 "NAME", "ENGINE", "VERSION", "REPLICAS", "READY", "PHASE", "AGE",
             ];
-            if all_namespaces {
-                header.insert(0, "NAMESPACE");
-            }
-            let rows: Vec<Vec<String>> = list
-                .items
-                .iter()
-                .map(|db| {
+            super::list(
+                &connection,
+                global.output,
+                all_namespaces,
+                "databaseclusters",
+                &header,
+                |db: &DatabaseCluster| {
                     let status = db.status.clone().unwrap_or_default();
-                    let mut row = vec![
+                    vec![
                         db.name_any(),
                         db.spec.engine.to_string(),
                         db.spec.version.clone(),
@@ -160,26 +147,10 @@ pub async fn run(global: &GlobalArgs, command: DbCommand) -> anyhow::Result<()> 
                             .map(|p| p.as_str().to_string())
                             .unwrap_or_default(),
                         output::age(db.metadata.creation_timestamp.as_ref()),
-                    ];
-                    if all_namespaces {
-                        row.insert(0, db.namespace().unwrap_or_default());
-                    }
-                    row
-                })
-                .collect();
-            if rows.is_empty() {
-                eprintln!(
-                    "No databaseclusters found in {}.",
-                    if all_namespaces {
-                        "any namespace"
-                    } else {
-                        &connection.namespace
-                    }
-                );
-                return Ok(());
-            }
-            table(&header, &rows);
-            Ok(())
+                    ]
+                },
+            )
+            .await
         }
         DbCommand::Status { name } => status(global, &connection, &api, &name).await,
         DbCommand::Credentials {

@@ -6,12 +6,12 @@ use clap::Subcommand;
 use devctl_api::conditions;
 use devctl_api::web_app::WebApp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
 use super::db::{pods_and_events, print_pods_and_events};
 use crate::cluster::{self, GlobalArgs};
-use crate::output::{self, table};
+use crate::output;
 use crate::wait;
 
 #[derive(Subcommand)]
@@ -117,31 +117,15 @@ pub async fn run(global: &GlobalArgs, command: WebappCommand) -> anyhow::Result<
             Ok(())
         }
         WebappCommand::List { all_namespaces } => {
-            let api: Api<WebApp> = if all_namespaces {
-                Api::all(connection.client.clone())
-            } else {
-                api
-            };
-            let list = api
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| cluster::explain(e, "listing webapps", &connection.server))?;
-            if output::structured(global.output, &list.items)? {
-                return Ok(());
-            }
-            if list.items.is_empty() {
-                eprintln!("No webapps found.");
-                return Ok(());
-            }
-            let mut header = vec!["NAME", "IMAGE", "REPLICAS", "READY", "AGE"];
-            if all_namespaces {
-                header.insert(0, "NAMESPACE");
-            }
-            let rows: Vec<Vec<String>> = list
-                .items
-                .iter()
-                .map(|a| {
-                    let mut row = vec![
+            let header = ["NAME", "IMAGE", "REPLICAS", "READY", "AGE"];
+            super::list(
+                &connection,
+                global.output,
+                all_namespaces,
+                "webapps",
+                &header,
+                |a: &WebApp| {
+                    vec![
                         a.name_any(),
                         a.spec.image.clone(),
                         a.spec.replicas.to_string(),
@@ -151,15 +135,10 @@ pub async fn run(global: &GlobalArgs, command: WebappCommand) -> anyhow::Result<
                             .unwrap_or(0)
                             .to_string(),
                         output::age(a.metadata.creation_timestamp.as_ref()),
-                    ];
-                    if all_namespaces {
-                        row.insert(0, a.namespace().unwrap_or_default());
-                    }
-                    row
-                })
-                .collect();
-            table(&header, &rows);
-            Ok(())
+                    ]
+                },
+            )
+            .await
         }
         WebappCommand::Status { name } => {
             let app = match api.get_opt(&name).await {

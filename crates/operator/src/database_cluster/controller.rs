@@ -15,9 +15,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
-use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use kube::runtime::{PredicateConfig, WatchStreamExt};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
@@ -27,8 +26,8 @@ use crate::children::{Change, Children, Stores};
 use crate::context::{Context, Settings};
 use crate::error::{Error, Result};
 use crate::reconciler::{
-    error_policy, key, log_results, measured, now, prune, publish, publish_changes,
-    relevant_change, scoped_api, watch_children, write_status,
+    error_policy, key, log_results, measured, now, publish, publish_changes, watch_children,
+    watch_primary, write_status,
 };
 
 /// One item per finished reconcile: the object and the next action, or the error.
@@ -65,16 +64,7 @@ pub fn controller(
     let (persistent_volume_claims, pvc_stream) =
         watch_children::<PersistentVolumeClaim>(&client, ns);
 
-    let (db_reader, db_writer) = reflector::store::<DatabaseCluster>();
-    let db_stream = watcher(
-        scoped_api::<DatabaseCluster>(&client, ns),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(prune)
-    .reflect(db_writer)
-    .applied_objects()
-    .predicate_filter(relevant_change, PredicateConfig::default());
+    let (db_reader, db_stream) = watch_primary::<DatabaseCluster>(&client, ns);
 
     let stores = Stores {
         config_maps,

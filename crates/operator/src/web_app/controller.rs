@@ -10,9 +10,8 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use kube::runtime::{PredicateConfig, WatchStreamExt};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
@@ -22,8 +21,8 @@ use crate::children::{Children, Stores};
 use crate::context::{Context, Settings};
 use crate::error::{Error, Result};
 use crate::reconciler::{
-    error_policy, key, log_results, measured, now, prune, publish, publish_changes,
-    relevant_change, scoped_api, watch_children, write_status,
+    error_policy, key, log_results, measured, now, publish, publish_changes, watch_children,
+    watch_primary, write_status,
 };
 
 /// One item per finished reconcile: the object and the next action, or the error.
@@ -52,16 +51,7 @@ pub fn controller(
     let ns = namespace.as_deref();
     let (deployments, deployment_stream) = watch_children::<Deployment>(&client, ns);
     let (services, service_stream) = watch_children::<Service>(&client, ns);
-    let (reader, writer) = reflector::store::<WebApp>();
-    let apps = watcher(
-        scoped_api::<WebApp>(&client, ns),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(prune)
-    .reflect(writer)
-    .applied_objects()
-    .predicate_filter(relevant_change, PredicateConfig::default());
+    let (reader, apps) = watch_primary::<WebApp>(&client, ns);
     let stores = Stores {
         deployments,
         services,
