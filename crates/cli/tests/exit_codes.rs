@@ -177,3 +177,110 @@ async fn installing_without_permissions_says_forbidden() {
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn a_status_whose_pods_cannot_be_listed_says_so_and_fails() {
+    use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+    use kube::core::{ApiResource, GroupVersionKind};
+    let cluster = devctl_testenv::shared_cluster().await.unwrap();
+    cluster.install_crds(&devctl_api::crds()).await.unwrap();
+    let namespace = cluster.create_namespace("nopods").await.unwrap();
+    let admin = cluster.client().await.unwrap();
+    let db: devctl_api::database_cluster::DatabaseCluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": "db.devctl.io/v1beta1", "kind": "DatabaseCluster", "metadata": { "name": "orders" },
+        "spec": { "version": "16.2", "storage": { "size": "1Gi" } },
+        "status": { "selector": "app.kubernetes.io/instance=orders" }
+    }))
+    .unwrap();
+    let dbs: Api<devctl_api::database_cluster::DatabaseCluster> =
+        Api::namespaced(admin.clone(), &namespace);
+    dbs.create(&PostParams::default(), &db).await.unwrap();
+    dbs.patch_status(
+        "orders",
+        &PatchParams::default(),
+        &Patch::Merge(
+            serde_json::json!({ "status": { "selector": "app.kubernetes.io/instance=orders" } }),
+        ),
+    )
+    .await
+    .unwrap();
+    // A viewer who may read clusters and events, not pods.
+    let role = serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": { "name": "viewer" },
+        "rules": [
+            { "apiGroups": ["db.devctl.io"], "resources": ["databaseclusters"], "verbs": ["get", "list"] },
+            { "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["list"] }
+        ]
+    });
+    let binding = serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": { "name": "viewer" },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "viewer" },
+        "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "viewer" }]
+    });
+    for (kind, plural, body) in [
+        ("Role", "roles", &role),
+        ("RoleBinding", "rolebindings", &binding),
+    ] {
+        let api = Api::<DynamicObject>::namespaced_with(
+            admin.clone(),
+            &namespace,
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", kind),
+                plural,
+            ),
+        );
+        api.patch(
+            "viewer",
+            &PatchParams::apply("devctl-test"),
+            &Patch::Apply(body),
+        )
+        .await
+        .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("viewer.kubeconfig");
+    devctl_testenv::kubeconfig::write(&cluster.kubeconfig_for("viewer", &[]).unwrap(), &kubeconfig)
+        .unwrap();
+
+    let out = devctl(&kubeconfig, &["db", "status", "orders", "-n", &namespace]);
+    let (stdout, stderr) = (stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("Name:        "),
+        "what could be read is shown: {stdout}"
+    );
+    let pods = stdout.split("Pods:").nth(1).unwrap_or_default();
+    assert!(
+        pods.contains("could not list") && pods.contains("forbidden"),
+        "{stdout}"
+    );
+    assert!(!pods.trim_start().starts_with("(none)"), "{stdout}");
+    assert!(
+        stderr.contains("forbidden") && stderr.contains("pods"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    let mut fds = [0; 2];
+    // SAFETY: a pipe whose read end is closed before the child starts.
+    let write_end = unsafe {
+        assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+        libc::close(fds[0]);
+        std::os::fd::OwnedFd::from_raw_fd(fds[1])
+    };
+    use std::os::fd::FromRawFd;
+    let out = Command::new(env!("CARGO_BIN_EXE_devctl"))
+        .args(["completions", "bash"])
+        .stdout(std::process::Stdio::from(write_end))
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.is_empty(),
+        "nothing to say about a reader that left: {stderr}"
+    );
+}

@@ -252,7 +252,7 @@ async fn sample_converges_is_idempotent_and_heals() {
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("my-postgres"))
         .filter_map(|e| e.reason.as_deref())
         .collect();
-    assert!(reasons.contains(&"Created"), "{reasons:?}");
+    assert!(reasons.contains(&"Applied"), "{reasons:?}");
     for event in &events.items {
         let note = event.note.clone().unwrap_or_default();
         assert!(

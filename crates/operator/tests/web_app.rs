@@ -195,7 +195,8 @@ async fn seed_sample_becomes_available_is_idempotent_and_heals() {
         "{description}"
     );
     assert!(
-        description.contains("Updated Deployment my-service-deployment"),
+        description.contains("Applied")
+            && description.contains("Updated Deployment my-service-deployment"),
         "{description}"
     );
 }

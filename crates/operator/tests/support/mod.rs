@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use devctl_api::database_cluster::DatabaseCluster;
 use devctl_operator::Settings;
-use devctl_operator::database_cluster::controller;
 use devctl_testenv::Cluster;
 use futures::StreamExt;
 use kube::api::Api;
@@ -172,36 +171,28 @@ pub async fn start(prefix: &str) -> Env {
         ..Settings::default()
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (stop_web_apps, web_apps_stopped) = tokio::sync::oneshot::channel::<()>();
-    let databases = controller::controller(
-        operator_client.clone(),
-        Some(namespace.clone()),
-        settings.clone(),
-        "test".into(),
-        async {
-            let _ = stopped.await;
-            let _ = stop_web_apps.send(());
-        },
-    )
-    .map(|r| r.map(|(o, _)| o.name).ok());
-    let web_apps = devctl_operator::web_app::controller::controller(
+    let (operator, watches) = devctl_operator::Operator::start(
         operator_client,
-        Some(namespace.clone()),
+        std::slice::from_ref(&namespace),
         settings,
-        "test".into(),
-        async {
-            let _ = web_apps_stopped.await;
-        },
-    )
-    .map(|r| r.map(|(o, _)| o.name).ok());
-    tokio::spawn(
-        futures::stream::select(databases, web_apps).for_each(move |name| {
-            if let Some(name) = name {
+    );
+    let reconciles = operator
+        .controllers("test", async {
+            let _ = stopped.await;
+        })
+        .for_each(move |reconciled| {
+            if let Ok(name) = reconciled.result {
                 let _ = tx.send(name);
             }
             async {}
-        }),
-    );
+        });
+    // Dropping `Env` stops the controllers; their end stops the watches.
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = reconciles => {},
+            _ = watches => {},
+        }
+    });
     Env {
         cluster,
         namespace,
@@ -239,4 +230,222 @@ pub fn assert_rejected<T: std::fmt::Debug>(result: Result<T, kube::Error>, expec
         }
         other => panic!("expected a 422 mentioning {expected:?}, got {other:?}"),
     }
+}
+
+/// The `devctl-operator` binary watching one namespace as a user bound to the generated
+/// ClusterRole (exactly the rights `devctl operator install` grants); killed on drop.
+pub struct OperatorProcess {
+    child: std::process::Child,
+    pub user: String,
+    pub metrics_port: u16,
+    pub log: std::path::PathBuf,
+    kubeconfig: std::path::PathBuf,
+    namespace: String,
+    extra: Vec<String>,
+    _dir: tempfile::TempDir,
+}
+
+impl OperatorProcess {
+    /// Starts the binary for `namespace` with the rules in `rules` (normally
+    /// `manifests::RULES`) and `extra` arguments.
+    pub async fn start(
+        cluster: &Cluster,
+        namespace: &str,
+        rules: &[devctl_operator::manifests::Rule],
+        extra: &[&str],
+    ) -> Self {
+        use kube::api::{DynamicObject, Patch, PatchParams};
+        use kube::core::{ApiResource, GroupVersionKind};
+        let user = format!("devctl-operator-{namespace}");
+        let client = cluster.client().await.unwrap();
+        let mut role = devctl_operator::manifests::cluster_role(rules);
+        role["metadata"]["name"] = serde_json::json!(user);
+        let binding = serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": { "name": user },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user },
+            "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }],
+        });
+        for (kind, plural, body) in [
+            ("ClusterRole", "clusterroles", &role),
+            ("ClusterRoleBinding", "clusterrolebindings", &binding),
+        ] {
+            let api = Api::<DynamicObject>::all_with(
+                client.clone(),
+                &ApiResource::from_gvk_with_plural(
+                    &GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", kind),
+                    plural,
+                ),
+            );
+            api.patch(
+                &user,
+                &PatchParams::apply("devctl-test").force(),
+                &Patch::Apply(body),
+            )
+            .await
+            .unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        devctl_testenv::kubeconfig::write(
+            &cluster.kubeconfig_for(&user, &[]).unwrap(),
+            &kubeconfig,
+        )
+        .unwrap();
+        let log = dir.path().join("operator.log");
+        let mut process = Self {
+            child: std::process::Command::new("true").spawn().unwrap(),
+            user,
+            metrics_port: 0,
+            log,
+            kubeconfig,
+            namespace: namespace.to_string(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            _dir: dir,
+        };
+        process.spawn();
+        process
+    }
+
+    fn spawn(&mut self) {
+        let _ = self.child.wait();
+        self.metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        self.child = std::process::Command::new(env!("CARGO_BIN_EXE_devctl-operator"))
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["--namespace", &self.namespace])
+            .args([
+                "--metrics-bind-address",
+                &format!("127.0.0.1:{}", self.metrics_port),
+            ])
+            .args(&self.extra)
+            .env("DEVCTL_LOG", "info,devctl_operator=debug")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub fn stop(&mut self) {
+        // SAFETY: signalling the child we started.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let status = self.child.wait().unwrap();
+        assert!(
+            status.success(),
+            "devctl-operator exited with {status} on SIGTERM"
+        );
+    }
+
+    /// Starts the binary again with the same arguments (after [`Self::stop`]).
+    pub fn restart(&mut self) {
+        self.spawn();
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The body of `GET path` on the metrics port, or `None` while it does not answer.
+    pub fn http_get(&self, path: &str) -> Option<String> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).ok()?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        Some(response)
+    }
+
+    /// The value of the metric line starting with `series` (name and labels), if present.
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        let text = self.http_get("/metrics")?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    }
+
+    /// Successful reconciles of `controller` so far.
+    pub fn reconciles(&self, controller: &str) -> f64 {
+        self.metric(&format!(
+            r#"controller_runtime_reconcile_total{{controller="{controller}",result="success"}}"#
+        ))
+        .unwrap_or(0.0)
+    }
+
+    /// Waits until `/readyz` answers 200 (every cache synced).
+    pub async fn wait_ready(&self) {
+        let what = format!("the operator's /readyz to answer 200\n{}", self.logs());
+        devctl_testenv::eventually(&what, TIMEOUT, || async {
+            self.http_get("/readyz")?
+                .starts_with("HTTP/1.1 200")
+                .then_some(())
+        })
+        .await
+        .unwrap();
+    }
+
+    /// Waits until `controller` has finished `count` successful reconciles in total.
+    pub async fn wait_reconciles(&self, controller: &str, count: f64) {
+        let what = format!("{count} reconciles of {controller}");
+        let reached = devctl_testenv::eventually(&what, TIMEOUT, || async {
+            (self.reconciles(controller) >= count).then_some(())
+        })
+        .await;
+        if let Err(error) = reached {
+            panic!(
+                "{error}\nmetrics:\n{}\nlogs:\n{}",
+                self.http_get("/metrics").unwrap_or_default(),
+                self.logs()
+            );
+        }
+    }
+}
+
+impl Drop for OperatorProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Events about the object `name`, as `(reason, note, count)` (a repeated event is counted in
+/// its series, not recorded again).
+pub async fn events_about(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Vec<(String, String, i32)> {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), namespace);
+    events
+        .list(&kube::api::ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .map(|e| {
+            let count = e.series.as_ref().map(|s| s.count).unwrap_or(1);
+            (
+                e.reason.unwrap_or_default(),
+                e.note.unwrap_or_default(),
+                count,
+            )
+        })
+        .collect()
 }

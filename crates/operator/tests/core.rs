@@ -1,0 +1,598 @@
+//! The reconcile core as a user sees it, with the operator binary and its generated RBAC:
+//! no writes or events in steady state (normalised quantities, other managers' list elements,
+//! a restart), pruning of fields we stop setting, bounded concurrency, credentials that never
+//! silently lock a user out, names that fit every child, errors that are never swallowed.
+
+mod support;
+
+use std::time::Duration;
+
+use devctl_api::database_cluster::DatabaseCluster;
+use devctl_api::web_app::WebApp;
+use devctl_operator::manifests::RULES;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::{
+    OperatorProcess, TIMEOUT, assert_rejected, condition_status, events_about, is_ready,
+};
+
+fn database(name: &str, replicas: i32, extra: serde_json::Value) -> DatabaseCluster {
+    let mut spec = json!({ "engine": "postgres", "version": "16.2", "replicas": replicas, "storage": { "size": "1Gi" } });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "db.devctl.io/v1beta1", "kind": "DatabaseCluster",
+        "metadata": { "name": name }, "spec": spec
+    }))
+    .unwrap()
+}
+
+async fn wait_db(
+    dbs: &Api<DatabaseCluster>,
+    name: &str,
+    what: &str,
+    check: impl Fn(&DatabaseCluster) -> bool,
+) -> DatabaseCluster {
+    let wait = kube::runtime::wait::await_condition(
+        dbs.clone(),
+        name,
+        move |db: Option<&DatabaseCluster>| db.is_some_and(&check),
+    );
+    match tokio::time::timeout(TIMEOUT, wait).await {
+        Ok(Ok(Some(db))) => db,
+        other => {
+            let current = dbs
+                .get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|d| d.status);
+            panic!("{name}: {what} ({other:?}); status: {current:#?}")
+        }
+    }
+}
+
+/// Write requests of `user` since `mark`, from the audit log.
+fn writes_since(
+    cluster: &devctl_testenv::Cluster,
+    mark: devctl_testenv::audit::AuditMark,
+    user: &str,
+) -> Vec<devctl_testenv::audit::Request> {
+    cluster
+        .audit_log()
+        .expect("the shared cluster logs audit events")
+        .requests_since(mark)
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.user == user && r.is_write())
+        .collect()
+}
+
+/// Forces `times` reconciles of the DatabaseCluster `name` (an annotation change passes the
+/// watch predicate) and waits for each to finish.
+async fn force_reconciles(
+    operator: &OperatorProcess,
+    dbs: &Api<DatabaseCluster>,
+    name: &str,
+    times: usize,
+) {
+    for i in 0..times {
+        let before = operator.reconciles("databasecluster");
+        let poke =
+            json!({ "metadata": { "annotations": { "test.devctl.io/poke": format!("{i}") } } });
+        dbs.patch(name, &PatchParams::default(), &Patch::Merge(&poke))
+            .await
+            .unwrap();
+        operator
+            .wait_reconciles("databasecluster", before + 1.0)
+            .await;
+    }
+}
+
+#[tokio::test]
+async fn normalised_quantities_and_other_managers_elements_cause_no_writes_or_events() {
+    let cluster = devctl_testenv::shared_cluster().await.unwrap();
+    cluster.install_crds(&devctl_api::crds()).await.unwrap();
+    let namespace = cluster.create_namespace("steady").await.unwrap();
+    let operator = OperatorProcess::start(cluster, &namespace, RULES, &[]).await;
+    let client = cluster.client().await.unwrap();
+    let dbs: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
+    let db = database(
+        "halfcpu",
+        1,
+        json!({ "resources": { "requests": { "cpu": "0.5", "memory": "512Mi" } } }),
+    );
+    dbs.create(&PostParams::default(), &db).await.unwrap();
+    wait_db(&dbs, "halfcpu", "Ready", |db| is_ready(db, 1)).await;
+
+    // Another manager injects a sidecar into the StatefulSet and adds an owner to the
+    // ConfigMap: list elements that are theirs, not ours.
+    let sidecar = json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": { "name": "halfcpu" },
+        "spec": { "template": { "spec": { "containers": [{
+            "name": "log-shipper", "image": "busybox:1.36",
+            "securityContext": { "allowPrivilegeEscalation": false, "runAsNonRoot": true,
+                "capabilities": { "drop": ["ALL"] }, "seccompProfile": { "type": "RuntimeDefault" } }
+        }] } } }
+    });
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &namespace);
+    sts.patch(
+        "halfcpu",
+        &PatchParams::apply("sidecar-injector").force(),
+        &Patch::Apply(&sidecar),
+    )
+    .await
+    .unwrap();
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let other = config_maps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": "other-owner" } })).unwrap(),
+        )
+        .await
+        .unwrap();
+    let second_owner = json!({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": { "name": "halfcpu-config",
+            "ownerReferences": [{ "apiVersion": "v1", "kind": "ConfigMap", "name": "other-owner", "uid": other.metadata.uid }] }
+    });
+    config_maps
+        .patch(
+            "halfcpu-config",
+            &PatchParams::apply("other-owner").force(),
+            &Patch::Apply(&second_owner),
+        )
+        .await
+        .unwrap();
+    devctl_testenv::eventually(
+        "the StatefulSet to roll out the sidecar",
+        TIMEOUT,
+        || async {
+            let live = sts.get("halfcpu").await.ok()?;
+            let status = live.status.as_ref()?;
+            let done = live.spec.template.spec.as_ref()?.containers.len() == 2
+                && status.observed_generation == live.metadata.generation
+                && status.update_revision.is_some()
+                && status.current_revision == status.update_revision
+                && status.ready_replicas == Some(1);
+            done.then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    wait_db(&dbs, "halfcpu", "Ready with the sidecar", |db| {
+        is_ready(db, 1)
+    })
+    .await;
+    let events_before = events_about(&client, &namespace, "halfcpu").await;
+    let mark = cluster.audit_log().unwrap().mark();
+    force_reconciles(&operator, &dbs, "halfcpu", 3).await;
+    let writes = writes_since(cluster, mark, &operator.user);
+    assert!(
+        writes.is_empty(),
+        "steady-state reconciles wrote: {writes:#?}\n{}",
+        operator.logs()
+    );
+    assert_eq!(
+        events_about(&client, &namespace, "halfcpu").await,
+        events_before,
+        "no new events"
+    );
+
+    let live = sts.get("halfcpu").await.unwrap();
+    let containers: Vec<_> = live
+        .spec
+        .template
+        .spec
+        .unwrap()
+        .containers
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    assert!(
+        containers.contains(&"log-shipper".to_string()),
+        "the other manager's sidecar stays: {containers:?}"
+    );
+    let owners = config_maps
+        .get("halfcpu-config")
+        .await
+        .unwrap()
+        .metadata
+        .owner_references
+        .unwrap();
+    assert_eq!(owners.len(), 2, "both owners stay: {owners:?}");
+
+    // Someone else changing a field of ours is drift: it is put back.
+    sts.patch(
+        "halfcpu",
+        &PatchParams::apply("someone").force(),
+        &Patch::Apply(json!({ "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": { "name": "halfcpu" },
+            "spec": { "template": { "spec": { "containers": [{ "name": "postgres", "image": "postgres:15.0" }] } } } })),
+    )
+    .await
+    .unwrap();
+    devctl_testenv::eventually("the postgres image to be put back", TIMEOUT, || async {
+        let live = sts.get("halfcpu").await.ok()?;
+        let image = live
+            .spec
+            .template
+            .spec?
+            .containers
+            .into_iter()
+            .find(|c| c.name == "postgres")?
+            .image?;
+        (image == "postgres:16.2").then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_field_removed_from_the_spec_is_pruned_from_the_child() {
+    let env = support::start("prune").await;
+    let apps = env.web_apps();
+    let app: WebApp = serde_json::from_value(json!({
+        "apiVersion": "apps.devctl.io/v1", "kind": "WebApp", "metadata": { "name": "limited" },
+        "spec": { "image": "nginx:1.27", "replicas": 1, "port": 8080,
+            "resources": { "requests": { "cpu": "100m" }, "limits": { "cpu": "1", "memory": "256Mi" } } }
+    }))
+    .unwrap();
+    apps.create(&PostParams::default(), &app).await.unwrap();
+    let deployments: Api<Deployment> = env.api();
+    let limits = |d: &Deployment| {
+        d.spec
+            .template
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers[0].resources.as_ref())
+            .and_then(|r| r.limits.clone())
+    };
+    devctl_testenv::eventually("the Deployment with limits", TIMEOUT, || async {
+        limits(&deployments.get("limited-deployment").await.ok()?).map(|_| ())
+    })
+    .await
+    .unwrap();
+
+    apps.patch(
+        "limited",
+        &PatchParams::default(),
+        &Patch::Json::<()>(
+            serde_json::from_value(json!([{ "op": "remove", "path": "/spec/resources/limits" }]))
+                .unwrap(),
+        ),
+    )
+    .await
+    .unwrap();
+    devctl_testenv::eventually(
+        "the limits to be pruned from the Deployment",
+        TIMEOUT,
+        || async {
+            let d = deployments.get("limited-deployment").await.ok()?;
+            limits(&d).is_none().then_some(())
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_restart_over_converged_clusters_writes_nothing_and_ready_stays_true() {
+    let cluster = devctl_testenv::shared_cluster().await.unwrap();
+    cluster.install_crds(&devctl_api::crds()).await.unwrap();
+    let namespace = cluster.create_namespace("restart").await.unwrap();
+    let mut operator = OperatorProcess::start(cluster, &namespace, RULES, &[]).await;
+    let client = cluster.client().await.unwrap();
+    let dbs: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
+    let names = ["alpha", "bravo", "charlie"];
+    for (i, name) in names.iter().enumerate() {
+        let db = database(
+            name,
+            i as i32 + 1,
+            json!({ "resources": { "requests": { "cpu": "0.25" } } }),
+        );
+        dbs.create(&PostParams::default(), &db).await.unwrap();
+    }
+    for (i, name) in names.iter().enumerate() {
+        wait_db(&dbs, name, "Ready", |db| is_ready(db, i as i32 + 1)).await;
+    }
+    let mut events_before = Vec::new();
+    for name in names {
+        events_before.push(events_about(&client, &namespace, name).await);
+    }
+
+    // Record every status the clusters go through from here on.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(
+        String,
+        Option<(String, String)>,
+    )>::new()));
+    let recorder = {
+        let seen = seen.clone();
+        let dbs = dbs.clone();
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            let stream = kube::runtime::watcher(dbs, Default::default());
+            let mut stream = std::pin::pin!(kube::runtime::WatchStreamExt::applied_objects(stream));
+            while let Some(Ok(db)) = stream.next().await {
+                let name = kube::ResourceExt::name_any(&db);
+                seen.lock()
+                    .unwrap()
+                    .push((name, condition_status(&db, "Ready")));
+            }
+        })
+    };
+
+    operator.stop();
+    let mark = cluster.audit_log().unwrap().mark();
+    operator.restart();
+    operator.wait_ready().await;
+    operator
+        .wait_reconciles("databasecluster", names.len() as f64)
+        .await;
+    // A health requeue or a late trigger would show up within this window.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    recorder.abort();
+
+    let writes = writes_since(cluster, mark, &operator.user);
+    assert!(
+        writes.is_empty(),
+        "the restarted operator wrote: {writes:#?}\n{}",
+        operator.logs()
+    );
+    for (name, before) in names.iter().zip(&events_before) {
+        assert_eq!(
+            &events_about(&client, &namespace, name).await,
+            before,
+            "no new events about {name}"
+        );
+    }
+    let seen = seen.lock().unwrap();
+    assert!(!seen.is_empty());
+    for (name, ready) in seen.iter() {
+        assert_eq!(
+            ready.as_ref().map(|(s, _)| s.as_str()),
+            Some("True"),
+            "{name} left Ready=True: {seen:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn concurrency_bounds_the_reconciles_in_flight() {
+    let cluster = devctl_testenv::shared_cluster().await.unwrap();
+    cluster.install_crds(&devctl_api::crds()).await.unwrap();
+    let namespace = cluster.create_namespace("concurrency").await.unwrap();
+    let operator =
+        OperatorProcess::start(cluster, &namespace, RULES, &["--concurrency", "2"]).await;
+    let dbs: Api<DatabaseCluster> = Api::namespaced(cluster.client().await.unwrap(), &namespace);
+    let count = 50;
+    for i in 0..count {
+        dbs.create(
+            &PostParams::default(),
+            &database(&format!("db-{i:02}"), 1, json!({})),
+        )
+        .await
+        .unwrap();
+    }
+    devctl_testenv::eventually(
+        &format!("{count} clusters Ready"),
+        Duration::from_secs(240),
+        || async {
+            let list = dbs.list(&Default::default()).await.ok()?;
+            (list.items.iter().filter(|db| is_ready(db, 1)).count() == count).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let high_water = operator
+        .metric(r#"devctl_reconciles_in_flight_max{controller="databasecluster"}"#)
+        .expect("the high-water mark is exported");
+    assert!(
+        (1.0..=2.0).contains(&high_water),
+        "in flight at most 2, got {high_water}"
+    );
+    assert_eq!(
+        operator.metric(
+            r#"controller_runtime_max_concurrent_reconciles{controller="databasecluster"}"#
+        ),
+        Some(2.0)
+    );
+}
+
+#[tokio::test]
+async fn names_must_be_dns_labels_of_at_most_50_characters() {
+    let env = support::start("names").await;
+    let long = "a".repeat(61);
+    assert_rejected(
+        env.dbs()
+            .create(&PostParams::default(), &database(&long, 1, json!({})))
+            .await,
+        "at most 50 characters",
+    );
+    assert_rejected(
+        env.dbs()
+            .create(
+                &PostParams::default(),
+                &database("my.postgres", 1, json!({})),
+            )
+            .await,
+        "DNS-1035 label",
+    );
+    for name in [long.as_str(), "my.app"] {
+        let app: WebApp = serde_json::from_value(json!({
+            "apiVersion": "apps.devctl.io/v1", "kind": "WebApp", "metadata": { "name": name },
+            "spec": { "image": "nginx:1.27", "replicas": 1, "port": 8080 }
+        }))
+        .unwrap();
+        let result = env.web_apps().create(&PostParams::default(), &app).await;
+        assert_rejected(result, "metadata.name");
+    }
+    let fifty = "b".repeat(50);
+    env.dbs()
+        .create(&PostParams::default(), &database(&fifty, 1, json!({})))
+        .await
+        .unwrap();
+
+    // Adding a storage class later is a change of class too.
+    env.dbs()
+        .create(&PostParams::default(), &database("classless", 1, json!({})))
+        .await
+        .unwrap();
+    let add_class = json!({ "spec": { "storage": { "storageClassName": "fast" } } });
+    assert_rejected(
+        env.dbs()
+            .patch(
+                "classless",
+                &PatchParams::default(),
+                &Patch::Merge(&add_class),
+            )
+            .await,
+        "storage.storageClassName is immutable",
+    );
+}
+
+#[tokio::test]
+async fn a_deleted_credentials_secret_is_regenerated_and_reported() {
+    let cluster = devctl_testenv::shared_cluster().await.unwrap();
+    cluster.install_crds(&devctl_api::crds()).await.unwrap();
+    let namespace = cluster.create_namespace("credentials").await.unwrap();
+    let operator = OperatorProcess::start(cluster, &namespace, RULES, &[]).await;
+    let client = cluster.client().await.unwrap();
+    let dbs: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    dbs.create(&PostParams::default(), &database("keys", 1, json!({})))
+        .await
+        .unwrap();
+    wait_db(&dbs, "keys", "Ready", |db| is_ready(db, 1)).await;
+    let password = |s: &Secret| s.data.as_ref().unwrap()["password"].0.clone();
+    let old = secrets.get("keys-credentials").await.unwrap();
+
+    secrets
+        .delete("keys-credentials", &DeleteParams::default())
+        .await
+        .unwrap();
+    let db = wait_db(&dbs, "keys", "Degraded with CredentialsRegenerated", |db| {
+        condition_status(db, "Degraded") == Some(("True".into(), "CredentialsRegenerated".into()))
+    })
+    .await;
+    let status = db.status.unwrap();
+    let message = &devctl_api::conditions::find(&status.conditions, "Degraded")
+        .unwrap()
+        .message;
+    assert!(message.contains("keys-credentials"), "{message}");
+    let new = secrets.get("keys-credentials").await.unwrap();
+    assert_ne!(new.metadata.uid, old.metadata.uid);
+    assert_ne!(password(&new), password(&old), "a new password");
+    let events = events_about(&client, &namespace, "keys").await;
+    assert!(
+        events
+            .iter()
+            .any(|(reason, _, _)| reason == "CredentialsRegenerated"),
+        "{events:?}\n{}",
+        operator.logs()
+    );
+    for (_, note, _) in &events {
+        assert!(
+            !note.contains(std::str::from_utf8(&password(&new)).unwrap()),
+            "a password in an event"
+        );
+    }
+    let logs = operator.logs();
+    for secret in [&old, &new] {
+        assert!(
+            !logs.contains(std::str::from_utf8(&password(secret)).unwrap()),
+            "a password in the logs"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_credentials_secret_devctl_does_not_own_is_never_touched() {
+    let cluster = devctl_testenv::shared_cluster().await.unwrap();
+    cluster.install_crds(&devctl_api::crds()).await.unwrap();
+    let namespace = cluster.create_namespace("foreign").await.unwrap();
+    let _operator = OperatorProcess::start(cluster, &namespace, RULES, &[]).await;
+    let client = cluster.client().await.unwrap();
+    let dbs: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let theirs: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "shop-credentials" }, "stringData": { "password": "their-password" }
+    }))
+    .unwrap();
+    let theirs = secrets
+        .create(&PostParams::default(), &theirs)
+        .await
+        .unwrap();
+    dbs.create(&PostParams::default(), &database("shop", 1, json!({})))
+        .await
+        .unwrap();
+    let db = wait_db(
+        &dbs,
+        "shop",
+        "Degraded with CredentialsSecretNotOwned",
+        |db| {
+            condition_status(db, "Degraded")
+                == Some(("True".into(), "CredentialsSecretNotOwned".into()))
+        },
+    )
+    .await;
+    let status = db.status.unwrap();
+    let message = &devctl_api::conditions::find(&status.conditions, "Degraded")
+        .unwrap()
+        .message;
+    assert!(message.contains("shop-credentials"), "{message}");
+    let after = secrets.get("shop-credentials").await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version, theirs.metadata.resource_version,
+        "untouched"
+    );
+    assert!(after.metadata.owner_references.is_none());
+    let sts: Api<StatefulSet> = Api::namespaced(client, &namespace);
+    assert!(
+        sts.get_opt("shop").await.unwrap().is_none(),
+        "nothing half-made"
+    );
+}
+
+#[tokio::test]
+async fn a_forbidden_watch_is_a_warning_in_the_logs() {
+    let cluster = devctl_testenv::shared_cluster().await.unwrap();
+    cluster.install_crds(&devctl_api::crds()).await.unwrap();
+    let namespace = cluster.create_namespace("nowatch").await.unwrap();
+    let without_pdbs: Vec<_> = RULES
+        .iter()
+        .copied()
+        .filter(|r| !r.resources.contains(&"poddisruptionbudgets"))
+        .collect();
+    let operator = OperatorProcess::start(
+        cluster,
+        &namespace,
+        &without_pdbs,
+        &["--log-format", "json"],
+    )
+    .await;
+    devctl_testenv::eventually(
+        "a warning about the forbidden PodDisruptionBudget watch",
+        TIMEOUT,
+        || async {
+            let logs = operator.logs();
+            logs.lines()
+                .any(|l| {
+                    l.contains("\"WARN\"")
+                        && l.contains("PodDisruptionBudget")
+                        && l.contains("forbidden")
+                })
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", operator.logs()));
+    // Without every cache the operator is not ready, and says so.
+    assert!(
+        operator
+            .http_get("/readyz")
+            .unwrap()
+            .starts_with("HTTP/1.1 503")
+    );
+}
