@@ -24,6 +24,8 @@ use serde::{Deserialize, Serialize};
     shortname = "wa",
     category = "all",
     category = "devctl",
+    validation = Rule::new("size(self.metadata.name) <= 50").message("metadata.name must be at most 50 characters: the names devctl derives from it (pods, claims, Services) must stay within 63"),
+    validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("metadata.name must be a DNS-1035 label: lowercase letters, digits and '-', starting with a letter and ending with a letter or digit (no dots)"),
     doc = "A stateless web application managed by the devctl operator.",
     printcolumn(name = "Image", type_ = "string", json_path = ".spec.image"),
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),

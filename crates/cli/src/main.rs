@@ -48,6 +48,13 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Output piped into `head` and closed early ends the process quietly, as it does for
+    // other command-line tools, instead of a panic in println!.
+    // SAFETY: signal(2) only resets the process-wide disposition of SIGPIPE; devctl installs
+    // no handler of its own for it.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     // Silent by default: errors reach the user as one line from main (DEVCTL_LOG=debug for more).
     tracing_subscriber::fmt()
         .with_env_filter(

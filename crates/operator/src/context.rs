@@ -1,4 +1,4 @@
-//! What every reconcile gets: the client, the child caches, the event recorder, the
+//! What every reconcile gets: the client, the shared child caches, the event recorder, the
 //! per-object backoff and the settings.
 
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use kube::Client;
 use kube::runtime::events::Recorder;
 
 use crate::backoff::Backoff;
-use crate::children::Stores;
+use crate::children::Caches;
 use crate::metrics::Metrics;
 
 /// Settings from the command line.
@@ -20,7 +20,13 @@ pub struct Settings {
     pub health_requeue: Duration,
     /// Where reconciles are counted and timed.
     pub metrics: Arc<Metrics>,
+    /// Most reconciles one controller runs at once (controller-runtime's
+    /// `MaxConcurrentReconciles`); one object is never reconciled twice at once.
+    pub concurrency: u16,
 }
+
+/// The default of `--concurrency`, as controller-runtime users expect.
+pub const DEFAULT_CONCURRENCY: u16 = 4;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -28,6 +34,7 @@ impl Default for Settings {
             cluster_domain: "cluster.local".into(),
             health_requeue: Duration::from_secs(300),
             metrics: Arc::default(),
+            concurrency: DEFAULT_CONCURRENCY,
         }
     }
 }
@@ -37,7 +44,7 @@ pub const CONTROLLER_NAME: &str = "devctl-operator";
 
 pub struct Context {
     pub client: Client,
-    pub stores: Stores,
+    pub caches: Caches,
     pub recorder: Recorder,
     pub backoff: Backoff,
     pub settings: Settings,
@@ -45,7 +52,7 @@ pub struct Context {
 
 impl Context {
     /// `instance` tells replicas apart in events (the pod name in a cluster).
-    pub fn new(client: Client, stores: Stores, settings: Settings, instance: String) -> Self {
+    pub fn new(client: Client, caches: Caches, settings: Settings, instance: String) -> Self {
         let reporter = kube::runtime::events::Reporter {
             controller: CONTROLLER_NAME.into(),
             instance: Some(instance),
@@ -53,7 +60,7 @@ impl Context {
         Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
-            stores,
+            caches,
             backoff: Backoff::default(),
             settings,
         }

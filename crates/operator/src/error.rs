@@ -33,6 +33,24 @@ pub enum Error {
 
     #[error("cleanup did not finish within {0:?}")]
     CleanupTimeout(Duration),
+
+    #[error("rendering a {kind}: {source}")]
+    Render {
+        kind: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+
+    #[error("rendering a {kind}: {path} is not a field of {kind}")]
+    UnknownField { kind: &'static str, path: String },
+
+    #[error("no cache is registered for child kind {0}")]
+    UnregisteredKind(&'static str),
+
+    #[error(
+        "Secret {name} exists and is not owned by this cluster; devctl never touches it. Delete or rename it, or choose another cluster name"
+    )]
+    CredentialsSecretNotOwned { name: String },
 }
 
 impl Error {
@@ -46,7 +64,11 @@ impl Error {
                 _ => "ApiError",
             },
             Error::Finalizer(_) => "FinalizerError",
-            Error::MissingField(_) => "InternalError",
+            Error::MissingField(_)
+            | Error::Render { .. }
+            | Error::UnknownField { .. }
+            | Error::UnregisteredKind(_) => "InternalError",
+            Error::CredentialsSecretNotOwned { .. } => "CredentialsSecretNotOwned",
             Error::CleanupTimeout(_) => "CleanupTimeout",
         }
     }

@@ -1,8 +1,9 @@
 //! devctl-operator: reconciles devctl's custom resources into Kubernetes objects.
 //!
-//! Layout: `children` applies children and deletes orphans for every controller;
-//! `database_cluster` holds the DatabaseCluster controller, its desired state (`resources`,
-//! one file per child) and status; `engine` renders PostgreSQL/MySQL configuration.
+//! Layout: `children` applies children, deletes orphans and keeps the shared child caches;
+//! `reconciler` is the reconcile shell every controller shares; `database_cluster` and
+//! `web_app` hold one controller each, with their desired state (`resources`, one file per
+//! child) and status; `engine` renders PostgreSQL/MySQL configuration.
 
 pub mod backoff;
 pub mod children;
@@ -15,14 +16,122 @@ pub mod manifests;
 pub mod metrics;
 pub mod pod_security;
 pub mod reconciler;
-pub mod subset;
 pub mod web_app;
+
+use futures::stream::BoxStream;
+use futures::{Future, FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 pub use context::Settings;
 pub use error::Error;
 
-/// Runs every controller (DatabaseCluster, WebApp) for each of `namespaces` (all namespaces
-/// when empty) until `stop` turns true.
+use children::{Caches, CachesBuilder};
+
+/// The registry of child kinds: every kind any controller creates or reads, cached once per
+/// watch scope and shared by all controllers. A new child kind is one line here.
+pub fn child_caches(client: kube::Client, namespace: Option<String>) -> CachesBuilder {
+    CachesBuilder::new(client, namespace)
+        .add::<ConfigMap>()
+        .add::<Secret>()
+        .add::<Service>()
+        .add::<StatefulSet>()
+        .add::<Deployment>()
+        .add::<PodDisruptionBudget>()
+        .add_with_owner::<PersistentVolumeClaim>(database_cluster::claim_owner)
+}
+
+/// The caches of every watch scope, running before (and independently of) leadership, so a
+/// follower is ready to take over — and to serve webhooks — with warm caches.
+pub struct Operator {
+    client: kube::Client,
+    scopes: Vec<(Option<String>, Caches)>,
+    settings: Settings,
+}
+
+/// One finished reconcile: the controller and the object's name, or the error.
+#[derive(Debug, Clone)]
+pub struct Reconciled {
+    pub controller: &'static str,
+    pub result: Result<String, String>,
+}
+
+impl Operator {
+    /// Starts the caches for each of `namespaces` (all namespaces when empty). The returned
+    /// future runs the watches and marks the operator ready once every cache has synced;
+    /// drive it for the operator's lifetime.
+    pub fn start(
+        client: kube::Client,
+        namespaces: &[String],
+        settings: Settings,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        let scopes: Vec<Option<String>> = if namespaces.is_empty() {
+            vec![None]
+        } else {
+            namespaces.iter().cloned().map(Some).collect()
+        };
+        let mut watches = Vec::new();
+        let mut built = Vec::new();
+        for namespace in scopes {
+            let (caches, watch) = child_caches(client.clone(), namespace.clone()).build();
+            watches.push(watch.boxed());
+            built.push((namespace, caches));
+        }
+        let all: Vec<Caches> = built.iter().map(|(_, c)| c.clone()).collect();
+        let metrics = settings.metrics.clone();
+        let ready = async move {
+            futures::future::join_all(all.iter().map(Caches::wait_synced)).await;
+            tracing::info!("caches synced");
+            metrics.set_ready(true);
+            futures::future::pending::<()>().await;
+        };
+        let run = async move {
+            futures::future::join(futures::future::join_all(watches), ready).await;
+        };
+        (
+            Self {
+                client,
+                scopes: built,
+                settings,
+            },
+            run,
+        )
+    }
+
+    /// Every controller of every scope as one stream of finished reconciles, ending after
+    /// `shutdown` resolves and the running reconciles finish.
+    pub fn controllers(
+        &self,
+        instance: &str,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> BoxStream<'static, Reconciled> {
+        let shutdown = shutdown.shared();
+        let mut streams = Vec::new();
+        for (namespace, caches) in &self.scopes {
+            streams.push(database_cluster::controller(
+                self.client.clone(),
+                namespace.clone(),
+                caches.clone(),
+                self.settings.clone(),
+                instance.to_string(),
+                shutdown.clone(),
+            ));
+            streams.push(web_app::controller(
+                self.client.clone(),
+                namespace.clone(),
+                caches.clone(),
+                self.settings.clone(),
+                instance.to_string(),
+                shutdown.clone(),
+            ));
+        }
+        futures::stream::select_all(streams).boxed()
+    }
+}
+
+/// Runs every controller until `stop` turns true (caches, then controllers), logging each
+/// reconcile: what `devctl dev up` and the operator binary without leader election run.
 pub async fn run(
     client: kube::Client,
     namespaces: &[String],
@@ -30,30 +139,15 @@ pub async fn run(
     instance: &str,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let stopped = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = stop.wait_for(|stop| *stop).await;
-    };
-    let scopes: Vec<Option<String>> = if namespaces.is_empty() {
-        vec![None]
-    } else {
-        namespaces.iter().cloned().map(Some).collect()
-    };
-    let mut controllers: Vec<futures::future::BoxFuture<'static, ()>> = Vec::new();
-    for namespace in scopes {
-        controllers.push(Box::pin(database_cluster::run(
-            client.clone(),
-            namespace.clone(),
-            settings.clone(),
-            instance.to_string(),
-            stopped(stop.clone()),
-        )));
-        controllers.push(Box::pin(web_app::run(
-            client.clone(),
-            namespace,
-            settings.clone(),
-            instance.to_string(),
-            stopped(stop.clone()),
-        )));
+    let (operator, watches) = Operator::start(client, namespaces, settings);
+    let controllers = reconciler::log_results(operator.controllers(instance, stopped(stop)));
+    tokio::select! {
+        _ = controllers => {},
+        _ = watches => {},
     }
-    futures::future::join_all(controllers).await;
+}
+
+/// Resolves when `stop` turns true (or its sender is gone).
+pub async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
 }

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
-use devctl_operator::Settings;
+use devctl_operator::reconciler::log_results;
+use devctl_operator::{Operator, Settings};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 #[derive(Parser)]
@@ -44,6 +45,10 @@ struct Args {
     /// Address of the /metrics, /healthz and /readyz endpoints; `off` disables them.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_bind_address: String,
+    /// Most reconciles each controller runs at once (one object is never reconciled twice at
+    /// once); controller-runtime's MaxConcurrentReconciles.
+    #[arg(long, default_value_t = devctl_operator::context::DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..))]
+    concurrency: u16,
     /// Seconds between health checks of an unchanged, healthy object.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..))]
     health_requeue_seconds: u64,
@@ -116,6 +121,7 @@ async fn main() -> anyhow::Result<()> {
         cluster_domain: args.cluster_domain.clone(),
         health_requeue: Duration::from_secs(args.health_requeue_seconds),
         metrics: metrics.clone(),
+        concurrency: args.concurrency,
     };
     let (server_stop, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = if args.metrics_bind_address == "off" {
@@ -135,29 +141,34 @@ async fn main() -> anyhow::Result<()> {
             },
         )))
     };
-    metrics.set_ready(true);
     let instance = std::env::var("POD_NAME")
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| "devctl-operator".into());
     tracing::info!(namespaces = ?args.namespaces, "starting");
 
+    // Caches run whether or not this replica leads: /readyz means "caches synced", and a
+    // follower takes over with warm caches.
+    let (operator, watches) = Operator::start(client.clone(), &args.namespaces, settings);
+    let watches = tokio::spawn(watches);
+
     if args.leader_elect {
-        let namespaces = args.namespaces.clone();
-        devctl_operator::leader_election::run_as_leader(
-            client.clone(),
+        let result = devctl_operator::leader_election::run_as_leader(
+            client,
             &args.leader_election_namespace,
             &instance,
             &metrics,
-            |stopped| devctl_operator::run(client, &namespaces, settings, &instance, stopped),
+            |stop| log_results(operator.controllers(&instance, devctl_operator::stopped(stop))),
             shutdown_signal(),
         )
-        .await?;
+        .await;
+        watches.abort();
         stop_server(server_stop, server).await;
+        result?;
         return Ok(());
     }
 
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let run = devctl_operator::run(client, &args.namespaces, settings, &instance, stopped);
+    let run = log_results(operator.controllers(&instance, devctl_operator::stopped(stopped)));
     tokio::pin!(run);
     tokio::select! {
         _ = &mut run => {},
@@ -166,6 +177,7 @@ async fn main() -> anyhow::Result<()> {
             run.await;
         }
     }
+    watches.abort();
     stop_server(server_stop, server).await;
     Ok(())
 }

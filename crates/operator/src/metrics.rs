@@ -3,8 +3,11 @@
 //! Metric names follow controller-runtime's, so dashboards and alerts written for Go
 //! operators work unchanged: `controller_runtime_reconcile_total{controller,result}`,
 //! `controller_runtime_reconcile_errors_total{controller}`,
-//! `controller_runtime_reconcile_time_seconds{controller}` and
-//! `leader_election_master_status{name}`.
+//! `controller_runtime_reconcile_time_seconds{controller}`,
+//! `controller_runtime_active_workers{controller}`,
+//! `controller_runtime_max_concurrent_reconciles{controller}` and
+//! `leader_election_master_status{name}`; devctl's own: `devctl_reconciles_in_flight{controller}`
+//! and its high-water mark `devctl_reconciles_in_flight_max{controller}`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,7 +48,27 @@ pub struct Metrics {
     errors: Family<ControllerLabels, Counter>,
     durations: Family<ControllerLabels, Histogram>,
     leader: Family<LeaseLabels, Gauge>,
+    in_flight: Family<ControllerLabels, Gauge>,
+    in_flight_max: Family<ControllerLabels, Gauge>,
+    active_workers: Family<ControllerLabels, Gauge>,
+    max_concurrent: Family<ControllerLabels, Gauge>,
     ready: AtomicBool,
+}
+
+/// Counts a reconcile as in flight until dropped.
+pub struct InFlight<'a> {
+    metrics: &'a Metrics,
+    controller: &'static str,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let labels = ControllerLabels {
+            controller: self.controller,
+        };
+        self.metrics.in_flight.get_or_create(&labels).dec();
+        self.metrics.active_workers.get_or_create(&labels).dec();
+    }
 }
 
 impl std::fmt::Debug for Metrics {
@@ -64,6 +87,30 @@ impl Default for Metrics {
             Histogram::new(exponential_buckets_range(0.005, 60.0, 16))
         });
         let leader = Family::<LeaseLabels, Gauge>::default();
+        let in_flight = Family::<ControllerLabels, Gauge>::default();
+        let in_flight_max = Family::<ControllerLabels, Gauge>::default();
+        let active_workers = Family::<ControllerLabels, Gauge>::default();
+        let max_concurrent = Family::<ControllerLabels, Gauge>::default();
+        registry.register(
+            "devctl_reconciles_in_flight",
+            "Reconciles running now",
+            in_flight.clone(),
+        );
+        registry.register(
+            "devctl_reconciles_in_flight_max",
+            "The most reconciles that ran at once since the operator started",
+            in_flight_max.clone(),
+        );
+        registry.register(
+            "controller_runtime_active_workers",
+            "Reconciles running now (controller-runtime's name)",
+            active_workers.clone(),
+        );
+        registry.register(
+            "controller_runtime_max_concurrent_reconciles",
+            "The most reconciles a controller runs at once (--concurrency)",
+            max_concurrent.clone(),
+        );
         registry.register(
             "controller_runtime_reconcile",
             "Reconciles per controller and result (success, error, requeue_after)",
@@ -90,6 +137,10 @@ impl Default for Metrics {
             errors,
             durations,
             leader,
+            in_flight,
+            in_flight_max,
+            active_workers,
+            max_concurrent,
             ready: AtomicBool::new(false),
         }
     }
@@ -112,6 +163,28 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
+    /// Counts one reconcile of `controller` as running until the guard is dropped.
+    pub fn start_reconcile(&self, controller: &'static str) -> InFlight<'_> {
+        let labels = ControllerLabels { controller };
+        let now = self.in_flight.get_or_create(&labels).inc() + 1;
+        self.active_workers.get_or_create(&labels).inc();
+        self.in_flight_max
+            .get_or_create(&labels)
+            .inner()
+            .fetch_max(now, Ordering::Relaxed);
+        InFlight {
+            metrics: self,
+            controller,
+        }
+    }
+
+    /// The configured bound on concurrent reconciles of `controller`.
+    pub fn set_max_concurrent(&self, controller: &'static str, limit: u16) {
+        self.max_concurrent
+            .get_or_create(&ControllerLabels { controller })
+            .set(i64::from(limit));
+    }
+
     /// Whether this replica holds the leader lease `name`.
     pub fn set_leader(&self, name: &'static str, leading: bool) {
         self.leader
@@ -119,7 +192,7 @@ impl Metrics {
             .set(i64::from(leading));
     }
 
-    /// Marks the operator ready (connected, controllers or leader election started).
+    /// Marks the operator ready: every cache has synced (leadership does not matter).
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Relaxed);
     }
@@ -178,7 +251,20 @@ mod tests {
         metrics.reconciled("databasecluster", true, Duration::from_millis(12));
         metrics.reconciled("databasecluster", false, Duration::from_millis(3));
         metrics.set_leader("devctl-operator", true);
+        {
+            let _a = metrics.start_reconcile("webapp");
+            let _b = metrics.start_reconcile("webapp");
+        }
+        let _c = metrics.start_reconcile("webapp");
         let text = metrics.encode();
+        assert!(
+            text.contains(r#"devctl_reconciles_in_flight{controller="webapp"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"devctl_reconciles_in_flight_max{controller="webapp"} 2"#),
+            "{text}"
+        );
         assert!(text.contains(r#"controller_runtime_reconcile_total{controller="databasecluster",result="success"} 1"#), "{text}");
         assert!(
             text.contains(

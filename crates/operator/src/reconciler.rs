@@ -1,17 +1,21 @@
 //! What every controller's reconcile shell shares: object keys, timestamps, the error policy
 //! with per-object backoff, status writes with server-side apply, and events.
 
+use std::future::Future;
 use std::sync::Arc;
 
+use futures::stream::BoxStream;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::Action;
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use crate::children::{Change, FIELD_MANAGER};
-use crate::context::Context;
+use crate::children::{Caches, Change, FIELD_MANAGER};
+use crate::context::{Context, Settings};
 use crate::error::{Error, Result};
 
 /// `namespace/name`, the key of per-object state such as the backoff.
@@ -29,20 +33,6 @@ pub fn now() -> Time {
     use k8s_openapi::jiff::Timestamp;
     let now = Timestamp::now();
     Time(Timestamp::from_second(now.as_second()).unwrap_or(now))
-}
-
-/// Runs one reconcile of `controller`, counting and timing it in the metrics.
-pub async fn measured(
-    ctx: &Context,
-    controller: &'static str,
-    reconcile: impl std::future::Future<Output = Result<Action>>,
-) -> Result<Action> {
-    let started = std::time::Instant::now();
-    let result = reconcile.await;
-    ctx.settings
-        .metrics
-        .reconciled(controller, result.is_ok(), started.elapsed());
-    result
 }
 
 /// The error policy of every controller: retry with per-object exponential backoff.
@@ -100,28 +90,21 @@ pub async fn publish<K: Resource<DynamicType = ()>>(
     }
 }
 
-/// One Normal event per created, updated or deleted child.
-pub async fn publish_changes<K: Resource<DynamicType = ()>>(
+/// One Normal event `Applied` per reconcile that changed children, listing the changes.
+pub async fn publish_applied<K: Resource<DynamicType = ()>>(
     ctx: &Context,
     object: &K,
     changes: &[Change],
 ) {
-    for change in changes {
-        let (reason, kind, name) = match change {
-            Change::Created(kind, name) => ("Created", kind, name),
-            Change::Updated(kind, name) => ("Updated", kind, name),
-            Change::Deleted(kind, name) => ("Deleted", kind, name),
-        };
-        publish(
-            ctx,
-            object,
-            EventType::Normal,
-            reason,
-            reason,
-            format!("{reason} {} {name}", kind.as_str()),
-        )
-        .await;
+    if changes.is_empty() {
+        return;
     }
+    let summary = Change::summary(changes);
+    // The recorder folds events with the same reason and action into one series and keeps
+    // the first note: the summary as the action keeps different changes apart (the field
+    // allows 128 characters).
+    let action: String = summary.chars().take(128).collect();
+    publish(ctx, object, EventType::Normal, "Applied", &action, summary).await;
 }
 
 /// An API for one namespace, or for all when `None`.
@@ -189,15 +172,38 @@ pub fn prune<K: Resource>(object: &mut K) {
     }
 }
 
-/// A cache of the children of kind `K` devctl manages (label-selected, so memory grows with
-/// what devctl owns) and the stream of touched children that triggers their owners.
-pub fn watch_children<K>(
-    client: &kube::Client,
-    namespace: Option<&str>,
-) -> (
-    kube::runtime::reflector::Store<K>,
-    impl futures::Stream<Item = Result<K, kube::runtime::watcher::Error>> + Send + 'static,
-)
+/// Drives a stream of finished reconciles to its end, logging each. Failed reconciles are
+/// logged by the error policy; what else fails (a watch, the queue) is a warning here.
+pub async fn log_results(results: impl futures::Stream<Item = crate::Reconciled>) {
+    use futures::StreamExt;
+    results
+        .for_each(|reconciled| async move {
+            match reconciled.result {
+                Ok(name) => {
+                    tracing::debug!(controller = reconciled.controller, object = %name, "reconciled")
+                }
+                Err(error) => {
+                    tracing::debug!(controller = reconciled.controller, %error, "reconcile failed")
+                }
+            }
+        })
+        .await;
+}
+
+/// The shell every controller runs in: the primary watch, reconcile triggers from the shared
+/// child caches, bounded concurrency, no reconcile before every cache has synced, metrics,
+/// the error policy and graceful shutdown. `reconcile` holds only what differs per kind.
+#[allow(clippy::too_many_arguments)]
+pub fn run_controller<K, F, Fut>(
+    name: &'static str,
+    client: Client,
+    namespace: Option<String>,
+    caches: Caches,
+    settings: Settings,
+    instance: String,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+    mut reconcile: F,
+) -> BoxStream<'static, crate::Reconciled>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone
@@ -206,34 +212,93 @@ where
         + Send
         + Sync
         + 'static,
-{
-    use kube::runtime::WatchStreamExt;
-    let (reader, writer) = kube::runtime::reflector::store::<K>();
-    let config =
-        kube::runtime::watcher::Config::default().labels(&devctl_api::labels::managed_selector());
-    let stream = kube::runtime::watcher(scoped_api::<K>(client, namespace), config)
-        .default_backoff()
-        .modify(prune)
-        .reflect(writer)
-        .touched_objects();
-    (reader, stream)
-}
-
-/// Drives a controller's result stream to its end, logging each reconcile.
-pub async fn log_results<K, E>(
-    results: impl futures::Stream<Item = Result<(kube::runtime::reflector::ObjectRef<K>, Action), E>>,
-) where
-    K: Resource,
-    K::DynamicType: std::fmt::Debug,
-    E: std::fmt::Display,
+    F: FnMut(Arc<K>, Arc<Context>) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Action>> + Send + 'static,
 {
     use futures::StreamExt;
-    results
-        .for_each(|result| async move {
-            match result {
-                Ok((object, _)) => tracing::debug!(object = %object, "reconciled"),
-                Err(error) => tracing::debug!(%error, "reconcile failed"),
-            }
+    let (reader, objects) = watch_primary::<K>(&client, namespace.as_deref());
+    let triggers = caches.owner_triggers::<K>();
+    let concurrency = settings.concurrency;
+    settings.metrics.set_max_concurrent(name, concurrency);
+    let context = Arc::new(Context::new(client, caches, settings, instance));
+    Controller::for_stream(objects, reader)
+        .reconcile_on(triggers)
+        .with_config(ControllerConfig::default().concurrency(concurrency))
+        .graceful_shutdown_on(shutdown)
+        .run(
+            move |object, ctx: Arc<Context>| {
+                let work = reconcile(object, ctx.clone());
+                async move {
+                    ctx.caches.wait_synced().await;
+                    let _in_flight = ctx.settings.metrics.start_reconcile(name);
+                    let started = std::time::Instant::now();
+                    let result = work.await;
+                    ctx.settings
+                        .metrics
+                        .reconciled(name, result.is_ok(), started.elapsed());
+                    result
+                }
+            },
+            error_policy,
+            context,
+        )
+        .map(move |result| crate::Reconciled {
+            controller: name,
+            result: match result {
+                Ok((object, _)) => Ok(object.name),
+                Err(kube::runtime::controller::Error::ReconcilerFailed(error, object)) => {
+                    Err(format!("{object}: {error}"))
+                }
+                Err(error) => {
+                    // A watch or queue failure: not the error policy's, so it is said here.
+                    tracing::warn!(controller = name, %error, "controller error");
+                    Err(error.to_string())
+                }
+            },
         })
-        .await;
+        .boxed()
+}
+
+/// After a reconcile's children were converged (or failed to): writes the status if it
+/// changed, publishes the `Applied` event and, on failure, a Warning event; resets the backoff
+/// on success. A failed status write never hides the reconcile error.
+pub async fn report<K>(
+    ctx: &Context,
+    object: &K,
+    converged: Result<Vec<Change>>,
+    status: impl FnOnce(Option<&Error>) -> Option<serde_json::Value>,
+) -> Result<Action>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let status_written = match status(converged.as_ref().err()) {
+        Some(status) => write_status(ctx, object, status).await,
+        None => Ok(()),
+    };
+    match converged {
+        Ok(changes) => {
+            publish_applied(ctx, object, &changes).await;
+            status_written?;
+            ctx.backoff.reset(&key(object));
+            Ok(Action::requeue(ctx.settings.health_requeue))
+        }
+        Err(error) => {
+            if let Err(status_error) = status_written {
+                tracing::warn!(object = %key(object), error = %status_error, "could not write the status of a failed reconcile");
+            }
+            publish(
+                ctx,
+                object,
+                EventType::Warning,
+                error.reason(),
+                "Reconcile",
+                error.to_string(),
+            )
+            .await;
+            Err(error)
+        }
+    }
 }

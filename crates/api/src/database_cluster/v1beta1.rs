@@ -25,6 +25,8 @@ use serde::{Deserialize, Serialize};
     shortname = "db",
     category = "all",
     category = "devctl",
+    validation = Rule::new("size(self.metadata.name) <= 50").message("metadata.name must be at most 50 characters: the names devctl derives from it (pods, claims, Services) must stay within 63"),
+    validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("metadata.name must be a DNS-1035 label: lowercase letters, digits and '-', starting with a letter and ending with a letter or digit (no dots)"),
     doc = "A replicated PostgreSQL or MySQL database managed by the devctl operator.",
     printcolumn(name = "Engine", type_ = "string", json_path = ".spec.engine"),
     printcolumn(name = "Version", type_ = "string", json_path = ".spec.version"),
@@ -117,6 +119,11 @@ impl std::fmt::Display for Engine {
 /// Persistent storage of each instance.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+// On the parent, so adding or removing the class is caught too (a rule on an optional field
+// runs only when the old object had it).
+#[x_kube(validation = Rule::new(
+    "has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)"
+).message("storage.storageClassName is immutable: it cannot be set, changed or removed after creation"))]
 pub struct StorageSpec {
     /// Volume size with a binary suffix, e.g. `10Gi`. It can grow (the volumes are expanded in
     /// place when the storage class allows it) but never shrink.
@@ -128,7 +135,6 @@ pub struct StorageSpec {
 
     /// Storage class of the volumes; the cluster's default class when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self == oldSelf").message("storage.storageClassName is immutable"))]
     pub storage_class_name: Option<String>,
 }
 

@@ -225,75 +225,123 @@ async fn get(
     }
 }
 
-/// Pods and events of an owner, for `status` commands.
+/// Pods and events of an owner, for `status` commands. A list that failed is kept as its
+/// error, so the output says so instead of "(none)".
+pub struct Related {
+    pub pods: Result<Vec<Pod>, String>,
+    pub events: Result<Vec<Event>, String>,
+}
+
+impl Related {
+    /// The errors of the lists that failed, as one error for the exit code.
+    pub fn check(&self) -> anyhow::Result<()> {
+        let errors: Vec<&str> = [self.pods.as_ref().err(), self.events.as_ref().err()]
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+            .collect();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            anyhow::bail!("{}", errors.join("; "))
+        }
+    }
+
+    /// The lists for JSON/YAML output (a failed list is left out; the error follows).
+    pub fn lists(&self) -> (Vec<Pod>, Vec<Event>) {
+        (
+            self.pods.clone().unwrap_or_default(),
+            self.events.clone().unwrap_or_default(),
+        )
+    }
+}
+
 pub async fn pods_and_events(
     connection: &Connection,
     selector: Option<&str>,
     name: &str,
-) -> (Vec<Pod>, Vec<Event>) {
+) -> Related {
+    let describe = |what: &str, e: kube::Error| {
+        format!(
+            "{:#}",
+            cluster::explain(
+                e,
+                &format!("listing the {what} of {name}"),
+                &connection.server
+            )
+        )
+    };
     let pods: Api<Pod> = Api::namespaced(connection.client.clone(), &connection.namespace);
     let pods = match selector {
         Some(selector) => pods
             .list(&ListParams::default().labels(selector))
             .await
             .map(|l| l.items)
-            .unwrap_or_default(),
-        None => Vec::new(),
+            .map_err(|e| describe("pods", e)),
+        None => Ok(Vec::new()),
     };
     let events: Api<Event> = Api::namespaced(connection.client.clone(), &connection.namespace);
-    let mut events: Vec<Event> = events
+    let events = events
         .list(&ListParams::default().fields(&format!("regarding.name={name}")))
         .await
-        .map(|l| l.items)
-        .unwrap_or_default();
-    events.sort_by_key(|e| {
-        e.series
-            .as_ref()
-            .map(|s| s.last_observed_time.0)
-            .or(e.event_time.as_ref().map(|t| t.0))
-    });
-    let skip = events.len().saturating_sub(10);
-    (pods, events.into_iter().skip(skip).collect())
+        .map(|l| {
+            let mut events = l.items;
+            events.sort_by_key(|e| {
+                e.series
+                    .as_ref()
+                    .map(|s| s.last_observed_time.0)
+                    .or(e.event_time.as_ref().map(|t| t.0))
+            });
+            let skip = events.len().saturating_sub(10);
+            events.into_iter().skip(skip).collect()
+        })
+        .map_err(|e| describe("events", e));
+    Related { pods, events }
 }
 
-pub fn print_pods_and_events(pods: &[Pod], events: &[Event]) {
+pub fn print_pods_and_events(related: &Related) {
     println!("\nPods:");
-    if pods.is_empty() {
-        println!("  (none)");
-    } else {
-        let rows: Vec<Vec<String>> = pods
-            .iter()
-            .map(|p| {
-                let status = p.status.as_ref();
-                let ready = status
-                    .and_then(|s| s.conditions.as_ref())
-                    .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
-                    .map(|c| c.status.clone())
-                    .unwrap_or_else(|| "Unknown".into());
-                vec![
-                    format!("  {}", p.name_any()),
-                    status.and_then(|s| s.phase.clone()).unwrap_or_default(),
-                    ready,
-                    p.spec
-                        .as_ref()
-                        .and_then(|s| s.node_name.clone())
-                        .unwrap_or_default(),
-                ]
-            })
-            .collect();
-        table(&["  NAME", "PHASE", "READY", "NODE"], &rows);
+    match &related.pods {
+        Err(error) => println!("  (could not list: {error})"),
+        Ok(pods) if pods.is_empty() => println!("  (none)"),
+        Ok(pods) => {
+            let rows: Vec<Vec<String>> = pods
+                .iter()
+                .map(|p| {
+                    let status = p.status.as_ref();
+                    let ready = status
+                        .and_then(|s| s.conditions.as_ref())
+                        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+                        .map(|c| c.status.clone())
+                        .unwrap_or_else(|| "Unknown".into());
+                    vec![
+                        format!("  {}", p.name_any()),
+                        status.and_then(|s| s.phase.clone()).unwrap_or_default(),
+                        ready,
+                        p.spec
+                            .as_ref()
+                            .and_then(|s| s.node_name.clone())
+                            .unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            table(&["  NAME", "PHASE", "READY", "NODE"], &rows);
+        }
     }
     println!("\nRecent events:");
-    if events.is_empty() {
-        println!("  (none)");
-    }
-    for e in events {
-        println!(
-            "  {:<8} {:<22} {}",
-            e.type_.clone().unwrap_or_default(),
-            e.reason.clone().unwrap_or_default(),
-            e.note.clone().unwrap_or_default()
-        );
+    match &related.events {
+        Err(error) => println!("  (could not list: {error})"),
+        Ok(events) if events.is_empty() => println!("  (none)"),
+        Ok(events) => {
+            for e in events {
+                println!(
+                    "  {:<8} {:<22} {}",
+                    e.type_.clone().unwrap_or_default(),
+                    e.reason.clone().unwrap_or_default(),
+                    e.note.clone().unwrap_or_default()
+                );
+            }
+        }
     }
 }
 
@@ -305,12 +353,13 @@ async fn status(
 ) -> anyhow::Result<()> {
     let db = get(connection, api, name).await?;
     let status = db.status.clone().unwrap_or_default();
-    let (pods, events) = pods_and_events(connection, status.selector.as_deref(), name).await;
+    let related = pods_and_events(connection, status.selector.as_deref(), name).await;
+    let (pods, events) = related.lists();
     if output::structured(
         global.output,
         &json!({ "databaseCluster": db, "pods": pods, "events": events }),
     )? {
-        return Ok(());
+        return related.check();
     }
     println!("Name:        {}/{}", connection.namespace, name);
     println!("Engine:      {} {}", db.spec.engine, db.spec.version);
@@ -342,8 +391,8 @@ async fn status(
         status.connection_secret_name.as_deref().unwrap_or("-")
     );
     output::conditions(&status.conditions);
-    print_pods_and_events(&pods, &events);
-    Ok(())
+    print_pods_and_events(&related);
+    related.check()
 }
 
 async fn credentials(

@@ -156,13 +156,13 @@ pub async fn run(global: &GlobalArgs, command: WebappCommand) -> anyhow::Result<
                 }
             };
             let status = app.status.clone().unwrap_or_default();
-            let (pods, events) =
-                pods_and_events(&connection, status.selector.as_deref(), &name).await;
+            let related = pods_and_events(&connection, status.selector.as_deref(), &name).await;
+            let (pods, events) = related.lists();
             if output::structured(
                 global.output,
                 &json!({ "webApp": app, "pods": pods, "events": events }),
             )? {
-                return Ok(());
+                return related.check();
             }
             println!("Name:      {}/{}", connection.namespace, name);
             println!("Image:     {}", app.spec.image);
@@ -172,8 +172,8 @@ pub async fn run(global: &GlobalArgs, command: WebappCommand) -> anyhow::Result<
             );
             println!("Service:   {}-svc:80 -> {}", name, app.spec.port);
             output::conditions(&status.conditions);
-            print_pods_and_events(&pods, &events);
-            Ok(())
+            print_pods_and_events(&related);
+            related.check()
         }
         WebappCommand::Delete {
             name,

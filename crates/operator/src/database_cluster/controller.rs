@@ -6,99 +6,61 @@ use std::sync::Arc;
 use devctl_api::database_cluster::{self, DatabaseCluster, FINALIZER, Phase};
 use devctl_api::labels;
 use devctl_api::quantity;
+use futures::Future;
 use futures::stream::BoxStream;
-use futures::{Future, StreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::resources::{self, Inputs, Names, secret};
 use super::status::{self, Observed};
-use crate::children::{Change, Children, Stores};
+use crate::children::caches::OwnerKey;
+use crate::children::{Caches, Change, Owner};
 use crate::context::{Context, Settings};
 use crate::error::{Error, Result};
-use crate::reconciler::{
-    error_policy, key, log_results, measured, now, publish, publish_changes, watch_children,
-    watch_primary, write_status,
-};
+use crate::reconciler::{key, now, publish, report, run_controller, write_status};
 
-/// One item per finished reconcile: the object and the next action, or the error.
-pub type ReconcileResult = Result<
-    (ObjectRef<DatabaseCluster>, Action),
-    kube::runtime::controller::Error<Error, watcher::Error>,
->;
-
-/// Runs the controller until `shutdown` resolves, logging each reconcile.
-pub async fn run(
-    client: Client,
-    namespace: Option<String>,
-    settings: Settings,
-    instance: String,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) {
-    log_results(controller(client, namespace, settings, instance, shutdown)).await;
-}
-
-/// The controller as a stream of reconcile results (tests count reconciles with it).
+/// The controller as a stream of finished reconciles.
 pub fn controller(
     client: Client,
     namespace: Option<String>,
+    caches: Caches,
     settings: Settings,
     instance: String,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) -> BoxStream<'static, ReconcileResult> {
-    let ns = namespace.as_deref();
-    let (config_maps, config_map_stream) = watch_children::<ConfigMap>(&client, ns);
-    let (secrets, secret_stream) = watch_children::<Secret>(&client, ns);
-    let (services, service_stream) = watch_children::<Service>(&client, ns);
-    let (stateful_sets, stateful_set_stream) = watch_children::<StatefulSet>(&client, ns);
-    let (pod_disruption_budgets, pdb_stream) = watch_children::<PodDisruptionBudget>(&client, ns);
-    let (persistent_volume_claims, pvc_stream) =
-        watch_children::<PersistentVolumeClaim>(&client, ns);
-
-    let (db_reader, db_stream) = watch_primary::<DatabaseCluster>(&client, ns);
-
-    let stores = Stores {
-        config_maps,
-        secrets,
-        services,
-        stateful_sets,
-        pod_disruption_budgets,
-        persistent_volume_claims,
-        ..Stores::default()
-    };
-    let context = Arc::new(Context::new(client, stores, settings, instance));
-
-    Controller::for_stream(db_stream, db_reader)
-        .owns_stream(config_map_stream)
-        .owns_stream(secret_stream)
-        .owns_stream(service_stream)
-        .owns_stream(stateful_set_stream)
-        .owns_stream(pdb_stream)
-        // Claims are created by the StatefulSet controller without an owner: map them back
-        // through their instance label.
-        .watches_stream(pvc_stream, |pvc: PersistentVolumeClaim| {
-            let instance = pvc.labels().get(labels::INSTANCE)?.clone();
-            Some(ObjectRef::<DatabaseCluster>::new(&instance).within(&pvc.namespace()?))
-        })
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, context)
-        .boxed()
+) -> BoxStream<'static, crate::Reconciled> {
+    run_controller::<DatabaseCluster, _, _>(
+        "databasecluster",
+        client,
+        namespace,
+        caches,
+        settings,
+        instance,
+        shutdown,
+        |db, ctx| async move { reconcile(db, &ctx).await },
+    )
 }
 
-async fn reconcile(db: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Result<Action> {
-    measured(&ctx, "databasecluster", reconcile_with_finalizer(db, &ctx)).await
+/// The cluster a volume claim belongs to: the StatefulSet controller creates claims without
+/// an owner reference, with the labels of the claim template.
+pub fn claim_owner(claim: &PersistentVolumeClaim) -> Option<OwnerKey> {
+    let labels = claim.labels();
+    if labels.get(labels::NAME).map(String::as_str) != Some(resources::APP_NAME) {
+        return None;
+    }
+    Some(OwnerKey {
+        kind: DatabaseCluster::kind(&()).into_owned(),
+        namespace: claim.namespace()?,
+        name: labels.get(labels::INSTANCE)?.clone(),
+    })
 }
 
-async fn reconcile_with_finalizer(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
+async fn reconcile(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     let namespace = db
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
@@ -139,55 +101,52 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     let names = Names::of(&db)?;
     let (target_version, version_refused) = plan_version(&db);
     let previous_sts = ctx
-        .stores
-        .stateful_set(&names.namespace, &names.stateful_set());
+        .caches
+        .get::<StatefulSet>(&names.namespace, &names.stateful_set());
 
     let converged = converge(&db, ctx, &names, &target_version, previous_sts.as_deref()).await;
-    let (changes, volumes_pending, error) = match &converged {
-        Ok((changes, pending)) => (changes.clone(), *pending, None),
-        Err(e) => (Vec::new(), None, Some((e.reason(), e.to_string()))),
+    let (volumes_pending, credentials_regenerated) = match &converged {
+        Ok(c) => (c.volumes_pending, c.credentials_regenerated),
+        Err(_) => (None, false),
     };
-
-    let sts = ctx
-        .stores
-        .stateful_set(&names.namespace, &names.stateful_set());
-    let target_image = resources::stateful_set::image(&db, &target_version);
-    let observed = Observed {
-        stateful_set: sts.as_deref(),
-        target_version: &target_version,
-        target_image: &target_image,
-        version_refused: version_refused.clone(),
-        volumes_pending,
-        error,
-        cluster_domain: &ctx.settings.cluster_domain,
-    };
-    let status = status::compute(&db, &observed, &now());
-    if status.is_some() && status != db.status {
-        write_status(ctx, db.as_ref(), json!(status)).await?;
-    }
-
     publish_events(
         &db,
         ctx,
-        &changes,
         previous_sts.as_deref(),
         version_refused.as_deref(),
+        credentials_regenerated.then(|| names.secret()).as_deref(),
     )
     .await;
-    if let Err(error) = converged {
-        publish(
-            ctx,
-            db.as_ref(),
-            EventType::Warning,
-            error.reason(),
-            "Reconcile",
-            error.to_string(),
-        )
-        .await;
-        return Err(error);
-    }
-    ctx.backoff.reset(&key(db.as_ref()));
-    Ok(Action::requeue(ctx.settings.health_requeue))
+
+    let converged = converged.map(|c| c.changes);
+    report(ctx, db.as_ref(), converged, |error| {
+        let sts = ctx
+            .caches
+            .get::<StatefulSet>(&names.namespace, &names.stateful_set());
+        let target_image = resources::stateful_set::image(&db, &target_version);
+        let observed = Observed {
+            stateful_set: sts.as_deref(),
+            target_version: &target_version,
+            target_image: &target_image,
+            version_refused,
+            volumes_pending,
+            credentials_regenerated,
+            error: error.map(|e| (e.reason(), e.to_string())),
+            cluster_domain: &ctx.settings.cluster_domain,
+        };
+        let status = status::compute(&db, &observed, &now());
+        (status.is_some() && status != db.status).then(|| json!(status))
+    })
+    .await
+}
+
+/// What one convergence did.
+struct Converged {
+    changes: Vec<Change>,
+    /// `(expanded, total)` while some volume has not reached the requested size.
+    volumes_pending: Option<(usize, usize)>,
+    /// The credentials Secret was gone while the cluster's data existed: a new password.
+    credentials_regenerated: bool,
 }
 
 /// Applies the children, deletes orphans and expands volumes.
@@ -197,8 +156,9 @@ async fn converge(
     names: &Names,
     target_version: &str,
     sts: Option<&StatefulSet>,
-) -> Result<(Vec<Change>, Option<(usize, usize)>)> {
-    let password = existing_or_new_password(ctx, names).await?;
+) -> Result<Converged> {
+    let owner_uid = db.uid().ok_or(Error::MissingField("metadata.uid"))?;
+    let credentials = credentials(ctx, names, &owner_uid, sts.is_some()).await?;
     let existing_claim_size = sts
         .and_then(|s| s.spec.volume_claim_templates.as_ref())
         .and_then(|t| t.first())
@@ -208,48 +168,83 @@ async fn converge(
         .and_then(|r| r.get("storage"))
         .map(|q| q.0.clone());
     let inputs = Inputs {
-        password: &password,
+        password: &credentials.password,
         version: target_version,
         existing_claim_size: existing_claim_size.as_deref(),
         cluster_domain: &ctx.settings.cluster_domain,
     };
     let desired = resources::desired(db, &inputs)?;
-    let owner_uid = db.uid().ok_or(Error::MissingField("metadata.uid"))?;
-    let children = Children {
-        client: &ctx.client,
-        stores: &ctx.stores,
+    let owner = Owner {
         namespace: &names.namespace,
-        owner_uid: &owner_uid,
+        uid: &owner_uid,
     };
-    let changes = children.sync(&desired, resources::KINDS).await?;
-    let pending = expand_volumes(db, ctx, names).await?;
-    Ok((changes, pending))
+    let changes = ctx
+        .caches
+        .applier()
+        .sync(&ctx.client, &ctx.caches, owner, &desired, resources::KINDS)
+        .await?;
+    let volumes_pending = expand_volumes(db, ctx, names).await?;
+    Ok(Converged {
+        changes,
+        volumes_pending,
+        credentials_regenerated: credentials.regenerated,
+    })
 }
 
-/// The existing Secret's password (cache first, then the API so a cold cache never causes a
-/// new password), or a new one.
-async fn existing_or_new_password(ctx: &Context, names: &Names) -> Result<String> {
-    if let Some(password) = ctx
-        .stores
-        .secret(&names.namespace, &names.secret())
-        .and_then(|s| secret::existing_password(&s))
-    {
-        return Ok(password);
-    }
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    let live = api
-        .get_opt(&names.secret())
-        .await
-        .map_err(|source| Error::Child {
-            action: "read",
-            kind: "Secret",
+struct Credentials {
+    password: String,
+    regenerated: bool,
+}
+
+/// The password of the cluster's credentials Secret, or a new one. A Secret of that name
+/// that the cluster does not control is never read or touched. A Secret that is gone while
+/// the StatefulSet (and so the data) exists gets a new password, reported as regenerated.
+async fn credentials(
+    ctx: &Context,
+    names: &Names,
+    owner_uid: &str,
+    data_exists: bool,
+) -> Result<Credentials> {
+    let owned_by_us = |s: &Secret| {
+        s.owner_references()
+            .iter()
+            .any(|r| r.controller == Some(true) && r.uid == owner_uid)
+    };
+    // Cache first, then the API: a Secret without devctl's labels is not in the cache, and a
+    // cold or lagging cache must never cause a new password.
+    let live = match ctx.caches.get::<Secret>(&names.namespace, &names.secret()) {
+        Some(cached) => Some(cached.as_ref().clone()),
+        None => {
+            let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
+            api.get_opt(&names.secret())
+                .await
+                .map_err(|source| Error::Child {
+                    action: "read",
+                    kind: "Secret",
+                    name: names.secret(),
+                    source,
+                })?
+        }
+    };
+    match live {
+        Some(live) if !owned_by_us(&live) => Err(Error::CredentialsSecretNotOwned {
             name: names.secret(),
-            source,
-        })?;
-    Ok(live
-        .as_ref()
-        .and_then(secret::existing_password)
-        .unwrap_or_else(secret::generate_password))
+        }),
+        Some(live) => match secret::existing_password(&live) {
+            Some(password) => Ok(Credentials {
+                password,
+                regenerated: false,
+            }),
+            None => Ok(Credentials {
+                password: secret::generate_password(),
+                regenerated: data_exists,
+            }),
+        },
+        None => Ok(Credentials {
+            password: secret::generate_password(),
+            regenerated: data_exists,
+        }),
+    }
 }
 
 /// Grows claims smaller than `spec.storage.size` in place (claim templates are immutable).
@@ -267,7 +262,7 @@ async fn expand_volumes(
         resources::stateful_set::DATA_VOLUME,
         names.stateful_set()
     );
-    let claims: Vec<_> = ctx.stores.persistent_volume_claims.state_filter(|pvc| {
+    let claims: Vec<_> = ctx.caches.filter::<PersistentVolumeClaim>(|pvc| {
         pvc.namespace().as_deref() == Some(names.namespace.as_str())
             && pvc.labels().get(labels::INSTANCE) == Some(&names.name)
             && pvc.name_any().starts_with(&prefix)
@@ -331,9 +326,9 @@ async fn expand_volumes(
 async fn publish_events(
     db: &DatabaseCluster,
     ctx: &Context,
-    changes: &[Change],
     previous_sts: Option<&StatefulSet>,
     version_refused: Option<&str>,
+    regenerated_secret: Option<&str>,
 ) {
     let previous_replicas = previous_sts.and_then(|s| s.spec.replicas);
     if let Some(from) = previous_replicas
@@ -349,7 +344,6 @@ async fn publish_events(
         )
         .await;
     }
-    publish_changes(ctx, db, changes).await;
     // Once per refusal: only when the condition is not already saying so.
     let already_refused = db
         .status
@@ -366,6 +360,19 @@ async fn publish_events(
             "VersionChangeRefused",
             "Upgrade",
             message.to_string(),
+        )
+        .await;
+    }
+    if let Some(name) = regenerated_secret {
+        publish(
+            ctx,
+            db,
+            EventType::Warning,
+            status::CREDENTIALS_REGENERATED,
+            "Credentials",
+            format!(
+                "Secret {name} was deleted while the cluster's data exists: it was recreated with a new password, which the database does not have yet"
+            ),
         )
         .await;
     }

@@ -4,4 +4,4 @@ pub mod controller;
 pub mod resources;
 pub mod status;
 
-pub use controller::run;
+pub use controller::{claim_owner, controller};

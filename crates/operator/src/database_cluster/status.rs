@@ -19,10 +19,16 @@ pub struct Observed<'a> {
     pub version_refused: Option<String>,
     /// Volumes not yet at the requested size (`resized`/`total`), when a resize is under way.
     pub volumes_pending: Option<(usize, usize)>,
+    /// The credentials Secret was recreated with a new password while the data existed.
+    pub credentials_regenerated: bool,
     /// The reconcile error, if the reconcile failed: (reason, message).
     pub error: Option<(&'static str, String)>,
     pub cluster_domain: &'a str,
 }
+
+/// Reason of `Degraded` while a regenerated password has not reached the database. It stays
+/// until the instances report the new password applied (the agent does that).
+pub const CREDENTIALS_REGENERATED: &str = "CredentialsRegenerated";
 
 fn rollout_complete(sts: &StatefulSet, replicas: i32) -> bool {
     let Some(status) = sts.status.as_ref() else {
@@ -121,7 +127,19 @@ pub fn compute(
                     progress_message.clone(),
                 ));
             }
+            let regenerated = observed.credentials_regenerated
+                || conditions::find(&previous.conditions, DEGRADED)
+                    .is_some_and(|c| c.status == TRUE && c.reason == CREDENTIALS_REGENERATED);
             match &observed.version_refused {
+                _ if regenerated => desired.push(Desired::new(
+                    DEGRADED,
+                    TRUE,
+                    CREDENTIALS_REGENERATED,
+                    format!(
+                        "Secret {} was recreated with a new password; the database keeps the old one until the instances apply it",
+                        names.secret()
+                    ),
+                )),
                 Some(message) => desired.push(Desired::new(
                     DEGRADED,
                     TRUE,
@@ -212,6 +230,7 @@ mod tests {
             target_image: "postgres:16.2",
             version_refused: None,
             volumes_pending: None,
+            credentials_regenerated: false,
             error: None,
             cluster_domain: "cluster.local",
         }

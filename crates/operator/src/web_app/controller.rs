@@ -4,73 +4,43 @@
 use std::sync::Arc;
 
 use devctl_api::web_app::WebApp;
+use futures::Future;
 use futures::stream::BoxStream;
-use futures::{Future, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::resources;
 use super::status;
-use crate::children::{Children, Stores};
+use crate::children::{Caches, Owner};
 use crate::context::{Context, Settings};
 use crate::error::{Error, Result};
-use crate::reconciler::{
-    error_policy, key, log_results, measured, now, publish, publish_changes, watch_children,
-    watch_primary, write_status,
-};
+use crate::reconciler::{now, publish, report, run_controller};
 
-/// One item per finished reconcile: the object and the next action, or the error.
-pub type ReconcileResult =
-    Result<(ObjectRef<WebApp>, Action), kube::runtime::controller::Error<Error, watcher::Error>>;
-
-/// Runs the controller until `shutdown` resolves, logging each reconcile.
-pub async fn run(
-    client: Client,
-    namespace: Option<String>,
-    settings: Settings,
-    instance: String,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) {
-    log_results(controller(client, namespace, settings, instance, shutdown)).await;
-}
-
-/// The controller as a stream of reconcile results (tests count reconciles with it).
+/// The controller as a stream of finished reconciles.
 pub fn controller(
     client: Client,
     namespace: Option<String>,
+    caches: Caches,
     settings: Settings,
     instance: String,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) -> BoxStream<'static, ReconcileResult> {
-    let ns = namespace.as_deref();
-    let (deployments, deployment_stream) = watch_children::<Deployment>(&client, ns);
-    let (services, service_stream) = watch_children::<Service>(&client, ns);
-    let (reader, apps) = watch_primary::<WebApp>(&client, ns);
-    let stores = Stores {
-        deployments,
-        services,
-        ..Stores::default()
-    };
-    let context = Arc::new(Context::new(client, stores, settings, instance));
-    Controller::for_stream(apps, reader)
-        .owns_stream(deployment_stream)
-        .owns_stream(service_stream)
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, context)
-        .boxed()
+) -> BoxStream<'static, crate::Reconciled> {
+    run_controller::<WebApp, _, _>(
+        "webapp",
+        client,
+        namespace,
+        caches,
+        settings,
+        instance,
+        shutdown,
+        |app, ctx| async move { reconcile(app, &ctx).await },
+    )
 }
 
-async fn reconcile(app: Arc<WebApp>, ctx: Arc<Context>) -> Result<Action> {
-    measured(&ctx, "webapp", reconcile_web_app(app, &ctx)).await
-}
-
-async fn reconcile_web_app(app: Arc<WebApp>, ctx: &Context) -> Result<Action> {
+async fn reconcile(app: Arc<WebApp>, ctx: &Context) -> Result<Action> {
     if app.metadata.deletion_timestamp.is_some() {
         // Garbage collection removes the children; nothing to do.
         return Ok(Action::await_change());
@@ -79,31 +49,21 @@ async fn reconcile_web_app(app: Arc<WebApp>, ctx: &Context) -> Result<Action> {
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
     let deployment_name = resources::deployment_name(&app);
-    let previous = ctx.stores.deployment(&namespace, &deployment_name);
+    let previous = ctx.caches.get::<Deployment>(&namespace, &deployment_name);
 
     let converged = async {
         let desired = resources::desired(&app)?;
-        let owner_uid = app.uid().ok_or(Error::MissingField("metadata.uid"))?;
-        Children {
-            client: &ctx.client,
-            stores: &ctx.stores,
+        let uid = app.uid().ok_or(Error::MissingField("metadata.uid"))?;
+        let owner = Owner {
             namespace: &namespace,
-            owner_uid: &owner_uid,
-        }
-        .sync(&desired, resources::KINDS)
-        .await
+            uid: &uid,
+        };
+        ctx.caches
+            .applier()
+            .sync(&ctx.client, &ctx.caches, owner, &desired, resources::KINDS)
+            .await
     }
     .await;
-
-    let deployment = ctx.stores.deployment(&namespace, &deployment_name);
-    let error = converged
-        .as_ref()
-        .err()
-        .map(|e| (e.reason(), e.to_string()));
-    let status = status::compute(&app, deployment.as_deref(), error, &now());
-    if Some(&status) != app.status.as_ref() {
-        write_status(ctx, app.as_ref(), json!(status)).await?;
-    }
 
     if let Some(from) = previous.as_ref().and_then(|d| d.spec.replicas)
         && from != app.spec.replicas
@@ -119,23 +79,11 @@ async fn reconcile_web_app(app: Arc<WebApp>, ctx: &Context) -> Result<Action> {
         )
         .await;
     }
-    match converged {
-        Ok(changes) => {
-            publish_changes(ctx, app.as_ref(), &changes).await;
-            ctx.backoff.reset(&key(app.as_ref()));
-            Ok(Action::requeue(ctx.settings.health_requeue))
-        }
-        Err(error) => {
-            publish(
-                ctx,
-                app.as_ref(),
-                EventType::Warning,
-                error.reason(),
-                "Reconcile",
-                error.to_string(),
-            )
-            .await;
-            Err(error)
-        }
-    }
+    report(ctx, app.as_ref(), converged, |error| {
+        let deployment = ctx.caches.get::<Deployment>(&namespace, &deployment_name);
+        let error = error.map(|e| (e.reason(), e.to_string()));
+        let status = status::compute(&app, deployment.as_deref(), error, &now());
+        (Some(&status) != app.status.as_ref()).then(|| json!(status))
+    })
+    .await
 }

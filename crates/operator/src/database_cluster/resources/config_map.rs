@@ -5,22 +5,20 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::{Inputs, Names, metadata};
-use crate::children::{Child, Kind};
+use k8s_openapi::api::core::v1::ConfigMap;
+
+use crate::children::Child;
 use crate::engine;
 use crate::error::Result;
 
 pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Result<Child> {
     let name = names.config_map();
-    Ok(Child {
-        kind: Kind::ConfigMap,
-        body: json!({
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": metadata(db, names, &name, "config", inputs.version)?,
-            "data": engine::render(&db.spec),
-        }),
-        name,
-    })
+    Child::new::<ConfigMap>(json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(db, names, &name, "config", inputs.version)?,
+        "data": engine::render(&db.spec),
+    }))
 }
 
 /// A hash of the configuration, put on the pod template so a config change rolls the pods.

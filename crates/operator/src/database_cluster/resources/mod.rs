@@ -15,16 +15,21 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::children::{Child, Kind};
+use k8s_openapi::Resource as _;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+
+use crate::children::Child;
 use crate::error::{Error, Result};
 
 /// Every kind a DatabaseCluster may own (orphans of these kinds are deleted).
-pub const KINDS: &[Kind] = &[
-    Kind::ConfigMap,
-    Kind::Secret,
-    Kind::Service,
-    Kind::StatefulSet,
-    Kind::PodDisruptionBudget,
+pub const KINDS: &[&str] = &[
+    ConfigMap::KIND,
+    Secret::KIND,
+    Service::KIND,
+    StatefulSet::KIND,
+    PodDisruptionBudget::KIND,
 ];
 
 /// `app.kubernetes.io/name` of everything a DatabaseCluster owns.
@@ -160,17 +165,17 @@ mod tests {
     #[test]
     fn sample_renders_exactly_the_expected_children() {
         let children = desired(&sample(), &inputs()).unwrap();
-        let got: Vec<(Kind, &str)> = children.iter().map(|c| (c.kind, c.name.as_str())).collect();
+        let got: Vec<(&str, &str)> = children.iter().map(|c| (c.kind, c.name.as_str())).collect();
         assert_eq!(
             got,
             [
-                (Kind::ConfigMap, "my-postgres-config"),
-                (Kind::Secret, "my-postgres-credentials"),
-                (Kind::Service, "my-postgres-headless"),
-                (Kind::Service, "my-postgres-rw"),
-                (Kind::Service, "my-postgres-ro"),
-                (Kind::StatefulSet, "my-postgres"),
-                (Kind::PodDisruptionBudget, "my-postgres"),
+                ("ConfigMap", "my-postgres-config"),
+                ("Secret", "my-postgres-credentials"),
+                ("Service", "my-postgres-headless"),
+                ("Service", "my-postgres-rw"),
+                ("Service", "my-postgres-ro"),
+                ("StatefulSet", "my-postgres"),
+                ("PodDisruptionBudget", "my-postgres"),
             ]
         );
         for child in &children {
@@ -195,6 +200,6 @@ mod tests {
         db.spec.replicas = 1;
         let children = desired(&db, &inputs()).unwrap();
         assert!(!children.iter().any(|c| c.name == "my-postgres-ro"));
-        assert!(!children.iter().any(|c| c.kind == Kind::PodDisruptionBudget));
+        assert!(!children.iter().any(|c| c.kind == "PodDisruptionBudget"));
     }
 }

@@ -8,7 +8,9 @@ use rand::distr::Alphanumeric;
 use serde_json::json;
 
 use super::{Inputs, Names, metadata};
-use crate::children::{Child, Kind};
+use k8s_openapi::api::core::v1::Secret;
+
+use crate::children::Child;
 use crate::error::Result;
 
 /// The database user the applications connect as.
@@ -57,24 +59,20 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
     // `data` (base64), not `stringData`: the server stores `data`, and comparing like with
     // like is what keeps a converged reconcile free of writes.
     let encode = |s: &str| STANDARD.encode(s);
-    Ok(Child {
-        kind: Kind::Secret,
-        body: json!({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": metadata(db, names, &name, "credentials", inputs.version)?,
-            "type": "Opaque",
-            "data": {
-                "username": encode(user),
-                "password": encode(inputs.password),
-                "host": encode(&host),
-                "port": encode(&port.to_string()),
-                "dbname": encode(DATABASE),
-                "uri": encode(&uri),
-            }
-        }),
-        name,
-    })
+    Child::new::<Secret>(json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(db, names, &name, "credentials", inputs.version)?,
+        "type": "Opaque",
+        "data": {
+            "username": encode(user),
+            "password": encode(inputs.password),
+            "host": encode(&host),
+            "port": encode(&port.to_string()),
+            "dbname": encode(DATABASE),
+            "uri": encode(&uri),
+        }
+    }))
 }
 
 #[cfg(test)]

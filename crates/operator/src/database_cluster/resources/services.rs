@@ -5,7 +5,9 @@ use devctl_api::database_cluster::DatabaseCluster;
 use serde_json::json;
 
 use super::{Inputs, Names, metadata, selector};
-use crate::children::{Child, Kind};
+use k8s_openapi::api::core::v1::Service;
+
+use crate::children::Child;
 use crate::error::Result;
 
 /// Label the StatefulSet controller puts on each pod with the pod's name.
@@ -23,16 +25,12 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
         "protocol": "TCP",
     }]);
     let service = |name: String, component: &str, spec: serde_json::Value| -> Result<Child> {
-        Ok(Child {
-            kind: Kind::Service,
-            body: json!({
-                "apiVersion": "v1",
-                "kind": "Service",
-                "metadata": metadata(db, names, &name, component, inputs.version)?,
-                "spec": spec,
-            }),
-            name,
-        })
+        Child::new::<Service>(json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata(db, names, &name, component, inputs.version)?,
+            "spec": spec,
+        }))
     };
     let mut primary_selector = selector(db);
     // Ordinal 0 is the primary until failover (its own issue) can move it.

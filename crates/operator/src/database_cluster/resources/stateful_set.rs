@@ -4,7 +4,9 @@ use devctl_api::database_cluster::{DatabaseCluster, Engine};
 use serde_json::{Value, json};
 
 use super::{Inputs, Names, config_map, labels, metadata, selector, services};
-use crate::children::{Child, Kind};
+use k8s_openapi::api::apps::v1::StatefulSet;
+
+use crate::children::Child;
 use crate::engine::{self, mysql, postgres};
 use crate::error::Result;
 use crate::pod_security;
@@ -132,48 +134,44 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
         claim_spec["storageClassName"] = json!(class);
     }
 
-    Ok(Child {
-        kind: Kind::StatefulSet,
-        body: json!({
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": metadata(db, names, &name, "database", inputs.version)?,
-            "spec": {
-                "replicas": spec.replicas,
-                "serviceName": names.headless_service(),
-                "selector": { "matchLabels": selector(db) },
-                "podManagementPolicy": "OrderedReady",
-                "updateStrategy": { "type": "RollingUpdate" },
-                "template": {
-                    "metadata": {
-                        "labels": labels(db, "database", inputs.version),
-                        "annotations": { CONFIG_HASH_ANNOTATION: config_map::hash(db) },
-                    },
-                    "spec": {
-                        "securityContext": pod_security::restricted_pod(Some(DATABASE_UID)),
-                        "enableServiceLinks": false,
-                        "terminationGracePeriodSeconds": 60,
-                        "containers": [container],
-                        "volumes": [
-                            { "name": "config", "configMap": { "name": names.config_map() } },
-                            { "name": "run", "emptyDir": {} },
-                        ],
-                    }
+    Child::new::<StatefulSet>(json!({
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": metadata(db, names, &name, "database", inputs.version)?,
+        "spec": {
+            "replicas": spec.replicas,
+            "serviceName": names.headless_service(),
+            "selector": { "matchLabels": selector(db) },
+            "podManagementPolicy": "OrderedReady",
+            "updateStrategy": { "type": "RollingUpdate" },
+            "template": {
+                "metadata": {
+                    "labels": labels(db, "database", inputs.version),
+                    "annotations": { CONFIG_HASH_ANNOTATION: config_map::hash(db) },
                 },
-                "volumeClaimTemplates": [{
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolumeClaim",
-                    "metadata": {
-                        "name": DATA_VOLUME,
-                        // No version label: claim templates are immutable, versions are not.
-                        "labels": claim_labels(db),
-                    },
-                    "spec": claim_spec,
-                }],
-            }
-        }),
-        name,
-    })
+                "spec": {
+                    "securityContext": pod_security::restricted_pod(Some(DATABASE_UID)),
+                    "enableServiceLinks": false,
+                    "terminationGracePeriodSeconds": 60,
+                    "containers": [container],
+                    "volumes": [
+                        { "name": "config", "configMap": { "name": names.config_map() } },
+                        { "name": "run", "emptyDir": {} },
+                    ],
+                }
+            },
+            "volumeClaimTemplates": [{
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {
+                    "name": DATA_VOLUME,
+                    // No version label: claim templates are immutable, versions are not.
+                    "labels": claim_labels(db),
+                },
+                "spec": claim_spec,
+            }],
+        }
+    }))
 }
 
 #[cfg(test)]

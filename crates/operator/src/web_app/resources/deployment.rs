@@ -4,7 +4,9 @@ use devctl_api::web_app::{ProbeSpec, ProbeType, WebApp};
 use serde_json::{Value, json};
 
 use super::{deployment_name, labels, metadata, selector};
-use crate::children::{Child, Kind};
+use k8s_openapi::api::apps::v1::Deployment;
+
+use crate::children::Child;
 use crate::error::Result;
 use crate::pod_security;
 
@@ -53,28 +55,24 @@ pub fn desired(app: &WebApp) -> Result<Child> {
     if let Some(resources) = &spec.resources {
         container["resources"] = json!(resources);
     }
-    Ok(Child {
-        kind: Kind::Deployment,
-        body: json!({
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": metadata(app, &name, "server")?,
-            "spec": {
-                "replicas": spec.replicas,
-                "selector": { "matchLabels": selector(app) },
-                "strategy": { "type": "RollingUpdate" },
-                "template": {
-                    "metadata": { "labels": labels(app, "server") },
-                    "spec": {
-                        "securityContext": pod_security::restricted_pod(None),
-                        "enableServiceLinks": false,
-                        "containers": [container],
-                    }
+    Child::new::<Deployment>(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(app, &name, "server")?,
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": { "matchLabels": selector(app) },
+            "strategy": { "type": "RollingUpdate" },
+            "template": {
+                "metadata": { "labels": labels(app, "server") },
+                "spec": {
+                    "securityContext": pod_security::restricted_pod(None),
+                    "enableServiceLinks": false,
+                    "containers": [container],
                 }
             }
-        }),
-        name,
-    })
+        }
+    }))
 }
 
 #[cfg(test)]

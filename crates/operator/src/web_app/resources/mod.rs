@@ -11,11 +11,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::children::{Child, Kind};
+use k8s_openapi::Resource as _;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+
+use crate::children::Child;
 use crate::error::{Error, Result};
 
 /// Every kind a WebApp may own.
-pub const KINDS: &[Kind] = &[Kind::Deployment, Kind::Service];
+pub const KINDS: &[&str] = &[Deployment::KIND, Service::KIND];
 
 /// `app.kubernetes.io/name` of everything a WebApp owns.
 pub const APP_NAME: &str = "webapp";
@@ -96,8 +100,8 @@ mod tests {
         assert_eq!(
             names,
             [
-                (Kind::Deployment, "my-service-deployment"),
-                (Kind::Service, "my-service-svc")
+                ("Deployment", "my-service-deployment"),
+                ("Service", "my-service-svc")
             ]
         );
         for child in &children {

@@ -4,27 +4,25 @@ use devctl_api::web_app::WebApp;
 use serde_json::json;
 
 use super::{metadata, selector, service_name};
-use crate::children::{Child, Kind};
+use k8s_openapi::api::core::v1::Service;
+
+use crate::children::Child;
 use crate::error::Result;
 
 pub const SERVICE_PORT: i32 = 80;
 
 pub fn desired(app: &WebApp) -> Result<Child> {
     let name = service_name(app);
-    Ok(Child {
-        kind: Kind::Service,
-        body: json!({
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": metadata(app, &name, "service")?,
-            "spec": {
-                "type": "ClusterIP",
-                "selector": selector(app),
-                "ports": [{ "name": "http", "port": SERVICE_PORT, "targetPort": app.spec.port, "protocol": "TCP" }],
-            }
-        }),
-        name,
-    })
+    Child::new::<Service>(json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(app, &name, "service")?,
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector(app),
+            "ports": [{ "name": "http", "port": SERVICE_PORT, "targetPort": app.spec.port, "protocol": "TCP" }],
+        }
+    }))
 }
 
 #[cfg(test)]

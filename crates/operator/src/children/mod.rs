@@ -1,0 +1,355 @@
+//! The one place that applies children and deletes orphans, for every controller.
+//!
+//! A reconciler renders the children it wants as [`Child`] values (pure, typed through the
+//! k8s-openapi type of each kind); [`Applier::sync`] applies with server-side apply under one
+//! field manager only what needs it and deletes owned children that are no longer wanted.
+//!
+//! When is a child applied? Every child carries [`HASH_ANNOTATION`], a hash of the body we
+//! apply. A child is applied when it is missing, when its hash differs (the desired state
+//! changed — server-side apply then also prunes fields we stopped setting), or when someone
+//! else changed it: its `resourceVersion` is not the one our last apply returned (or the
+//! operator has not seen it since it started) *and* [`drift::drifted`] finds a field of ours
+//! with another value. Steady state therefore costs zero writes, also across a restart.
+//!
+//! Caches of children are shared by all controllers, one per kind ([`caches`]).
+
+pub mod caches;
+pub mod drift;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::discovery::ApiResource;
+use kube::{Client, Resource};
+use serde_json::Value;
+use sha2::Digest;
+
+pub use caches::{Caches, CachesBuilder};
+
+use crate::error::{Error, Result};
+
+/// The field manager of everything the operator writes (children and status).
+pub const FIELD_MANAGER: &str = "devctl-operator";
+
+/// Hash of the body devctl last applied to a child.
+pub const HASH_ANNOTATION: &str = "devctl.io/last-applied-hash";
+
+/// A kind of object devctl creates as a child: any namespaced k8s-openapi type.
+pub trait ChildKind:
+    k8s_openapi::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+    + Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + serde::Serialize
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> ChildKind for K where
+    K: k8s_openapi::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// A child as the reconciler wants it: the full server-side apply body, checked against its
+/// k8s-openapi type, with its hash annotation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Child {
+    /// The kind, e.g. `StatefulSet`.
+    pub kind: &'static str,
+    pub name: String,
+    pub body: Value,
+    /// Hash of `body` without the annotation that carries it.
+    pub hash: String,
+}
+
+impl Child {
+    /// A child of kind `K` from its apply body. The body goes through `K` so a misspelt or
+    /// misplaced field fails here, in a unit test, instead of being dropped by the API server.
+    pub fn new<K: ChildKind>(body: Value) -> Result<Self> {
+        let typed: K = serde_json::from_value(body.clone()).map_err(|source| Error::Render {
+            kind: K::KIND,
+            source,
+        })?;
+        let name = typed
+            .meta()
+            .name
+            .clone()
+            .ok_or(Error::MissingField("metadata.name of a child"))?;
+        let round_trip = serde_json::to_value(&typed).map_err(|source| Error::Render {
+            kind: K::KIND,
+            source,
+        })?;
+        // The round trip keeps every field the type knows; anything else was a mistake. The
+        // rendered body, not the round trip, is applied: a typed struct may serialise
+        // defaults we never meant to own.
+        if let Some(path) = drift::drifted(&body, &round_trip) {
+            return Err(Error::UnknownField {
+                kind: K::KIND,
+                path,
+            });
+        }
+        let mut body = body;
+        let hash = hash(&body);
+        if let Some(meta) = body.get_mut("metadata").and_then(Value::as_object_mut) {
+            let annotations = meta
+                .entry("annotations")
+                .or_insert_with(|| Value::Object(Default::default()));
+            if let Some(annotations) = annotations.as_object_mut() {
+                annotations.insert(HASH_ANNOTATION.into(), Value::String(hash.clone()));
+            }
+        }
+        Ok(Self {
+            kind: K::KIND,
+            name,
+            body,
+            hash,
+        })
+    }
+}
+
+/// 64 bits of SHA-256 over the canonical JSON: enough to notice a change, short in every child.
+fn hash(body: &Value) -> String {
+    let digest = sha2::Sha256::digest(body.to_string().as_bytes());
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What a sync changed, for the `Applied` event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Created(&'static str, String),
+    Updated(&'static str, String),
+    Deleted(&'static str, String),
+}
+
+impl Change {
+    /// `Created ConfigMap a, Secret b; updated StatefulSet c; deleted Service d`.
+    pub fn summary(changes: &[Change]) -> String {
+        let mut parts = Vec::new();
+        for (verb, pick) in [("Created", 0u8), ("updated", 1), ("deleted", 2)] {
+            let items: Vec<String> = changes
+                .iter()
+                .filter_map(|c| match (c, pick) {
+                    (Change::Created(k, n), 0)
+                    | (Change::Updated(k, n), 1)
+                    | (Change::Deleted(k, n), 2) => Some(format!("{k} {n}")),
+                    _ => None,
+                })
+                .collect();
+            if !items.is_empty() {
+                parts.push(format!("{verb} {}", items.join(", ")));
+            }
+        }
+        let mut summary = parts.join("; ");
+        if let Some(first) = summary.get(..1) {
+            summary = first.to_uppercase() + &summary[1..];
+        }
+        summary
+    }
+}
+
+/// Identity of one child in the apply record.
+type ChildKey = (&'static str, String, String);
+
+/// Applies children and deletes orphans; remembers the `resourceVersion` each of its applies
+/// returned, so an unchanged child is recognised without comparing its content.
+#[derive(Default)]
+pub struct Applier {
+    applied: Mutex<HashMap<ChildKey, String>>,
+}
+
+impl Applier {
+    fn recorded(&self, key: &ChildKey) -> Option<String> {
+        self.applied.lock().ok()?.get(key).cloned()
+    }
+
+    fn record(&self, key: ChildKey, resource_version: Option<String>) {
+        if let Ok(mut applied) = self.applied.lock() {
+            match resource_version {
+                Some(rv) => applied.insert(key, rv),
+                None => applied.remove(&key),
+            };
+        }
+    }
+
+    /// Forgets a child that no longer exists (called by the cache on delete events).
+    pub fn forget(&self, kind: &'static str, namespace: &str, name: &str) {
+        if let Ok(mut applied) = self.applied.lock() {
+            applied.remove(&(kind, namespace.to_string(), name.to_string()));
+        }
+    }
+
+    /// Number of remembered children (for tests of the record's bound).
+    pub fn remembered(&self) -> usize {
+        self.applied.lock().map(|a| a.len()).unwrap_or(0)
+    }
+
+    /// Applies every child that needs it, then deletes the owner's children of `kinds` that
+    /// are not in `desired`. Returns what changed.
+    pub async fn sync(
+        &self,
+        client: &Client,
+        caches: &Caches,
+        owner: Owner<'_>,
+        desired: &[Child],
+        kinds: &[&'static str],
+    ) -> Result<Vec<Change>> {
+        let mut changes = Vec::new();
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        for child in desired {
+            let key: ChildKey = (child.kind, owner.namespace.to_string(), child.name.clone());
+            let cache = caches.kind(child.kind)?;
+            let live = cache.meta(owner.namespace, &child.name);
+            let reason = match &live {
+                None => Some("missing".to_string()),
+                Some(live) if live.hash.as_deref() != Some(child.hash.as_str()) => {
+                    Some("desired state changed".to_string())
+                }
+                Some(live)
+                    if self.recorded(&key).as_deref() == live.resource_version.as_deref() =>
+                {
+                    None
+                }
+                Some(live) => {
+                    let body = cache
+                        .json(owner.namespace, &child.name)
+                        .ok_or(Error::MissingField("cached child vanished"))??;
+                    match drift::drifted(&child.body, &body) {
+                        // Ours as we left it: remember this version, no request.
+                        None => {
+                            self.record(key.clone(), live.resource_version.clone());
+                            None
+                        }
+                        // The path only: values of a Secret must never reach a log.
+                        Some(path) => Some(format!("changed by someone else at {path}")),
+                    }
+                }
+            };
+            let Some(reason) = reason else { continue };
+            tracing::debug!(kind = child.kind, name = %child.name, namespace = owner.namespace, %reason, "applying child");
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), owner.namespace, cache.api_resource());
+            let applied = api
+                .patch(&child.name, &params, &Patch::Apply(&child.body))
+                .await
+                .map_err(|source| Error::Child {
+                    action: "apply",
+                    kind: child.kind,
+                    name: child.name.clone(),
+                    source,
+                })?;
+            let unchanged = live
+                .as_ref()
+                .is_some_and(|l| l.resource_version == applied.metadata.resource_version);
+            self.record(key, applied.metadata.resource_version);
+            changes.push(match live {
+                None => Change::Created(child.kind, child.name.clone()),
+                Some(_) if unchanged => continue,
+                Some(_) => Change::Updated(child.kind, child.name.clone()),
+            });
+        }
+
+        let wanted: BTreeSet<(&str, &str)> =
+            desired.iter().map(|c| (c.kind, c.name.as_str())).collect();
+        for &kind in kinds {
+            let cache = caches.kind(kind)?;
+            for name in cache.owned(owner.namespace, owner.uid) {
+                if wanted.contains(&(kind, name.as_str())) {
+                    continue;
+                }
+                let api: Api<DynamicObject> =
+                    Api::namespaced_with(client.clone(), owner.namespace, cache.api_resource());
+                match api.delete(&name, &DeleteParams::background()).await {
+                    Ok(_) => changes.push(Change::Deleted(kind, name.clone())),
+                    // Already gone: the cache lagged behind.
+                    Err(kube::Error::Api(status)) if status.code == 404 => {}
+                    Err(source) => {
+                        return Err(Error::Child {
+                            action: "delete",
+                            kind,
+                            name,
+                            source,
+                        });
+                    }
+                }
+                self.forget(kind, owner.namespace, &name);
+            }
+        }
+        Ok(changes)
+    }
+}
+
+/// The object whose children are synced.
+#[derive(Debug, Clone, Copy)]
+pub struct Owner<'a> {
+    pub namespace: &'a str,
+    pub uid: &'a str,
+}
+
+/// The API resource of a child kind.
+pub fn api_resource<K: ChildKind>() -> ApiResource {
+    ApiResource::erase::<K>(&())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use serde_json::json;
+
+    fn config_map(data: &str) -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": { "name": "c", "namespace": "n", "labels": { "a": "b" } },
+            "data": { "k": data }
+        })
+    }
+
+    #[test]
+    fn the_hash_follows_the_body_and_is_carried_in_an_annotation() {
+        let a = Child::new::<ConfigMap>(config_map("1")).unwrap();
+        let again = Child::new::<ConfigMap>(config_map("1")).unwrap();
+        let b = Child::new::<ConfigMap>(config_map("2")).unwrap();
+        assert_eq!(a.hash, again.hash);
+        assert_ne!(a.hash, b.hash);
+        assert_eq!(a.body["metadata"]["annotations"][HASH_ANNOTATION], a.hash);
+        assert_eq!(a.kind, "ConfigMap");
+        assert_eq!(a.name, "c");
+    }
+
+    #[test]
+    fn a_field_the_type_does_not_have_is_a_render_error() {
+        let mut body = config_map("1");
+        body["dta"] = json!({ "k": "v" });
+        assert!(Child::new::<ConfigMap>(body).is_err());
+    }
+
+    #[test]
+    fn the_applied_event_lists_what_changed() {
+        let changes = [
+            Change::Created("ConfigMap", "a".into()),
+            Change::Created("Secret", "b".into()),
+            Change::Updated("StatefulSet", "c".into()),
+            Change::Deleted("Service", "d".into()),
+        ];
+        assert_eq!(
+            Change::summary(&changes),
+            "Created ConfigMap a, Secret b; updated StatefulSet c; deleted Service d"
+        );
+        assert_eq!(
+            Change::summary(&[Change::Deleted("Service", "d".into())]),
+            "Deleted Service d"
+        );
+    }
+}
