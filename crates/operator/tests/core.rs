@@ -596,3 +596,86 @@ async fn a_forbidden_watch_is_a_warning_in_the_logs() {
             .starts_with("HTTP/1.1 503")
     );
 }
+
+#[tokio::test]
+async fn a_label_an_older_operator_set_is_pruned_by_the_next_apply() {
+    let env = support::start("upgrade").await;
+    env.dbs()
+        .create(&PostParams::default(), &database("legacy", 1, json!({})))
+        .await
+        .unwrap();
+    env.wait_db("legacy", "Ready", |db| is_ready(db, 1)).await;
+    // What an older devctl applied: the same ConfigMap with one more label, under our field
+    // manager, with its own hash.
+    let config_maps: Api<ConfigMap> = env.api();
+    let live = config_maps.get("legacy-config").await.unwrap();
+    let mut labels = live.metadata.labels.clone().unwrap();
+    labels.insert("devctl.io/legacy".into(), "true".into());
+    let old_apply = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": { "name": "legacy-config", "labels": labels,
+            "annotations": { "devctl.io/last-applied-hash": "0000000000000000" },
+            "ownerReferences": live.metadata.owner_references },
+        "data": live.data,
+    });
+    config_maps
+        .patch(
+            "legacy-config",
+            &PatchParams::apply(devctl_operator::children::FIELD_MANAGER).force(),
+            &Patch::Apply(&old_apply),
+        )
+        .await
+        .unwrap();
+    devctl_testenv::eventually("the legacy label to be pruned", TIMEOUT, || async {
+        let cm = config_maps.get("legacy-config").await.ok()?;
+        let labels = cm.metadata.labels?;
+        (!labels.contains_key("devctl.io/legacy")
+            && labels.contains_key("app.kubernetes.io/instance"))
+        .then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_failed_status_write_does_not_hide_the_reconcile_error() {
+    use devctl_operator::manifests::Rule;
+    let cluster = devctl_testenv::shared_cluster().await.unwrap();
+    cluster.install_crds(&devctl_api::crds()).await.unwrap();
+    let namespace = cluster.create_namespace("hidden").await.unwrap();
+    // May watch PodDisruptionBudgets but not create them, and may not write status.
+    let mut rules: Vec<Rule> = RULES
+        .iter()
+        .copied()
+        .filter(|r| {
+            !r.resources.contains(&"poddisruptionbudgets")
+                && !r.resources.contains(&"databaseclusters/status")
+        })
+        .collect();
+    rules.push(Rule {
+        group: "policy",
+        resources: &["poddisruptionbudgets"],
+        verbs: &["get", "list", "watch"],
+    });
+    let operator = OperatorProcess::start(cluster, &namespace, &rules, &[]).await;
+    let client = cluster.client().await.unwrap();
+    let dbs: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
+    dbs.create(&PostParams::default(), &database("guarded", 3, json!({})))
+        .await
+        .unwrap();
+    devctl_testenv::eventually(
+        "a Warning event about the PodDisruptionBudget",
+        TIMEOUT,
+        || async {
+            let events = events_about(&client, &namespace, "guarded").await;
+            events
+                .iter()
+                .any(|(reason, note, _)| {
+                    reason == "Forbidden" && note.contains("PodDisruptionBudget guarded")
+                })
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", operator.logs()));
+}
