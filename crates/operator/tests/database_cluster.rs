@@ -553,6 +553,41 @@ async fn minor_upgrades_roll_and_downgrades_are_refused() {
         Some("postgres:16.4"),
         "a refused downgrade must not roll the pods"
     );
+    // GitOps tools see a failure that needs a human, naming the field and the reason.
+    let refused = devctl_testenv::kstatus::compute(
+        &serde_json::to_value(dbs.get("versioned").await.unwrap()).unwrap(),
+    );
+    assert_eq!(
+        refused.status,
+        devctl_testenv::kstatus::Status::Failed,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message.contains("spec.version") && refused.message.contains("downgrade"),
+        "{refused:?}"
+    );
+
+    // Back to the running version: nothing blocks any more.
+    dbs.patch(
+        "versioned",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "version": "16.4" } })),
+    )
+    .await
+    .unwrap();
+    let db = env
+        .wait_db("versioned", "Ready again at 16.4", |db| is_ready(db, 2))
+        .await;
+    assert_eq!(
+        condition_status(&db, "Stalled").map(|(s, _)| s),
+        Some("False".into())
+    );
+    let current = devctl_testenv::kstatus::compute(&serde_json::to_value(&db).unwrap());
+    assert_eq!(
+        current.status,
+        devctl_testenv::kstatus::Status::Current,
+        "{current:?}"
+    );
 }
 
 #[tokio::test]
@@ -646,6 +681,16 @@ async fn a_denied_child_becomes_a_condition_and_an_event_and_is_retried_with_bac
         "{}",
         ready.message
     );
+    let denied = devctl_testenv::kstatus::compute(&serde_json::to_value(&db).unwrap());
+    assert_eq!(
+        denied.status,
+        devctl_testenv::kstatus::Status::Failed,
+        "{denied:?}"
+    );
+    assert!(
+        denied.message.contains("blocked by test policy"),
+        "{denied:?}"
+    );
 
     // Retried with growing delays (1 s, 2 s, 4 s, ...), not in a tight loop.
     let attempts = devctl_testenv::eventually(
@@ -715,10 +760,17 @@ async fn a_denied_child_becomes_a_condition_and_an_event_and_is_retried_with_bac
         .delete(&name, &DeleteParams::default())
         .await
         .unwrap();
-    env.wait_db("blocked", "Ready after the denial was lifted", |db| {
-        is_ready(db, 1) && condition_status(db, "Degraded").is_some_and(|(s, _)| s == "False")
-    })
-    .await;
+    let db = env
+        .wait_db("blocked", "Ready after the denial was lifted", |db| {
+            is_ready(db, 1) && condition_status(db, "Degraded").is_some_and(|(s, _)| s == "False")
+        })
+        .await;
+    let lifted = devctl_testenv::kstatus::compute(&serde_json::to_value(&db).unwrap());
+    assert_eq!(
+        lifted.status,
+        devctl_testenv::kstatus::Status::Current,
+        "{lifted:?}"
+    );
 }
 
 #[tokio::test]

@@ -20,6 +20,7 @@ pub mod audit;
 pub mod binaries;
 pub mod cluster;
 pub mod control_plane;
+pub mod kstatus;
 pub mod kubeconfig;
 pub mod pki;
 pub mod process;
