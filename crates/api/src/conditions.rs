@@ -6,6 +6,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
+/// kstatus's abnormal-true conditions (`sigs.k8s.io/cli-utils/pkg/kstatus`), read by Flux,
+/// kpt and Config Sync: `Reconciling=True` while work is under way, `Stalled=True` when the
+/// operator cannot make progress without a human.
+pub const RECONCILING: &str = "Reconciling";
+pub const STALLED: &str = "Stalled";
 
 /// Status values.
 pub const TRUE: &str = "True";
@@ -34,6 +39,35 @@ impl Desired {
             reason: reason.into(),
             message: message.into(),
         }
+    }
+}
+
+/// `Reconciling` and `Stalled` from what is under way and what blocks: stalled wins (kstatus
+/// reads `Reconciling=True` first, which would hide it), then the work in progress.
+pub fn kstatus(in_progress: Option<(&str, &str)>, stalled: Option<(&str, &str)>) -> [Desired; 2] {
+    match (stalled, in_progress) {
+        (Some((reason, message)), _) => [
+            Desired::new(
+                RECONCILING,
+                FALSE,
+                "Stalled",
+                "progress needs a change by a human (see Stalled)",
+            ),
+            Desired::new(STALLED, TRUE, reason, message),
+        ],
+        (None, Some((reason, message))) => [
+            Desired::new(RECONCILING, TRUE, reason, message),
+            Desired::new(STALLED, FALSE, "AsExpected", "nothing blocks progress"),
+        ],
+        (None, None) => [
+            Desired::new(
+                RECONCILING,
+                FALSE,
+                "Converged",
+                "every child matches the spec",
+            ),
+            Desired::new(STALLED, FALSE, "AsExpected", "nothing blocks progress"),
+        ],
     }
 }
 

@@ -154,7 +154,7 @@ pub struct WebAppStatus {
 
 /// The CRD, generated from the Rust types.
 pub fn crd() -> CustomResourceDefinition {
-    WebApp::crd()
+    crate::with_unobserved_status_default(WebApp::crd())
 }
 
 #[cfg(test)]

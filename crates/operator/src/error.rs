@@ -47,6 +47,13 @@ pub enum Error {
     #[error("no cache is registered for child kind {0}")]
     UnregisteredKind(&'static str),
 
+    #[error("cannot watch {kind}: {message}")]
+    CacheUnavailable {
+        kind: &'static str,
+        message: String,
+        forbidden: bool,
+    },
+
     #[error(
         "Secret {name} exists and is not owned by this cluster; devctl never touches it. Delete or rename it, or choose another cluster name"
     )]
@@ -69,7 +76,54 @@ impl Error {
             | Error::UnknownField { .. }
             | Error::UnregisteredKind(_) => "InternalError",
             Error::CredentialsSecretNotOwned { .. } => "CredentialsSecretNotOwned",
+            Error::CacheUnavailable {
+                forbidden: true, ..
+            } => "Forbidden",
+            Error::CacheUnavailable { .. } => "WatchFailed",
             Error::CleanupTimeout(_) => "CleanupTimeout",
+        }
+    }
+}
+
+/// A failed reconcile as status reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// CamelCase reason for conditions and events.
+    pub reason: &'static str,
+    pub message: String,
+    /// Retrying will not help until a human changes something (RBAC, an admission policy,
+    /// the spec, a foreign object in the way): reported as `Stalled=True`.
+    pub permanent: bool,
+}
+
+impl Error {
+    pub fn failure(&self) -> Failure {
+        Failure {
+            reason: self.reason(),
+            message: self.to_string(),
+            permanent: self.is_permanent(),
+        }
+    }
+
+    /// Whether the same request will fail again until something outside the operator changes.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            Error::Child { source, .. } | Error::Kube(source) => matches!(
+                source,
+                kube::Error::Api(status) if matches!(status.code, 400 | 403 | 422)
+            ),
+            Error::CredentialsSecretNotOwned { .. }
+            | Error::Render { .. }
+            | Error::UnknownField { .. }
+            | Error::UnregisteredKind(_)
+            | Error::MissingField(_) => true,
+            Error::Finalizer(inner) => match inner.as_ref() {
+                kube::runtime::finalizer::Error::ApplyFailed(e)
+                | kube::runtime::finalizer::Error::CleanupFailed(e) => e.is_permanent(),
+                _ => false,
+            },
+            Error::CacheUnavailable { forbidden, .. } => *forbidden,
+            Error::CleanupTimeout(_) => false,
         }
     }
 }

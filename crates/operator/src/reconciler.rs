@@ -191,11 +191,13 @@ pub async fn log_results(results: impl futures::Stream<Item = crate::Reconciled>
 }
 
 /// The shell every controller runs in: the primary watch, reconcile triggers from the shared
-/// child caches, bounded concurrency, no reconcile before every cache has synced, metrics,
+/// child caches, bounded concurrency, no reconcile before the caches of the kinds it `reads`
+/// have listed their objects (or failed to, which its sync then reports), metrics,
 /// the error policy and graceful shutdown. `reconcile` holds only what differs per kind.
 #[allow(clippy::too_many_arguments)]
 pub fn run_controller<K, F, Fut>(
     name: &'static str,
+    reads: &'static [&'static str],
     client: Client,
     namespace: Option<String>,
     caches: Caches,
@@ -229,7 +231,7 @@ where
             move |object, ctx: Arc<Context>| {
                 let work = reconcile(object, ctx.clone());
                 async move {
-                    ctx.caches.wait_synced().await;
+                    ctx.caches.wait_settled(reads).await;
                     let _in_flight = ctx.settings.metrics.start_reconcile(name);
                     let started = std::time::Instant::now();
                     let result = work.await;
@@ -260,13 +262,14 @@ where
 }
 
 /// After a reconcile's children were converged (or failed to): writes the status if it
-/// changed, publishes the `Applied` event and, on failure, a Warning event; resets the backoff
+/// changed (computed from what the reconcile changed, or its error; one request, so no reader
+/// sees a new `observedGeneration` without its conditions), publishes the `Applied` event and, on failure, a Warning event; resets the backoff
 /// on success. A failed status write never hides the reconcile error.
 pub async fn report<K>(
     ctx: &Context,
     object: &K,
     converged: Result<Vec<Change>>,
-    status: impl FnOnce(Option<&Error>) -> Option<serde_json::Value>,
+    status: impl FnOnce(Result<&[Change], &Error>) -> Option<serde_json::Value>,
 ) -> Result<Action>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
@@ -274,7 +277,7 @@ where
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
-    let status_written = match status(converged.as_ref().err()) {
+    let status_written = match status(converged.as_deref()) {
         Some(status) => write_status(ctx, object, status).await,
         None => Ok(()),
     };

@@ -13,7 +13,7 @@ pub const FINALIZER: &str = "db.devctl.io/finalizer";
 
 /// The CRD, generated from the Rust types.
 pub fn crd() -> CustomResourceDefinition {
-    DatabaseCluster::crd()
+    crate::with_unobserved_status_default(DatabaseCluster::crd())
 }
 
 /// A `major.minor` engine version.

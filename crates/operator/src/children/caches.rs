@@ -49,6 +49,18 @@ pub fn controller_owner<K: Resource>(object: &K) -> Option<OwnerKey> {
     })
 }
 
+/// Where a cache stands. Not `Store::wait_until_ready`: it wakes only the last of several
+/// concurrent waiters, and every reconcile waits here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheState {
+    /// The first list has not arrived.
+    Syncing,
+    /// The first list is in the store (later watch errors leave it usable, if stale).
+    Synced,
+    /// The first list failed; the watch retries with backoff.
+    Failing { message: String, forbidden: bool },
+}
+
 /// What [`super::Applier`] needs to know of a live child without serialising it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveMeta {
@@ -65,17 +77,18 @@ pub trait KindCache: Send + Sync {
     fn json(&self, namespace: &str, name: &str) -> Option<Result<Value>>;
     /// Names of the cached objects controlled by the owner with `owner_uid`.
     fn owned(&self, namespace: &str, owner_uid: &str) -> Vec<String>;
+    /// Resolves once the first list arrived or failed.
+    fn wait_settled(&self) -> BoxFuture<'static, ()>;
+    /// Resolves once the first list arrived.
     fn wait_synced(&self) -> BoxFuture<'static, ()>;
-    fn is_synced(&self) -> bool;
+    fn state(&self) -> CacheState;
     fn as_any(&self) -> &dyn Any;
 }
 
 struct TypedCache<K: ChildKind> {
     store: Store<K>,
     api_resource: ApiResource,
-    /// Turns true once the first list is in the store. Not `Store::wait_until_ready`: it
-    /// wakes only the last of several concurrent waiters, and every reconcile waits here.
-    synced: watch::Receiver<bool>,
+    state: watch::Receiver<CacheState>,
 }
 
 impl<K: ChildKind> TypedCache<K> {
@@ -121,17 +134,25 @@ impl<K: ChildKind> KindCache for TypedCache<K> {
             .collect()
     }
 
-    fn wait_synced(&self) -> BoxFuture<'static, ()> {
-        let mut synced = self.synced.clone();
+    fn wait_settled(&self) -> BoxFuture<'static, ()> {
+        let mut state = self.state.clone();
         async move {
             // An error means the watch is gone: the operator is stopping.
-            let _ = synced.wait_for(|synced| *synced).await;
+            let _ = state.wait_for(|s| *s != CacheState::Syncing).await;
         }
         .boxed()
     }
 
-    fn is_synced(&self) -> bool {
-        *self.synced.borrow()
+    fn wait_synced(&self) -> BoxFuture<'static, ()> {
+        let mut state = self.state.clone();
+        async move {
+            let _ = state.wait_for(|s| *s == CacheState::Synced).await;
+        }
+        .boxed()
+    }
+
+    fn state(&self) -> CacheState {
+        self.state.borrow().clone()
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -148,12 +169,27 @@ pub struct Caches {
 }
 
 impl Caches {
-    /// The cache of `kind`; an unregistered kind is a programming error reported as such.
+    /// The synced cache of `kind`. An unregistered kind is a programming error, a watch that
+    /// cannot list (RBAC) an error that names the kind and the API server's reason.
     pub fn kind(&self, kind: &'static str) -> Result<&dyn KindCache> {
-        self.kinds
+        let cache = self
+            .kinds
             .get(kind)
             .map(|c| c.as_ref())
-            .ok_or(Error::UnregisteredKind(kind))
+            .ok_or(Error::UnregisteredKind(kind))?;
+        match cache.state() {
+            CacheState::Synced => Ok(cache),
+            CacheState::Failing { message, forbidden } => Err(Error::CacheUnavailable {
+                kind,
+                message,
+                forbidden,
+            }),
+            CacheState::Syncing => Err(Error::CacheUnavailable {
+                kind,
+                message: "the first list has not arrived yet".into(),
+                forbidden: false,
+            }),
+        }
     }
 
     fn typed<K: ChildKind>(&self) -> Option<&TypedCache<K>> {
@@ -172,14 +208,19 @@ impl Caches {
             .unwrap_or_default()
     }
 
-    /// Resolves once every cache has listed its objects.
+    /// Resolves once every cache has listed its objects (what `/readyz` reports).
     pub async fn wait_synced(&self) {
         futures::future::join_all(self.kinds.values().map(|c| c.wait_synced())).await;
     }
 
-    /// Whether every cache has listed its objects.
-    pub fn is_synced(&self) -> bool {
-        self.kinds.values().all(|c| c.is_synced())
+    /// Resolves once each cache of `kinds` has listed its objects or failed to: no reconcile
+    /// works from a cache that is still filling (it would take present children for missing).
+    pub async fn wait_settled(&self, kinds: &[&'static str]) {
+        let waits = kinds
+            .iter()
+            .filter_map(|k| self.kinds.get(k))
+            .map(|c| c.wait_settled());
+        futures::future::join_all(waits).await;
     }
 
     /// The applier that keeps the record of what was applied.
@@ -248,7 +289,7 @@ impl CachesBuilder {
     /// without an owner reference, such as a StatefulSet's claims).
     pub fn add_with_owner<K: ChildKind>(mut self, owner_of: OwnerOf<K>) -> Self {
         let (store, writer) = reflector::store::<K>();
-        let (mark_synced, synced) = watch::channel(false);
+        let (set_state, state) = watch::channel(CacheState::Syncing);
         let config = watcher::Config::default().labels(&devctl_api::labels::managed_selector());
         let api: Api<K> = scoped_api(&self.client, self.namespace.as_deref());
         let triggers = self.triggers.clone();
@@ -262,7 +303,9 @@ impl CachesBuilder {
                     Ok(watcher::Event::Apply(o)) => owner_of(o),
                     // Objects of a re-list may have changed while the watch was down; the
                     // first list is not news (each controller reconciles everything at start).
-                    Ok(watcher::Event::InitApply(o)) if *mark_synced.borrow() => owner_of(o),
+                    Ok(watcher::Event::InitApply(o)) if *set_state.borrow() == CacheState::Synced => {
+                        owner_of(o)
+                    }
                     Ok(watcher::Event::Delete(o)) => {
                         if let Some(namespace) = o.namespace() {
                             applier.forget(K::KIND, &namespace, &o.name_any());
@@ -270,12 +313,24 @@ impl CachesBuilder {
                         owner_of(o)
                     }
                     Ok(watcher::Event::InitDone) => {
-                        mark_synced.send_replace(true);
+                        set_state.send_replace(CacheState::Synced);
                         None
                     }
                     Ok(_) => None,
                     Err(error) => {
                         tracing::warn!(kind = K::KIND, %error, "watching children failed; retrying with backoff");
+                        if *set_state.borrow() != CacheState::Synced {
+                            let forbidden = matches!(
+                                error,
+                                watcher::Error::InitialListFailed(kube::Error::Api(s))
+                                    | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+                                    if s.code == 403
+                            );
+                            set_state.send_replace(CacheState::Failing {
+                                message: error.to_string(),
+                                forbidden,
+                            });
+                        }
                         None
                     }
                 };
@@ -292,7 +347,7 @@ impl CachesBuilder {
             Arc::new(TypedCache {
                 store,
                 api_resource: super::api_resource::<K>(),
-                synced,
+                state,
             }),
         );
         self

@@ -159,6 +159,16 @@ impl Change {
     }
 }
 
+/// Whether a reconcile's outcome created or updated a child of `kind` (whose cached status
+/// is then stale: it describes the object before this apply).
+pub fn applied(outcome: Result<&[Change], &Error>, kind: &str) -> bool {
+    outcome.is_ok_and(|changes| {
+        changes
+            .iter()
+            .any(|c| matches!(c, Change::Created(k, _) | Change::Updated(k, _) if *k == kind))
+    })
+}
+
 /// Identity of one child in the apply record.
 type ChildKey = (&'static str, String, String);
 

@@ -8,6 +8,7 @@ use devctl_api::labels;
 use devctl_api::quantity;
 use futures::Future;
 use futures::stream::BoxStream;
+use k8s_openapi::Resource as _;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
 use kube::api::{Api, Patch, PatchParams};
@@ -20,7 +21,7 @@ use serde_json::json;
 use super::resources::{self, Inputs, Names, secret};
 use super::status::{self, Observed};
 use crate::children::caches::OwnerKey;
-use crate::children::{Caches, Change, Owner};
+use crate::children::{Caches, Change, Owner, applied};
 use crate::context::{Context, Settings};
 use crate::error::{Error, Result};
 use crate::reconciler::{key, now, publish, report, run_controller, write_status};
@@ -36,6 +37,7 @@ pub fn controller(
 ) -> BoxStream<'static, crate::Reconciled> {
     run_controller::<DatabaseCluster, _, _>(
         "databasecluster",
+        resources::READS,
         client,
         namespace,
         caches,
@@ -119,7 +121,7 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     .await;
 
     let converged = converged.map(|c| c.changes);
-    report(ctx, db.as_ref(), converged, |error| {
+    report(ctx, db.as_ref(), converged, |outcome| {
         let sts = ctx
             .caches
             .get::<StatefulSet>(&names.namespace, &names.stateful_set());
@@ -131,7 +133,8 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
             version_refused,
             volumes_pending,
             credentials_regenerated,
-            error: error.map(|e| (e.reason(), e.to_string())),
+            stateful_set_applied: applied(outcome, StatefulSet::KIND),
+            failure: outcome.err().map(Error::failure),
             cluster_domain: &ctx.settings.cluster_domain,
         };
         let status = status::compute(&db, &observed, &now());

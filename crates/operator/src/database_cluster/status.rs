@@ -6,6 +6,8 @@ use devctl_api::labels;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use crate::error::Failure;
+
 use super::resources::{Names, selector};
 
 /// What the reconcile saw and did.
@@ -21,8 +23,11 @@ pub struct Observed<'a> {
     pub volumes_pending: Option<(usize, usize)>,
     /// The credentials Secret was recreated with a new password while the data existed.
     pub credentials_regenerated: bool,
-    /// The reconcile error, if the reconcile failed: (reason, message).
-    pub error: Option<(&'static str, String)>,
+    /// The StatefulSet was created or updated by this reconcile: its cached status describes
+    /// the previous spec.
+    pub stateful_set_applied: bool,
+    /// Why the reconcile failed.
+    pub failure: Option<Failure>,
     pub cluster_domain: &'a str,
 }
 
@@ -30,10 +35,27 @@ pub struct Observed<'a> {
 /// until the instances report the new password applied (the agent does that).
 pub const CREDENTIALS_REGENERATED: &str = "CredentialsRegenerated";
 
-fn rollout_complete(sts: &StatefulSet, replicas: i32) -> bool {
+/// Whether the StatefulSet runs the declared state: its own spec has the declared replicas
+/// and image, and its controller has rolled that out to every pod.
+fn rollout_complete(observed: &Observed<'_>, replicas: i32) -> bool {
+    let Some(sts) = observed.stateful_set else {
+        return false;
+    };
     let Some(status) = sts.status.as_ref() else {
         return false;
     };
+    let spec_matches = sts.spec.replicas == Some(replicas)
+        && sts
+            .spec
+            .template
+            .spec
+            .as_ref()
+            .and_then(|p| p.containers.first())
+            .and_then(|c| c.image.as_deref())
+            == Some(observed.target_image);
+    if observed.stateful_set_applied || !spec_matches {
+        return false;
+    }
     let generation_seen = status.observed_generation >= sts.metadata.generation;
     let revision_done =
         status.update_revision.is_some() && status.current_revision == status.update_revision;
@@ -55,9 +77,7 @@ pub fn compute(
     let sts_status = observed.stateful_set.and_then(|s| s.status.as_ref());
     let ready = sts_status.and_then(|s| s.ready_replicas).unwrap_or(0);
     let replicas = sts_status.map(|s| s.replicas).unwrap_or(0);
-    let complete = observed
-        .stateful_set
-        .is_some_and(|s| rollout_complete(s, want));
+    let complete = rollout_complete(observed, want);
 
     let current_version = if complete {
         Some(observed.target_version.to_string())
@@ -104,59 +124,14 @@ pub fn compute(
             format!("{ready}/{want} instances ready"),
         )
     };
-    let phase = if observed.error.is_some() && current_version.is_none() {
+    let phase = if observed.failure.is_some() && current_version.is_none() {
         Phase::Failed
     } else {
         phase
     };
 
-    let mut desired = Vec::new();
-    match &observed.error {
-        Some((reason, message)) => {
-            desired.push(Desired::new(READY, FALSE, *reason, message.clone()));
-            desired.push(Desired::new(DEGRADED, TRUE, *reason, message.clone()));
-        }
-        None => {
-            if complete {
-                desired.push(Desired::new(READY, TRUE, "Ready", progress_message.clone()));
-            } else {
-                desired.push(Desired::new(
-                    READY,
-                    FALSE,
-                    progress_reason,
-                    progress_message.clone(),
-                ));
-            }
-            let regenerated = observed.credentials_regenerated
-                || conditions::find(&previous.conditions, DEGRADED)
-                    .is_some_and(|c| c.status == TRUE && c.reason == CREDENTIALS_REGENERATED);
-            match &observed.version_refused {
-                _ if regenerated => desired.push(Desired::new(
-                    DEGRADED,
-                    TRUE,
-                    CREDENTIALS_REGENERATED,
-                    format!(
-                        "Secret {} was recreated with a new password; the database keeps the old one until the instances apply it",
-                        names.secret()
-                    ),
-                )),
-                Some(message) => desired.push(Desired::new(
-                    DEGRADED,
-                    TRUE,
-                    "VersionChangeRefused",
-                    message.clone(),
-                )),
-                None => desired.push(Desired::new(
-                    DEGRADED,
-                    FALSE,
-                    "AsExpected",
-                    "no problems found",
-                )),
-            }
-        }
-    }
     let progressing = if !complete {
-        Some((progress_reason, progress_message))
+        Some((progress_reason, progress_message.clone()))
     } else {
         observed.volumes_pending.map(|(done, total)| {
             (
@@ -168,8 +143,51 @@ pub fn compute(
             )
         })
     };
-    desired.push(match progressing {
-        Some((reason, message)) => Desired::new(PROGRESSING, TRUE, reason, message),
+    // What keeps the declared state from being reached without a human.
+    let stalled: Option<(&str, &str)> = match (&observed.failure, &observed.version_refused) {
+        (Some(failure), _) if failure.permanent => Some((failure.reason, &failure.message)),
+        (Some(_), _) => None,
+        (None, Some(message)) => Some(("VersionChangeRefused", message)),
+        (None, None) => None,
+    };
+
+    let mut desired = Vec::new();
+    desired.push(match (&observed.failure, &observed.version_refused) {
+        (Some(failure), _) => Desired::new(READY, FALSE, failure.reason, failure.message.clone()),
+        // The declared version will not be reached: not Ready, whatever the old one does.
+        (None, Some(message)) => {
+            Desired::new(READY, FALSE, "VersionChangeRefused", message.clone())
+        }
+        (None, None) if complete => Desired::new(READY, TRUE, "Ready", progress_message.clone()),
+        (None, None) => Desired::new(READY, FALSE, progress_reason, progress_message.clone()),
+    });
+    let regenerated = observed.credentials_regenerated
+        || conditions::find(&previous.conditions, DEGRADED)
+            .is_some_and(|c| c.status == TRUE && c.reason == CREDENTIALS_REGENERATED);
+    desired.push(match (&observed.failure, &observed.version_refused) {
+        (Some(failure), _) => Desired::new(DEGRADED, TRUE, failure.reason, failure.message.clone()),
+        _ if regenerated => Desired::new(
+            DEGRADED,
+            TRUE,
+            CREDENTIALS_REGENERATED,
+            format!(
+                "Secret {} was recreated with a new password; the database keeps the old one until the instances apply it",
+                names.secret()
+            ),
+        ),
+        (None, Some(message)) => {
+            Desired::new(DEGRADED, TRUE, "VersionChangeRefused", message.clone())
+        }
+        (None, None) => Desired::new(DEGRADED, FALSE, "AsExpected", "no problems found"),
+    });
+    let in_progress = match &observed.failure {
+        // A transient failure is retried: still under way.
+        Some(failure) => Some((failure.reason, failure.message.as_str())),
+        None => progressing.as_ref().map(|(r, m)| (*r, m.as_str())),
+    };
+    desired.extend(conditions::kstatus(in_progress, stalled));
+    desired.push(match &progressing {
+        Some((reason, message)) => Desired::new(PROGRESSING, TRUE, *reason, message.clone()),
         None => Desired::new(
             PROGRESSING,
             FALSE,
@@ -204,6 +222,7 @@ pub fn compute(
 mod tests {
     use super::super::resources::test_support::sample;
     use super::*;
+    use devctl_api::conditions::{RECONCILING, STALLED};
     use k8s_openapi::jiff::Timestamp;
     use serde_json::json;
 
@@ -211,7 +230,7 @@ mod tests {
         serde_json::from_value(json!({
             "metadata": { "name": "my-postgres", "generation": 1 },
             "spec": {
-                "selector": {}, "serviceName": "x",
+                "replicas": replicas, "selector": {}, "serviceName": "x",
                 "template": { "spec": { "containers": [{ "name": "postgres", "image": "postgres:16.2" }] } }
             },
             "status": {
@@ -231,7 +250,8 @@ mod tests {
             version_refused: None,
             volumes_pending: None,
             credentials_regenerated: false,
-            error: None,
+            stateful_set_applied: false,
+            failure: None,
             cluster_domain: "cluster.local",
         }
     }
@@ -289,15 +309,82 @@ mod tests {
     }
 
     #[test]
+    fn a_change_is_in_progress_from_the_write_that_records_it() {
+        let s = sts(3, 3, true);
+        let mut scaled = sample();
+        scaled.status = compute(&scaled, &observed(Some(&s)), &now());
+        scaled.spec.replicas = 5;
+        scaled.metadata.generation = Some(2);
+        let status = compute(&scaled, &observed(Some(&s)), &now()).unwrap();
+        assert_eq!(status.observed_generation, Some(2));
+        assert_eq!(condition(&status, READY).status, FALSE);
+        assert_eq!(condition(&status, READY).reason, "Scaling");
+        assert_eq!(condition(&status, RECONCILING).status, TRUE);
+        assert_eq!(condition(&status, RECONCILING).reason, "Scaling");
+
+        let mut upgraded = sample();
+        upgraded.status = compute(&upgraded, &observed(Some(&s)), &now());
+        upgraded.spec.version = "16.4".into();
+        let mut o = observed(Some(&s));
+        o.target_version = "16.4";
+        o.target_image = "postgres:16.4";
+        let status = compute(&upgraded, &o, &now()).unwrap();
+        assert_eq!(condition(&status, READY).reason, "Upgrading");
+        assert_eq!(condition(&status, RECONCILING).status, TRUE);
+        assert_eq!(status.current_version.as_deref(), Some("16.2"));
+
+        let mut fresh = observed(Some(&s));
+        fresh.stateful_set_applied = true;
+        let status = compute(&sample(), &fresh, &now()).unwrap();
+        assert_eq!(
+            condition(&status, READY).status,
+            FALSE,
+            "the cache predates the apply"
+        );
+    }
+
+    #[test]
+    fn a_refused_version_change_is_stalled_and_not_ready() {
+        let s = sts(3, 3, true);
+        let mut o = observed(Some(&s));
+        o.version_refused = Some("spec.version 16.1: downgrade from 16.2 to 16.1".into());
+        let status = compute(&sample(), &o, &now()).unwrap();
+        assert_eq!(condition(&status, STALLED).status, TRUE);
+        assert!(condition(&status, STALLED).message.contains("spec.version"));
+        assert_eq!(condition(&status, RECONCILING).status, FALSE);
+        assert_eq!(condition(&status, READY).reason, "VersionChangeRefused");
+        assert_eq!(condition(&status, DEGRADED).reason, "VersionChangeRefused");
+    }
+
+    #[test]
+    fn a_transient_error_is_reconciling_not_stalled() {
+        let mut o = observed(None);
+        o.failure = Some(Failure {
+            reason: "ApiError",
+            message: "apply StatefulSet my-postgres: timeout".into(),
+            permanent: false,
+        });
+        let status = compute(&sample(), &o, &now()).unwrap();
+        assert_eq!(condition(&status, STALLED).status, FALSE);
+        assert_eq!(condition(&status, RECONCILING).status, TRUE);
+    }
+
+    #[test]
     fn errors_become_degraded_and_not_ready() {
         let mut o = observed(None);
-        o.error = Some((
-            "Forbidden",
-            "apply StatefulSet my-postgres: forbidden".into(),
-        ));
+        o.failure = Some(Failure {
+            reason: "Forbidden",
+            message: "apply StatefulSet my-postgres: forbidden".into(),
+            permanent: true,
+        });
         let status = compute(&sample(), &o, &now()).unwrap();
         assert_eq!(condition(&status, READY).reason, "Forbidden");
         assert_eq!(condition(&status, DEGRADED).status, TRUE);
         assert_eq!(status.phase, Some(Phase::Failed));
+        assert_eq!(
+            condition(&status, STALLED).status,
+            TRUE,
+            "a denied child needs a human"
+        );
     }
 }

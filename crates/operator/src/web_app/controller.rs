@@ -6,6 +6,7 @@ use std::sync::Arc;
 use devctl_api::web_app::WebApp;
 use futures::Future;
 use futures::stream::BoxStream;
+use k8s_openapi::Resource as _;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -14,7 +15,7 @@ use serde_json::json;
 
 use super::resources;
 use super::status;
-use crate::children::{Caches, Owner};
+use crate::children::{Caches, Owner, applied};
 use crate::context::{Context, Settings};
 use crate::error::{Error, Result};
 use crate::reconciler::{now, publish, report, run_controller};
@@ -30,6 +31,7 @@ pub fn controller(
 ) -> BoxStream<'static, crate::Reconciled> {
     run_controller::<WebApp, _, _>(
         "webapp",
+        resources::KINDS,
         client,
         namespace,
         caches,
@@ -79,10 +81,14 @@ async fn reconcile(app: Arc<WebApp>, ctx: &Context) -> Result<Action> {
         )
         .await;
     }
-    report(ctx, app.as_ref(), converged, |error| {
+    report(ctx, app.as_ref(), converged, |outcome| {
         let deployment = ctx.caches.get::<Deployment>(&namespace, &deployment_name);
-        let error = error.map(|e| (e.reason(), e.to_string()));
-        let status = status::compute(&app, deployment.as_deref(), error, &now());
+        let observed = status::Observed {
+            deployment: deployment.as_deref(),
+            applied_now: applied(outcome, Deployment::KIND),
+            failure: outcome.err().map(Error::failure),
+        };
+        let status = status::compute(&app, &observed, &now());
         (Some(&status) != app.status.as_ref()).then(|| json!(status))
     })
     .await

@@ -1,6 +1,8 @@
 //! The status a WebApp should have, computed from its Deployment (pure).
 
 use devctl_api::conditions::{self, Desired, FALSE, TRUE};
+
+use crate::error::Failure;
 use devctl_api::labels;
 use devctl_api::web_app::{WebApp, WebAppStatus};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -23,22 +25,54 @@ fn deployment_condition<'a>(
         .find(|c| c.type_.as_deref() == Some(type_))
 }
 
-pub fn compute(
-    app: &WebApp,
-    deployment: Option<&Deployment>,
-    error: Option<(&'static str, String)>,
-    now: &Time,
-) -> WebAppStatus {
+/// What the reconcile saw and did.
+pub struct Observed<'a> {
+    pub deployment: Option<&'a Deployment>,
+    /// The Deployment was created or updated by this reconcile: its cached status describes
+    /// the previous spec.
+    pub applied_now: bool,
+    /// Why the reconcile failed.
+    pub failure: Option<Failure>,
+}
+
+/// Whether the Deployment runs `app`'s spec: its own spec matches (image, replicas) and its
+/// controller has rolled it out to every pod.
+fn rolled_out(app: &WebApp, observed: &Observed<'_>) -> bool {
+    let Some(deployment) = observed.deployment else {
+        return false;
+    };
+    let want = app.spec.replicas;
+    let spec_matches = deployment.spec.replicas == Some(want)
+        && deployment
+            .spec
+            .template
+            .spec
+            .as_ref()
+            .and_then(|p| p.containers.first())
+            .and_then(|c| c.image.as_deref())
+            == Some(app.spec.image.as_str());
+    let Some(status) = deployment.status.as_ref() else {
+        return false;
+    };
+    !observed.applied_now
+        && spec_matches
+        && status.observed_generation >= deployment.metadata.generation
+        && status.updated_replicas.unwrap_or(0) == want
+        && status.replicas.unwrap_or(0) == want
+        && status.available_replicas.unwrap_or(0) == want
+        && status.ready_replicas.unwrap_or(0) == want
+}
+
+pub fn compute(app: &WebApp, observed: &Observed<'_>, now: &Time) -> WebAppStatus {
     let previous = app.status.clone().unwrap_or_default();
     let want = app.spec.replicas;
+    let deployment = observed.deployment;
     let status = deployment.and_then(|d| d.status.as_ref());
     let replicas = status.and_then(|s| s.replicas).unwrap_or(0);
     let ready = status.and_then(|s| s.ready_replicas).unwrap_or(0);
     let available = status.and_then(|s| s.available_replicas).unwrap_or(0);
     let updated = status.and_then(|s| s.updated_replicas).unwrap_or(0);
-    let generation_seen = deployment
-        .is_some_and(|d| status.and_then(|s| s.observed_generation) >= d.metadata.generation);
-    let rolled_out = generation_seen && updated == want && replicas == want && available == want;
+    let rolled_out = rolled_out(app, observed);
 
     let available_condition = match deployment.and_then(|d| deployment_condition(d, "Available")) {
         Some(c) if c.status.as_deref() == Some("True") => Desired::new(
@@ -62,29 +96,39 @@ pub fn compute(
     };
     let progress = format!("{ready}/{want} pods ready, {updated} up to date");
     let mut desired = vec![available_condition];
-    match error {
-        Some((reason, message)) => {
+    let (in_progress, stalled) = match &observed.failure {
+        Some(failure) => {
             desired.push(Desired::new(
                 conditions::READY,
                 FALSE,
-                reason,
-                message.clone(),
+                failure.reason,
+                failure.message.clone(),
             ));
             desired.push(Desired::new(
                 conditions::PROGRESSING,
                 FALSE,
-                reason,
-                message,
+                failure.reason,
+                failure.message.clone(),
             ));
+            match failure.permanent {
+                true => (None, Some((failure.reason, failure.message.as_str()))),
+                false => (Some((failure.reason, failure.message.as_str())), None),
+            }
         }
-        None if rolled_out && ready == want => {
-            desired.push(Desired::new(conditions::READY, TRUE, "Ready", progress));
+        None if rolled_out => {
+            desired.push(Desired::new(
+                conditions::READY,
+                TRUE,
+                "Ready",
+                progress.clone(),
+            ));
             desired.push(Desired::new(
                 conditions::PROGRESSING,
                 FALSE,
                 "Converged",
                 "every child matches the spec",
             ));
+            (None, None)
         }
         None => {
             desired.push(Desired::new(
@@ -97,10 +141,12 @@ pub fn compute(
                 conditions::PROGRESSING,
                 TRUE,
                 "RollingOut",
-                progress,
+                progress.clone(),
             ));
+            (Some(("RollingOut", progress.as_str())), None)
         }
-    }
+    };
+    desired.extend(conditions::kstatus(in_progress, stalled));
 
     WebAppStatus {
         replicas,
@@ -118,10 +164,20 @@ mod tests {
     use k8s_openapi::jiff::Timestamp;
     use serde_json::json;
 
+    fn observed(deployment: Option<&Deployment>) -> Observed<'_> {
+        Observed {
+            deployment,
+            applied_now: false,
+            failure: None,
+        }
+    }
+
     fn deployment(ready: i32) -> Deployment {
         serde_json::from_value(json!({
             "metadata": { "name": "my-service-deployment", "generation": 1 },
-            "spec": { "selector": {}, "template": {} },
+            "spec": { "replicas": 5, "selector": {}, "template": { "spec": { "containers": [
+                { "name": "app", "image": "myregistry/myapp:v2.1.0" }
+            ] } } },
             "status": {
                 "observedGeneration": 1, "replicas": 5, "readyReplicas": ready, "availableReplicas": ready,
                 "updatedReplicas": 5,
@@ -136,7 +192,7 @@ mod tests {
         let now = Time(Timestamp::from_second(10).unwrap());
         let app = super::super::resources::sample();
         let d = deployment(5);
-        let status = compute(&app, Some(&d), None, &now);
+        let status = compute(&app, &observed(Some(&d)), &now);
         assert_eq!(status.ready_replicas, 5);
         let find = |t: &str| {
             conditions::find(&status.conditions, t)
@@ -152,17 +208,66 @@ mod tests {
         converged.status = Some(status.clone());
         let later = Time(Timestamp::from_second(99).unwrap());
         assert_eq!(
-            compute(&converged, Some(&d), None, &later),
+            compute(&converged, &observed(Some(&d)), &later),
             status,
             "no write in steady state"
         );
     }
 
     #[test]
+    fn a_deployment_applied_in_this_reconcile_is_not_rolled_out_yet() {
+        let now = Time(Timestamp::from_second(10).unwrap());
+        let app = super::super::resources::sample();
+        let d = deployment(5);
+        let mut fresh = observed(Some(&d));
+        fresh.applied_now = true;
+        let status = compute(&app, &fresh, &now);
+        let find = |t: &str| conditions::find(&status.conditions, t).unwrap().clone();
+        assert_eq!(find("Ready").status, "False");
+        assert_eq!(find("Reconciling").status, "True");
+        let mut new_image = app.clone();
+        new_image.spec.image = "myregistry/myapp:v2.2.0".into();
+        let status = compute(&new_image, &observed(Some(&d)), &now);
+        let find = |t: &str| conditions::find(&status.conditions, t).unwrap().clone();
+        assert_eq!(
+            find("Ready").status,
+            "False",
+            "the cached Deployment runs the old image"
+        );
+        assert_eq!(find("Reconciling").reason, "RollingOut");
+    }
+
+    #[test]
+    fn a_permanent_failure_is_stalled() {
+        let now = Time(Timestamp::from_second(10).unwrap());
+        let mut o = observed(None);
+        o.failure = Some(Failure {
+            reason: "Forbidden",
+            message: "apply Deployment x: denied by policy".into(),
+            permanent: true,
+        });
+        let status = compute(&super::super::resources::sample(), &o, &now);
+        let find = |t: &str| conditions::find(&status.conditions, t).unwrap().clone();
+        assert_eq!(
+            (
+                find("Stalled").status.as_str(),
+                find("Stalled").reason.as_str()
+            ),
+            ("True", "Forbidden")
+        );
+        assert_eq!(find("Reconciling").status, "False");
+        assert_eq!(find("Ready").status, "False");
+    }
+
+    #[test]
     fn progressing_while_pods_start() {
         let now = Time(Timestamp::from_second(10).unwrap());
         let d = deployment(2);
-        let status = compute(&super::super::resources::sample(), Some(&d), None, &now);
+        let status = compute(
+            &super::super::resources::sample(),
+            &observed(Some(&d)),
+            &now,
+        );
         assert_eq!(
             conditions::find(&status.conditions, "Progressing")
                 .unwrap()

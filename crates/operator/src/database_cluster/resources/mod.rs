@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use k8s_openapi::Resource as _;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 use crate::children::Child;
@@ -30,6 +30,16 @@ pub const KINDS: &[&str] = &[
     Service::KIND,
     StatefulSet::KIND,
     PodDisruptionBudget::KIND,
+];
+
+/// Every kind the controller reads from the caches: what it owns and the volume claims.
+pub const READS: &[&str] = &[
+    ConfigMap::KIND,
+    Secret::KIND,
+    Service::KIND,
+    StatefulSet::KIND,
+    PodDisruptionBudget::KIND,
+    PersistentVolumeClaim::KIND,
 ];
 
 /// `app.kubernetes.io/name` of everything a DatabaseCluster owns.
