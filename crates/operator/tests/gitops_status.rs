@@ -75,6 +75,25 @@ impl Recorder {
     fn len(&self) -> usize {
         self.seen.lock().unwrap().len()
     }
+
+    /// Waits until the watch has delivered a `Current` version of `generation` (the watch may
+    /// lag behind the GET that saw it first).
+    async fn wait_current(&self, generation_of_change: i64) {
+        let what = format!("the recorder to see generation {generation_of_change} Current");
+        devctl_testenv::eventually(&what, TIMEOUT, || async {
+            self.seen
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|o| {
+                    generation(o) == generation_of_change
+                        && kstatus::compute(o).status == Status::Current
+                })
+                .then_some(())
+        })
+        .await
+        .unwrap();
+    }
 }
 
 impl Drop for Recorder {
@@ -180,6 +199,7 @@ async fn database_changes_are_in_progress_until_done() {
     .unwrap();
     dbs.create(&PostParams::default(), &db).await.unwrap();
     wait_current(&dbs, "gitops").await;
+    recorder.wait_current(1).await;
     assert_in_progress_until_done("create", &recorder.since(0), 1, database_reached);
 
     // `kubectl scale` then `kubectl wait --for=condition=Ready`, as a pipeline would.
@@ -220,6 +240,7 @@ async fn database_changes_are_in_progress_until_done() {
         "kubectl wait returned before 5 instances were ready"
     );
     wait_current(&dbs, "gitops").await;
+    recorder.wait_current(2).await;
     assert_in_progress_until_done("scale 3 -> 5", &recorder.since(from), 2, database_reached);
 
     for (what, patch, generation) in [
@@ -235,6 +256,7 @@ async fn database_changes_are_in_progress_until_done() {
             .await
             .unwrap();
         wait_current(&dbs, "gitops").await;
+        recorder.wait_current(generation).await;
         assert_in_progress_until_done(what, &recorder.since(from), generation, database_reached);
     }
     let db = dbs.get("gitops").await.unwrap();
@@ -253,6 +275,7 @@ async fn web_app_changes_are_in_progress_until_done() {
     .unwrap();
     apps.create(&PostParams::default(), &app).await.unwrap();
     wait_current(&apps, "shop").await;
+    recorder.wait_current(1).await;
     let web_reached = |o: &Value| o["status"]["readyReplicas"] == o["spec"]["replicas"];
     assert_in_progress_until_done("create", &recorder.since(0), 1, web_reached);
 
@@ -269,6 +292,7 @@ async fn web_app_changes_are_in_progress_until_done() {
             .await
             .unwrap();
         wait_current(&apps, "shop").await;
+        recorder.wait_current(generation).await;
         assert_in_progress_until_done(what, &recorder.since(from), generation, web_reached);
     }
     let deployment: k8s_openapi::api::apps::v1::Deployment =
