@@ -7,6 +7,7 @@
 
 pub mod backoff;
 pub mod children;
+pub mod client;
 pub mod context;
 pub mod database_cluster;
 pub mod engine;

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
+use devctl_operator::client::Fence;
+use devctl_operator::leader_election;
 use devctl_operator::reconciler::log_results;
 use devctl_operator::{Operator, Settings};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -39,6 +41,16 @@ struct Args {
     /// Run controllers only while holding the leader Lease (for more than one replica).
     #[arg(long)]
     leader_elect: bool,
+    /// How long a leader's Lease is valid without renewal (e.g. 15s).
+    #[arg(long, default_value = "15s", value_parser = leader_election::parse_duration)]
+    leader_elect_lease_duration: Duration,
+    /// A leader that has not renewed within this stops every write and its controllers;
+    /// must be below half the lease duration.
+    #[arg(long, default_value = "7s", value_parser = leader_election::parse_duration)]
+    leader_elect_renew_deadline: Duration,
+    /// How often the leader renews and followers try to take the Lease.
+    #[arg(long, default_value = "2s", value_parser = leader_election::parse_duration)]
+    leader_elect_retry_period: Duration,
     /// Namespace of the leader Lease (default: $POD_NAMESPACE, else devctl-system).
     #[arg(long, env = "POD_NAMESPACE", default_value = devctl_operator::manifests::NAMESPACE)]
     leader_election_namespace: String,
@@ -72,7 +84,7 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-async fn client(args: &Args) -> anyhow::Result<kube::Client> {
+async fn kube_config(args: &Args) -> anyhow::Result<kube::Config> {
     let options = KubeConfigOptions {
         context: args.context.clone(),
         ..Default::default()
@@ -92,7 +104,7 @@ async fn client(args: &Args) -> anyhow::Result<kube::Client> {
             .await
             .context("no kubeconfig and not running in a cluster")?,
     };
-    kube::Client::try_from(config).context("creating the Kubernetes client")
+    Ok(config)
 }
 
 async fn shutdown_signal() {
@@ -114,9 +126,35 @@ async fn shutdown_signal() {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let timings = leader_election::Timings {
+        lease_duration: args.leader_elect_lease_duration,
+        renew_deadline: args.leader_elect_renew_deadline,
+        retry_period: args.leader_elect_retry_period,
+    };
+    if let Err(reason) = timings.validate() {
+        // Like a usage error: one line, exit code 2, before anything starts.
+        eprintln!("error: {reason}");
+        std::process::exit(2);
+    }
     init_logging(args.log_format);
-    let client = client(&args).await?;
+    let instance = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "devctl-operator".into());
+    let config = kube_config(&args).await?;
     let metrics = std::sync::Arc::new(devctl_operator::metrics::Metrics::default());
+    // The controllers' client refuses writes unless leadership is confirmed; the election's
+    // own client (the Lease) is never fenced.
+    let fence = if args.leader_elect {
+        Fence::closed()
+    } else {
+        Fence::open()
+    };
+    let client =
+        devctl_operator::client::build(config.clone(), &instance, fence.clone(), metrics.clone())
+            .context("creating the Kubernetes client")?;
+    let election_client =
+        devctl_operator::client::build(config, &instance, Fence::open(), metrics.clone())
+            .context("creating the Kubernetes client")?;
     let settings = Settings {
         cluster_domain: args.cluster_domain.clone(),
         health_requeue: Duration::from_secs(args.health_requeue_seconds),
@@ -141,9 +179,6 @@ async fn main() -> anyhow::Result<()> {
             },
         )))
     };
-    let instance = std::env::var("POD_NAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "devctl-operator".into());
     tracing::info!(namespaces = ?args.namespaces, "starting");
 
     // Caches run whether or not this replica leads: /readyz means "caches synced", and a
@@ -152,10 +187,12 @@ async fn main() -> anyhow::Result<()> {
     let watches = tokio::spawn(watches);
 
     if args.leader_elect {
-        let result = devctl_operator::leader_election::run_as_leader(
-            client,
+        let result = leader_election::run_as_leader(
+            election_client,
             &args.leader_election_namespace,
             &instance,
+            timings,
+            &fence,
             &metrics,
             |stop| log_results(operator.controllers(&instance, devctl_operator::stopped(stop))),
             shutdown_signal(),

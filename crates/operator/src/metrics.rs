@@ -37,6 +37,18 @@ struct ControllerLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    name: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RestLabels {
+    code: String,
+    host: String,
+    method: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LeaseLabels {
     name: &'static str,
 }
@@ -52,6 +64,15 @@ pub struct Metrics {
     in_flight_max: Family<ControllerLabels, Gauge>,
     active_workers: Family<ControllerLabels, Gauge>,
     max_concurrent: Family<ControllerLabels, Gauge>,
+    queue_depth: Family<QueueLabels, Gauge>,
+    queue_adds: Family<QueueLabels, Counter>,
+    queue_retries: Family<QueueLabels, Counter>,
+    queue_duration: Family<QueueLabels, Histogram>,
+    work_duration: Family<QueueLabels, Histogram>,
+    rest_requests: Family<RestLabels, Counter>,
+    /// Objects triggered and not yet started, with the time of their first trigger.
+    pending:
+        std::sync::Mutex<std::collections::HashMap<(&'static str, String), std::time::Instant>>,
     ready: AtomicBool,
 }
 
@@ -91,6 +112,43 @@ impl Default for Metrics {
         let in_flight_max = Family::<ControllerLabels, Gauge>::default();
         let active_workers = Family::<ControllerLabels, Gauge>::default();
         let max_concurrent = Family::<ControllerLabels, Gauge>::default();
+        let buckets = || Histogram::new(exponential_buckets_range(0.001, 60.0, 16));
+        let queue_depth = Family::<QueueLabels, Gauge>::default();
+        let queue_adds = Family::<QueueLabels, Counter>::default();
+        let queue_retries = Family::<QueueLabels, Counter>::default();
+        let queue_duration = Family::<QueueLabels, Histogram>::new_with_constructor(buckets);
+        let work_duration = Family::<QueueLabels, Histogram>::new_with_constructor(buckets);
+        let rest_requests = Family::<RestLabels, Counter>::default();
+        registry.register(
+            "workqueue_depth",
+            "Objects triggered and waiting for a reconcile (kube-runtime's scheduler deduplicates, so an object counts once)",
+            queue_depth.clone(),
+        );
+        registry.register(
+            "workqueue_adds",
+            "Reconcile triggers received: primary watch events, child events, requeues",
+            queue_adds.clone(),
+        );
+        registry.register(
+            "workqueue_retries",
+            "Reconciles requeued with backoff after an error",
+            queue_retries.clone(),
+        );
+        registry.register(
+            "workqueue_queue_duration_seconds",
+            "Time from an object's first trigger to the start of its reconcile",
+            queue_duration.clone(),
+        );
+        registry.register(
+            "workqueue_work_duration_seconds",
+            "Time a reconcile took",
+            work_duration.clone(),
+        );
+        registry.register(
+            "rest_client_requests",
+            "Requests to the API server by status code, host and method",
+            rest_requests.clone(),
+        );
         registry.register(
             "devctl_reconciles_in_flight",
             "Reconciles running now",
@@ -141,6 +199,13 @@ impl Default for Metrics {
             in_flight_max,
             active_workers,
             max_concurrent,
+            queue_depth,
+            queue_adds,
+            queue_retries,
+            queue_duration,
+            work_duration,
+            rest_requests,
+            pending: Default::default(),
             ready: AtomicBool::new(false),
         }
     }
@@ -161,6 +226,55 @@ impl Metrics {
         self.durations
             .get_or_create(&ControllerLabels { controller })
             .observe(took.as_secs_f64());
+        self.work_duration
+            .get_or_create(&QueueLabels { name: controller })
+            .observe(took.as_secs_f64());
+    }
+
+    /// A reconcile of `key` was asked for (the scheduler keeps one request per object).
+    pub fn queue_add(&self, name: &'static str, key: String) {
+        let labels = QueueLabels { name };
+        self.queue_adds.get_or_create(&labels).inc();
+        if let Ok(mut pending) = self.pending.lock()
+            && !pending.contains_key(&(name, key.clone()))
+        {
+            pending.insert((name, key), std::time::Instant::now());
+            self.queue_depth.get_or_create(&labels).inc();
+        }
+    }
+
+    /// The reconcile of `key` started.
+    pub fn queue_start(&self, name: &'static str, key: &str) {
+        let labels = QueueLabels { name };
+        let since = self
+            .pending
+            .lock()
+            .ok()
+            .and_then(|mut p| p.remove(&(name, key.to_string())));
+        if let Some(since) = since {
+            self.queue_depth.get_or_create(&labels).dec();
+            self.queue_duration
+                .get_or_create(&labels)
+                .observe(since.elapsed().as_secs_f64());
+        }
+    }
+
+    /// A failed reconcile was requeued with backoff.
+    pub fn queue_retry(&self, name: &'static str) {
+        self.queue_retries
+            .get_or_create(&QueueLabels { name })
+            .inc();
+    }
+
+    /// One finished request to the API server.
+    pub fn rest_request(&self, host: &str, method: &str, code: &str) {
+        self.rest_requests
+            .get_or_create(&RestLabels {
+                code: code.to_string(),
+                host: host.to_string(),
+                method: method.to_string(),
+            })
+            .inc();
     }
 
     /// Counts one reconcile of `controller` as running until the guard is dropped.

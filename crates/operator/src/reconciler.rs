@@ -219,9 +219,26 @@ where
 {
     use futures::StreamExt;
     let (reader, objects) = watch_primary::<K>(&client, namespace.as_deref());
-    let triggers = caches.owner_triggers::<K>();
     let concurrency = settings.concurrency;
-    settings.metrics.set_max_concurrent(name, concurrency);
+    let metrics = settings.metrics.clone();
+    metrics.set_max_concurrent(name, concurrency);
+    let queued = metrics.clone();
+    let objects = objects.inspect(move |object| {
+        if let Ok(object) = object {
+            queued.queue_add(name, key(object));
+        }
+    });
+    let queued = metrics.clone();
+    let triggers = caches.owner_triggers::<K>().inspect(move |object| {
+        queued.queue_add(
+            name,
+            format!(
+                "{}/{}",
+                object.namespace.as_deref().unwrap_or_default(),
+                object.name
+            ),
+        );
+    });
     let context = Arc::new(Context::new(client, caches, settings, instance));
     Controller::for_stream(objects, reader)
         .reconcile_on(triggers)
@@ -229,9 +246,11 @@ where
         .graceful_shutdown_on(shutdown)
         .run(
             move |object, ctx: Arc<Context>| {
+                let object_key = key(object.as_ref());
                 let work = reconcile(object, ctx.clone());
                 async move {
                     ctx.caches.wait_settled(reads).await;
+                    ctx.settings.metrics.queue_start(name, &object_key);
                     let _in_flight = ctx.settings.metrics.start_reconcile(name);
                     let started = std::time::Instant::now();
                     let result = work.await;
@@ -241,7 +260,10 @@ where
                     result
                 }
             },
-            error_policy,
+            move |object, error, ctx: Arc<Context>| {
+                ctx.settings.metrics.queue_retry(name);
+                error_policy(object, error, ctx)
+            },
             context,
         )
         .map(move |result| crate::Reconciled {

@@ -1,0 +1,193 @@
+//! The operator's Kubernetes clients: a User-Agent that names the replica, request counting
+//! (`rest_client_requests_total`), and the write fence of leader election.
+//!
+//! The fence is the last line against split brain: a leader that was paused (SIGSTOP, a long
+//! GC-like stall, a partition) may wake up after another replica took over, with reconciles
+//! half-way. Every write request of the controllers passes [`Fence::allows_writes`], which
+//! compares the monotonic clock with the last successful lease renewal plus the renew
+//! deadline; past it, the request fails before it leaves the process.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use futures::future::BoxFuture;
+use http::{Method, Request, Response};
+use tower::{Layer, Service};
+
+use crate::metrics::Metrics;
+
+/// Whether writes may leave the process now.
+#[derive(Clone, Debug)]
+pub struct Fence {
+    state: Arc<FenceState>,
+}
+
+#[derive(Debug)]
+struct FenceState {
+    base: Instant,
+    /// Nanoseconds after `base` until which writes are allowed (`u64::MAX`: always).
+    open_until: AtomicU64,
+}
+
+impl Fence {
+    /// A fence that never closes (no leader election).
+    pub fn open() -> Self {
+        Self::with(u64::MAX)
+    }
+
+    /// A fence closed until [`Fence::open_until`] is called (a replica that must win the
+    /// lease before it writes).
+    pub fn closed() -> Self {
+        Self::with(0)
+    }
+
+    fn with(open_until: u64) -> Self {
+        Self {
+            state: Arc::new(FenceState {
+                base: Instant::now(),
+                open_until: AtomicU64::new(open_until),
+            }),
+        }
+    }
+
+    /// Allows writes until `deadline` (monotonic).
+    pub fn open_until(&self, deadline: Instant) {
+        let nanos = deadline
+            .saturating_duration_since(self.state.base)
+            .as_nanos();
+        self.state
+            .open_until
+            .store(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::SeqCst);
+    }
+
+    /// Refuses every write from now on.
+    pub fn close(&self) {
+        self.state.open_until.store(0, Ordering::SeqCst);
+    }
+
+    pub fn allows_writes(&self) -> bool {
+        let now = Instant::now()
+            .saturating_duration_since(self.state.base)
+            .as_nanos();
+        u64::try_from(now).unwrap_or(u64::MAX) < self.state.open_until.load(Ordering::SeqCst)
+    }
+}
+
+/// A write refused by the fence.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "write refused: this replica's leadership is not confirmed (lease not renewed within the renew deadline)"
+)]
+pub struct Fenced;
+
+/// The tower layer of [`Fence`] and request counting.
+#[derive(Clone)]
+pub struct RequestLayer {
+    fence: Fence,
+    metrics: Arc<Metrics>,
+}
+
+impl RequestLayer {
+    pub fn new(fence: Fence, metrics: Arc<Metrics>) -> Self {
+        Self { fence, metrics }
+    }
+}
+
+impl<S> Layer<S> for RequestLayer {
+    type Service = RequestService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        RequestService {
+            inner,
+            fence: self.fence.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct RequestService<S> {
+    inner: S,
+    fence: Fence,
+    metrics: Arc<Metrics>,
+}
+
+fn is_write(method: &Method) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RequestService<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Error: Into<tower::BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = tower::BoxError;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let method = request.method().clone();
+        let host = request
+            .uri()
+            .authority()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let metrics = self.metrics.clone();
+        if is_write(&method) && !self.fence.allows_writes() {
+            metrics.rest_request(&host, method.as_str(), "<fenced>");
+            return Box::pin(async { Err(Box::new(Fenced) as tower::BoxError) });
+        }
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let result = response.await.map_err(Into::into);
+            let code = match &result {
+                Ok(response) => response.status().as_u16().to_string(),
+                Err(_) => "<error>".to_string(),
+            };
+            metrics.rest_request(&host, method.as_str(), &code);
+            result
+        })
+    }
+}
+
+/// A client for `config` with the replica's User-Agent, request counting and `fence`.
+pub fn build(
+    mut config: kube::Config,
+    identity: &str,
+    fence: Fence,
+    metrics: Arc<Metrics>,
+) -> Result<kube::Client, kube::Error> {
+    let agent = format!("devctl-operator/{} {identity}", env!("CARGO_PKG_VERSION"));
+    if let Ok(value) = http::HeaderValue::from_str(&agent) {
+        config.headers.push((http::header::USER_AGENT, value));
+    }
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&RequestLayer::new(fence, metrics))
+        .build())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_fence_closes_at_its_deadline() {
+        let fence = Fence::closed();
+        assert!(!fence.allows_writes());
+        fence.open_until(Instant::now() + Duration::from_secs(60));
+        assert!(fence.allows_writes());
+        fence.open_until(Instant::now() - Duration::from_millis(1));
+        assert!(!fence.allows_writes());
+        assert!(Fence::open().allows_writes());
+        let open = Fence::open();
+        open.close();
+        assert!(!open.allows_writes());
+    }
+}
