@@ -71,6 +71,11 @@ pub struct WebAppSpec {
     /// Liveness probe; a TCP check of the port (after 10 s) when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub liveness_probe: Option<ProbeSpec>,
+
+    /// User and group the pods run as. Pods always run as non-root (Pod Security Standards
+    /// `restricted`): UID and GID 65532 when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<SecurityContextSpec>,
 }
 
 fn default_replicas() -> i32 {
@@ -125,6 +130,30 @@ fn default_period() -> i32 {
 
 fn default_failure_threshold() -> i32 {
     3
+}
+
+/// Largest user or group ID Kubernetes accepts in a pod.
+const MAX_ID: i64 = i32::MAX as i64;
+
+/// User and group of the pods' processes. Root (0) is refused: the pods must pass Pod
+/// Security Standards `restricted`, which requires a non-root user (root's group is refused
+/// too, as defence in depth).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecurityContextSpec {
+    /// UID the containers run as (1-2147483647; 0 is root and refused), default 65532. The
+    /// image's files the application needs must be readable by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = MAX_ID))]
+    #[x_kube(validation = Rule::new("self >= 1").message("securityContext.runAsUser must be at least 1: 0 is root, and pods must run as non-root (Pod Security Standards restricted)"))]
+    pub run_as_user: Option<i64>,
+
+    /// Primary GID of the containers' processes (1-2147483647; 0 is root's group and
+    /// refused), default `runAsUser`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = MAX_ID))]
+    #[x_kube(validation = Rule::new("self >= 1").message("securityContext.runAsGroup must be at least 1: devctl does not run pods in root's group (0)"))]
+    pub run_as_group: Option<i64>,
 }
 
 /// Observed state, written by the operator.

@@ -4,7 +4,7 @@ mod support;
 
 use devctl_api::web_app::WebApp;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Pod, PodSpec, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use serde_json::json;
@@ -201,6 +201,112 @@ async fn seed_sample_becomes_available_is_idempotent_and_heals() {
     );
 }
 
+/// Makes the API server admit only pods that pass Pod Security Standards `restricted` in the
+/// test's namespace (the label `restricted_namespace` in crates/cli/tests/support sets).
+async fn enforce_restricted(env: &support::Env) {
+    let out = env
+        .cluster
+        .kubectl()
+        .args([
+            "label",
+            "namespace",
+            &env.namespace,
+            "pod-security.kubernetes.io/enforce=restricted",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The label is enforced: a pod with no security context is refused.
+    let plain: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "plain" },
+        "spec": { "containers": [{ "name": "app", "image": "myregistry/myapp:v2.1.0" }] }
+    }))
+    .unwrap();
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    match env.api::<Pod>().create(&dry_run, &plain).await {
+        Err(kube::Error::Api(status)) => assert!(
+            status.code == 403 && status.message.contains("violates PodSecurity \"restricted"),
+            "{status:?}"
+        ),
+        other => panic!("a plain pod was not refused in a restricted namespace: {other:?}"),
+    }
+}
+
+/// The pods of the WebApp `name` (admitted by the API server), after it is Available with
+/// `replicas` ready pods.
+async fn admitted_pods(env: &support::Env, name: &str, replicas: i32) -> Vec<PodSpec> {
+    env.wait_web_app(name, "Available in a restricted namespace", |a| {
+        available_with(a, replicas)
+    })
+    .await;
+    let selector = ListParams::default().labels(&format!("app.kubernetes.io/instance={name}"));
+    let pods: Vec<PodSpec> = env
+        .api::<Pod>()
+        .list(&selector)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|p| p.spec)
+        .collect();
+    assert_eq!(pods.len(), replicas as usize, "pods of {name}");
+    pods
+}
+
+/// `(runAsUser, runAsGroup, runAsNonRoot, automountServiceAccountToken)` of a pod spec.
+fn identity(pod: &PodSpec) -> (Option<i64>, Option<i64>, Option<bool>, Option<bool>) {
+    let context = pod.security_context.clone().unwrap_or_default();
+    (
+        context.run_as_user,
+        context.run_as_group,
+        context.run_as_non_root,
+        pod.automount_service_account_token,
+    )
+}
+
+#[tokio::test]
+async fn pods_are_admitted_in_a_restricted_namespace_as_non_root_without_a_token() {
+    let env = start("webapp-restricted").await;
+    enforce_restricted(&env).await;
+    let apps = env.web_apps();
+
+    // Default: UID and GID 65532, no service account token.
+    let mut app = web_app("default-uid");
+    app.spec.replicas = 2;
+    apps.create(&PostParams::default(), &app).await.unwrap();
+    let pods = admitted_pods(&env, "default-uid", 2).await;
+    let deployment: Deployment = env.api().get("default-uid-deployment").await.unwrap();
+    let template = deployment.spec.template.spec.unwrap();
+    let expected = (Some(65532), Some(65532), Some(true), Some(false));
+    assert_eq!(identity(&template), expected);
+    let container = template.containers[0].security_context.clone().unwrap();
+    assert_eq!(container.allow_privilege_escalation, Some(false));
+    for pod in pods {
+        assert_eq!(identity(&pod), expected);
+    }
+
+    // A user-set UID and GID are used.
+    let mut app = web_app("chosen-uid");
+    app.spec.replicas = 1;
+    app.spec.security_context =
+        Some(serde_json::from_value(json!({ "runAsUser": 1000, "runAsGroup": 3000 })).unwrap());
+    apps.create(&PostParams::default(), &app).await.unwrap();
+    let pods = admitted_pods(&env, "chosen-uid", 1).await;
+    let deployment: Deployment = env.api().get("chosen-uid-deployment").await.unwrap();
+    let expected = (Some(1000), Some(3000), Some(true), Some(false));
+    assert_eq!(identity(&deployment.spec.template.spec.unwrap()), expected);
+    for pod in pods {
+        assert_eq!(identity(&pod), expected);
+    }
+}
+
 #[tokio::test]
 async fn invalid_web_apps_are_rejected_with_field_messages() {
     let env = start("webapp-invalid").await;
@@ -214,6 +320,30 @@ async fn invalid_web_apps_are_rejected_with_field_messages() {
         (json!({ "port": 0 }), "spec.port"),
         (json!({ "port": 70000 }), "spec.port"),
         (json!({ "image": "" }), "spec.image"),
+        (
+            json!({ "securityContext": { "runAsUser": 0 } }),
+            "spec.securityContext.runAsUser",
+        ),
+        (
+            json!({ "securityContext": { "runAsUser": 0 } }),
+            "pods must run as non-root",
+        ),
+        (
+            json!({ "securityContext": { "runAsGroup": 0 } }),
+            "spec.securityContext.runAsGroup",
+        ),
+        (
+            json!({ "securityContext": { "runAsGroup": 0 } }),
+            "root's group",
+        ),
+        (
+            json!({ "securityContext": { "runAsUser": -1 } }),
+            "spec.securityContext.runAsUser",
+        ),
+        (
+            json!({ "securityContext": { "runAsUser": 2147483648i64 } }),
+            "spec.securityContext.runAsUser",
+        ),
     ];
     for (i, (overrides, field)) in cases.into_iter().enumerate() {
         let mut body = serde_json::to_value(web_app(&format!("bad-{i}"))).unwrap();
