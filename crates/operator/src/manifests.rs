@@ -1,12 +1,20 @@
 //! Everything `devctl operator install` puts into a cluster, generated from Rust: the CRDs
 //! (from the API types), the RBAC rules (the one list of what the operator may do) and the
 //! Deployment. `deploy/operator.yaml` is this output, kept in sync by a test.
+//!
+//! Two scopes, one list of rules ([`RULES`]): watching every namespace, the rules are a
+//! ClusterRole bound cluster-wide; watching some namespaces
+//! ([`InstallOptions::watch_namespaces`]), they are a Role and RoleBinding in each of them and
+//! nothing of the operator's is cluster-wide (it reads nothing cluster-scoped: CRDs are
+//! installed by the CLI, not the operator). Either way users get the aggregated ClusterRoles
+//! [`USER_EDIT_NAME`] and [`USER_VIEW_NAME`].
 
 use serde_json::{Value, json};
 
 /// Namespace the operator runs in.
 pub const NAMESPACE: &str = "devctl-system";
-/// Name of the ServiceAccount, ClusterRole, ClusterRoleBinding and Deployment.
+/// Name of the ServiceAccount, ClusterRole, ClusterRoleBinding and Deployment, and of the
+/// Role and RoleBinding in each watched namespace.
 pub const NAME: &str = "devctl-operator";
 /// Field manager of `devctl operator install`.
 pub const INSTALL_FIELD_MANAGER: &str = "devctl-install";
@@ -104,6 +112,44 @@ pub const LEADER_ELECTION_RULES: &[(&[&str], Option<&str>)] = &[
 /// Name of the leader-election Role and RoleBinding.
 pub const LEADER_ELECTION_NAME: &str = "devctl-operator-leader-election";
 
+/// Name of the ClusterRole aggregated into the built-in `edit` and `admin` ClusterRoles.
+pub const USER_EDIT_NAME: &str = "devctl-edit";
+/// Name of the ClusterRole aggregated into the built-in `view` ClusterRole.
+pub const USER_VIEW_NAME: &str = "devctl-view";
+
+/// What users bound to the built-in `edit` (and `admin`) ClusterRole may do with devctl's
+/// resources: everything but writing status, which is the operator's.
+pub const USER_EDIT_RULES: &[Rule] = &[
+    Rule {
+        group: "db.devctl.io",
+        resources: &["databaseclusters"],
+        verbs: USER_EDIT_VERBS,
+    },
+    Rule {
+        group: "apps.devctl.io",
+        resources: &["webapps"],
+        verbs: USER_EDIT_VERBS,
+    },
+];
+
+const USER_EDIT_VERBS: &[&str] = &[
+    "create", "update", "patch", "delete", "get", "list", "watch",
+];
+
+/// What users bound to the built-in `view` ClusterRole may read of devctl's resources.
+pub const USER_VIEW_RULES: &[Rule] = &[
+    Rule {
+        group: "db.devctl.io",
+        resources: &["databaseclusters", "databaseclusters/status"],
+        verbs: READ,
+    },
+    Rule {
+        group: "apps.devctl.io",
+        resources: &["webapps", "webapps/status"],
+        verbs: READ,
+    },
+];
+
 /// Port of /metrics, /healthz and /readyz.
 pub const METRICS_PORT: i32 = 8080;
 
@@ -112,6 +158,10 @@ pub const METRICS_PORT: i32 = 8080;
 pub struct InstallOptions {
     pub image: String,
     pub replicas: i32,
+    /// Namespaces the operator watches. Empty: every namespace, with [`RULES`] granted by a
+    /// ClusterRole; otherwise a Role and RoleBinding per namespace and the Deployment runs
+    /// with `--namespace` for each.
+    pub watch_namespaces: Vec<String>,
 }
 
 impl Default for InstallOptions {
@@ -119,7 +169,36 @@ impl Default for InstallOptions {
         Self {
             image: DEFAULT_IMAGE.into(),
             replicas: 1,
+            watch_namespaces: Vec::new(),
         }
+    }
+}
+
+impl InstallOptions {
+    /// The watched namespaces sorted and without duplicates (the rendering order, so the
+    /// output does not depend on the order of the flags).
+    pub fn watched(&self) -> Vec<String> {
+        let set: std::collections::BTreeSet<&String> = self.watch_namespaces.iter().collect();
+        set.into_iter().cloned().collect()
+    }
+}
+
+/// Checks a `--watch-namespace` value: a namespace name is a DNS-1123 label (lowercase
+/// letters, digits and `-`, starting and ending with a letter or digit, at most 63 characters).
+pub fn validate_namespace(name: &str) -> Result<(), String> {
+    let valid = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a namespace name (lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters)"
+        ))
     }
 }
 
@@ -134,7 +213,7 @@ fn labels() -> Value {
     })
 }
 
-/// The ClusterRole's rules as Kubernetes PolicyRules.
+/// Rules as Kubernetes PolicyRules.
 pub fn policy_rules(rules: &[Rule]) -> Value {
     Value::Array(
         rules
@@ -154,8 +233,64 @@ pub fn cluster_role(rules: &[Rule]) -> Value {
     })
 }
 
+/// The Role granting `rules` in `namespace` (watching some namespaces: one per namespace).
+pub fn role(namespace: &str, rules: &[Rule]) -> Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": { "name": NAME, "namespace": namespace, "labels": labels() },
+        "rules": policy_rules(rules),
+    })
+}
+
+/// The RoleBinding of [`role`] to the operator's ServiceAccount.
+pub fn role_binding(namespace: &str) -> Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": { "name": NAME, "namespace": namespace, "labels": labels() },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME },
+        "subjects": [{ "kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE }],
+    })
+}
+
+/// The operator's grant of [`RULES`]: a ClusterRole and ClusterRoleBinding when it watches
+/// every namespace, else a Role and RoleBinding in each watched namespace.
+fn operator_grant(watched: &[String]) -> Vec<Value> {
+    if watched.is_empty() {
+        return vec![
+            cluster_role(RULES),
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": { "name": NAME, "labels": labels() },
+                "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME },
+                "subjects": [{ "kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE }],
+            }),
+        ];
+    }
+    watched
+        .iter()
+        .flat_map(|namespace| [role(namespace, RULES), role_binding(namespace)])
+        .collect()
+}
+
+/// A ClusterRole for users, aggregated into the built-in ClusterRoles named by `aggregate_to`
+/// (kube-controller-manager's aggregation controller copies its rules into them).
+fn user_cluster_role(name: &str, aggregate_to: &[&str], rules: &[Rule]) -> Value {
+    let mut role_labels = labels();
+    for to in aggregate_to {
+        role_labels[format!("rbac.authorization.k8s.io/aggregate-to-{to}")] = json!("true");
+    }
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": { "name": name, "labels": role_labels },
+        "rules": policy_rules(rules),
+    })
+}
+
 /// Every object to install, in apply order (CRDs and namespace first, the Deployment last).
 pub fn manifests(options: &InstallOptions) -> Vec<Value> {
+    let watched = options.watched();
     let mut objects: Vec<Value> = devctl_api::crds()
         .into_iter()
         .map(|crd| serde_json::to_value(crd).unwrap_or(Value::Null))
@@ -174,13 +309,11 @@ pub fn manifests(options: &InstallOptions) -> Vec<Value> {
             "apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": { "name": NAME, "namespace": NAMESPACE, "labels": labels() },
         }),
-        cluster_role(RULES),
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": { "name": NAME, "labels": labels() },
-            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME },
-            "subjects": [{ "kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE }],
-        }),
+    ]);
+    objects.extend(operator_grant(&watched));
+    objects.extend([
+        user_cluster_role(USER_EDIT_NAME, &["edit", "admin"], USER_EDIT_RULES),
+        user_cluster_role(USER_VIEW_NAME, &["view"], USER_VIEW_RULES),
         json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": { "name": LEADER_ELECTION_NAME, "namespace": NAMESPACE, "labels": labels() },
@@ -206,12 +339,22 @@ pub fn manifests(options: &InstallOptions) -> Vec<Value> {
                 "ports": [{ "name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP" }],
             }
         }),
-        deployment(options),
+        deployment(options, &watched),
     ]);
     objects
 }
 
-fn deployment(options: &InstallOptions) -> Value {
+fn deployment(options: &InstallOptions, watched: &[String]) -> Value {
+    let mut args = vec![
+        "--log-format=json".to_string(),
+        "--leader-elect".to_string(),
+        format!("--metrics-bind-address=0.0.0.0:{METRICS_PORT}"),
+    ];
+    args.extend(
+        watched
+            .iter()
+            .map(|namespace| format!("--namespace={namespace}")),
+    );
     let selector = json!({ "app.kubernetes.io/name": NAME, "app.kubernetes.io/instance": NAME });
     json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -227,7 +370,7 @@ fn deployment(options: &InstallOptions) -> Value {
                     "containers": [{
                         "name": "operator",
                         "image": options.image,
-                        "args": ["--log-format=json", "--leader-elect", format!("--metrics-bind-address=0.0.0.0:{METRICS_PORT}")],
+                        "args": args,
                         "ports": [{ "name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP" }],
                         "livenessProbe": { "httpGet": { "path": "/healthz", "port": "metrics" }, "periodSeconds": 10 },
                         "readinessProbe": { "httpGet": { "path": "/readyz", "port": "metrics" }, "periodSeconds": 5 },
@@ -288,9 +431,203 @@ mod tests {
 
     #[test]
     fn manifests_start_with_crds_and_end_with_the_deployment() {
+        for watch_namespaces in [vec![], vec!["a".to_string()]] {
+            let objects = manifests(&InstallOptions {
+                watch_namespaces,
+                ..InstallOptions::default()
+            });
+            assert_eq!(objects[0]["kind"], "CustomResourceDefinition");
+            assert_eq!(objects.last().unwrap()["kind"], "Deployment");
+            assert!(objects.iter().all(|o| o["metadata"]["name"].is_string()));
+            let namespace_at = objects.iter().position(|o| o["kind"] == "Namespace");
+            let first_role = objects.iter().position(|o| o["kind"] == "Role");
+            assert!(namespace_at < first_role, "the namespace is applied first");
+        }
+    }
+
+    fn of_kind<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {
+        objects.iter().filter(|o| o["kind"] == kind).collect()
+    }
+
+    fn resources_of(object: &Value) -> Vec<String> {
+        object["rules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|r| r["resources"].as_array().cloned().unwrap_or_default())
+            .filter_map(|r| r.as_str().map(str::to_string))
+            .collect()
+    }
+
+    #[test]
+    fn cluster_wide_by_default() {
         let objects = manifests(&InstallOptions::default());
-        assert_eq!(objects[0]["kind"], "CustomResourceDefinition");
-        assert_eq!(objects.last().unwrap()["kind"], "Deployment");
-        assert!(objects.iter().all(|o| o["metadata"]["name"].is_string()));
+        let cluster_roles = of_kind(&objects, "ClusterRole");
+        assert_eq!(cluster_roles[0], &cluster_role(RULES));
+        let bindings = of_kind(&objects, "ClusterRoleBinding");
+        assert_eq!(bindings.len(), 1);
+        assert_eq!(bindings[0]["roleRef"]["name"], NAME);
+        let roles = of_kind(&objects, "Role");
+        assert_eq!(roles.len(), 1, "only the leader-election Role");
+        assert_eq!(roles[0]["metadata"]["name"], LEADER_ELECTION_NAME);
+        let args = &objects.last().unwrap()["spec"]["template"]["spec"]["containers"][0]["args"];
+        assert!(
+            !args.to_string().contains("--namespace"),
+            "watches every namespace: {args}"
+        );
+    }
+
+    #[test]
+    fn watching_namespaces_grants_nothing_namespaced_cluster_wide() {
+        let objects = manifests(&InstallOptions {
+            watch_namespaces: vec!["b".into(), "a".into(), "b".into()],
+            ..InstallOptions::default()
+        });
+        assert!(of_kind(&objects, "ClusterRoleBinding").is_empty());
+        let cluster_roles = of_kind(&objects, "ClusterRole");
+        let names: Vec<&str> = cluster_roles
+            .iter()
+            .filter_map(|r| r["metadata"]["name"].as_str())
+            .collect();
+        assert_eq!(names, [USER_EDIT_NAME, USER_VIEW_NAME]);
+        // No cluster-scoped rule names a child kind (Secrets, ...): those are the operator's.
+        let children: Vec<&str> = RULES
+            .iter()
+            .filter(|r| !r.group.ends_with("devctl.io"))
+            .flat_map(|r| r.resources.iter().copied())
+            .collect();
+        assert!(children.contains(&"secrets"));
+        for role in &cluster_roles {
+            for resource in resources_of(role) {
+                assert!(
+                    !children.contains(&resource.as_str()),
+                    "{resource} in {role}"
+                );
+            }
+        }
+        // One Role and RoleBinding per namespace (sorted, no duplicates), from RULES.
+        let grants: Vec<(&str, &str)> = objects
+            .iter()
+            .filter(|o| o["metadata"]["name"] == NAME && o["metadata"]["namespace"] != NAMESPACE)
+            .filter_map(|o| Some((o["kind"].as_str()?, o["metadata"]["namespace"].as_str()?)))
+            .collect();
+        assert_eq!(
+            grants,
+            [
+                ("Role", "a"),
+                ("RoleBinding", "a"),
+                ("Role", "b"),
+                ("RoleBinding", "b")
+            ]
+        );
+        for namespace in ["a", "b"] {
+            let role = objects
+                .iter()
+                .find(|o| o["kind"] == "Role" && o["metadata"]["namespace"] == namespace)
+                .unwrap();
+            assert_eq!(role["rules"], policy_rules(RULES));
+            assert_eq!(role, &super::role(namespace, RULES));
+            let binding = objects
+                .iter()
+                .find(|o| o["kind"] == "RoleBinding" && o["metadata"]["namespace"] == namespace)
+                .unwrap();
+            assert_eq!(binding["roleRef"]["kind"], "Role");
+            assert_eq!(binding["subjects"][0]["name"], NAME);
+            assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE);
+        }
+        // The leader-election Role is unchanged.
+        let defaults = manifests(&InstallOptions::default());
+        let leader = |objects: &[Value]| {
+            objects
+                .iter()
+                .find(|o| o["metadata"]["name"] == LEADER_ELECTION_NAME && o["kind"] == "Role")
+                .cloned()
+        };
+        assert_eq!(leader(&objects), leader(&defaults));
+        let args = &objects.last().unwrap()["spec"]["template"]["spec"]["containers"][0]["args"];
+        let args: Vec<&str> = args
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|a| a.as_str())
+            .collect();
+        assert_eq!(args[args.len() - 2..], ["--namespace=a", "--namespace=b"]);
+    }
+
+    #[test]
+    fn user_roles_cover_every_custom_resource_and_aggregate() {
+        let objects = manifests(&InstallOptions::default());
+        let find = |name: &str| {
+            objects
+                .iter()
+                .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == name)
+                .unwrap()
+                .clone()
+        };
+        let edit = find(USER_EDIT_NAME);
+        let view = find(USER_VIEW_NAME);
+        let label = |role: &Value, to: &str| {
+            role["metadata"]["labels"][format!("rbac.authorization.k8s.io/aggregate-to-{to}")]
+                .clone()
+        };
+        assert_eq!(label(&edit, "edit"), "true");
+        assert_eq!(label(&edit, "admin"), "true");
+        assert_eq!(label(&edit, "view"), Value::Null);
+        assert_eq!(label(&view, "view"), "true");
+        assert_eq!(label(&view, "edit"), Value::Null);
+        let grants = |rules: &[Rule], group: &str, resource: &str, verb: &str| {
+            rules.iter().any(|r| {
+                r.group == group && r.resources.contains(&resource) && r.verbs.contains(&verb)
+            })
+        };
+        for crd in devctl_api::crds() {
+            let group = crd.spec.group.as_str();
+            let plural = crd.spec.names.plural.as_str();
+            for verb in [
+                "create", "update", "patch", "delete", "get", "list", "watch",
+            ] {
+                assert!(
+                    grants(USER_EDIT_RULES, group, plural, verb),
+                    "edit {verb} {plural}"
+                );
+            }
+            for verb in ["get", "list", "watch"] {
+                assert!(
+                    grants(USER_VIEW_RULES, group, plural, verb),
+                    "view {verb} {plural}"
+                );
+                let status = format!("{plural}/status");
+                assert!(
+                    grants(USER_VIEW_RULES, group, &status, verb),
+                    "view {verb} {status}"
+                );
+            }
+        }
+        for rule in USER_EDIT_RULES.iter().chain(USER_VIEW_RULES) {
+            assert!(
+                rule.resources
+                    .iter()
+                    .chain(rule.verbs)
+                    .all(|s| !s.contains('*')),
+                "{rule:?}"
+            );
+        }
+        assert!(
+            USER_VIEW_RULES
+                .iter()
+                .flat_map(|r| r.verbs.iter())
+                .all(|v| READ.contains(v)),
+            "view is read-only"
+        );
+    }
+
+    #[test]
+    fn namespace_names_are_validated() {
+        for good in ["a", "team-1", "0a", &"x".repeat(63)] {
+            assert_eq!(validate_namespace(good), Ok(()), "{good}");
+        }
+        for bad in ["", "A", "-a", "a-", "a_b", "a.b", &"x".repeat(64)] {
+            assert!(validate_namespace(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -18,8 +18,10 @@ use crate::{Error, FIELD_MANAGER};
 
 /// The controllers kube-controller-manager runs: what workloads, garbage collection,
 /// namespaces, PDBs and PVC/PV protection need, and node lifecycle, which lifts the
-/// `node.kubernetes.io/not-ready` taint new nodes are admitted with once kwok reports them Ready.
+/// `node.kubernetes.io/not-ready` taint new nodes are admitted with once kwok reports them Ready,
+/// and ClusterRole aggregation (users bound to `edit`/`view` get what aggregates into them).
 const CONTROLLERS: &[&str] = &[
+    "clusterrole-aggregation-controller",
     "garbage-collector-controller",
     "namespace-controller",
     "node-lifecycle-controller",

@@ -8,6 +8,7 @@ use devctl_api::database_cluster::DatabaseCluster;
 use devctl_api::web_app::WebApp;
 use devctl_operator::manifests::{self, INSTALL_FIELD_MANAGER, InstallOptions, NAME, NAMESPACE};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -27,6 +28,10 @@ pub enum OperatorCommand {
         /// Operator replicas.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=5))]
         replicas: i32,
+        /// Watch only this namespace, with a Role and RoleBinding there instead of a
+        /// cluster-wide grant; repeat or separate with commas for several.
+        #[arg(long = "watch-namespace", value_name = "NS", value_delimiter = ',', value_parser = watch_namespace)]
+        watch_namespaces: Vec<String>,
     },
     /// Install or upgrade the operator (server-side apply; safe to repeat).
     Install {
@@ -36,6 +41,11 @@ pub enum OperatorCommand {
         /// Operator replicas.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=5))]
         replicas: i32,
+        /// Watch only this namespace, with a Role and RoleBinding there instead of a
+        /// cluster-wide grant (grants of a previous install that are no longer needed are
+        /// deleted); repeat or separate with commas for several.
+        #[arg(long = "watch-namespace", value_name = "NS", value_delimiter = ',', value_parser = watch_namespace)]
+        watch_namespaces: Vec<String>,
         /// Wait until the operator Deployment is available.
         #[arg(long)]
         wait: bool,
@@ -43,7 +53,7 @@ pub enum OperatorCommand {
         #[arg(long, default_value_t = 120)]
         timeout: u64,
     },
-    /// Remove the operator, its RBAC and its CRDs.
+    /// Remove the operator, its RBAC (in every watched namespace too) and its CRDs.
     Uninstall {
         /// Delete every DatabaseCluster and WebApp first and wait for their cleanup.
         #[arg(long)]
@@ -58,24 +68,41 @@ pub enum OperatorCommand {
     },
 }
 
+fn watch_namespace(value: &str) -> Result<String, String> {
+    manifests::validate_namespace(value).map(|()| value.to_string())
+}
+
 pub async fn run(global: &GlobalArgs, command: OperatorCommand) -> anyhow::Result<()> {
     match command {
-        OperatorCommand::Manifests { image, replicas } => {
+        OperatorCommand::Manifests {
+            image,
+            replicas,
+            watch_namespaces,
+        } => {
             print!(
                 "{}",
-                manifests::to_yaml(&manifests::manifests(&InstallOptions { image, replicas }))?
+                manifests::to_yaml(&manifests::manifests(&InstallOptions {
+                    image,
+                    replicas,
+                    watch_namespaces,
+                }))?
             );
             Ok(())
         }
         OperatorCommand::Install {
             image,
             replicas,
+            watch_namespaces,
             wait,
             timeout,
         } => {
             install(
                 global,
-                InstallOptions { image, replicas },
+                InstallOptions {
+                    image,
+                    replicas,
+                    watch_namespaces,
+                },
                 wait,
                 Duration::from_secs(timeout),
             )
@@ -135,12 +162,143 @@ fn dynamic_api(client: &kube::Client, object: &Value) -> anyhow::Result<Api<Dyna
     })
 }
 
+/// `kind name`, plus the namespace when it is not the operator's (the per-namespace grants).
 fn describe(object: &Value) -> String {
-    format!(
+    let what = format!(
         "{} {}",
         object["kind"].as_str().unwrap_or_default().to_lowercase(),
         object["metadata"]["name"].as_str().unwrap_or_default()
-    )
+    );
+    match object["metadata"]["namespace"].as_str() {
+        Some(namespace) if namespace != NAMESPACE => format!("{what} (namespace {namespace})"),
+        _ => what,
+    }
+}
+
+/// The label selector of the operator's per-namespace Roles and RoleBindings (also named
+/// [`NAME`], which keeps the leader-election Role out).
+fn grant_selector() -> String {
+    format!("app.kubernetes.io/name={NAME},app.kubernetes.io/managed-by={INSTALL_FIELD_MANAGER}")
+}
+
+/// The operator's Roles and RoleBindings in watched namespaces that are in the cluster now
+/// (from an install with `--watch-namespace`), as manifest stubs for [`dynamic_api`].
+async fn installed_namespace_grants(connection: &Connection) -> anyhow::Result<Vec<Value>> {
+    let params = ListParams::default()
+        .labels(&grant_selector())
+        .fields(&format!("metadata.name={NAME}"));
+    let mut grants = Vec::new();
+    for kind in ["RoleBinding", "Role"] {
+        let stub = json!({ "apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": { "name": NAME } });
+        let (resource, _) = resource_of(&stub)?;
+        let api: Api<DynamicObject> = Api::all_with(connection.client.clone(), &resource);
+        let list = api.list(&params).await.map_err(|e| {
+            cluster::explain(
+                e,
+                &format!("listing the operator's {kind}s in watched namespaces"),
+                &connection.server,
+            )
+        })?;
+        for object in list.items {
+            if let Some(namespace) = object.namespace() {
+                let mut stub = stub.clone();
+                stub["metadata"]["namespace"] = json!(namespace);
+                grants.push(stub);
+            }
+        }
+    }
+    Ok(grants)
+}
+
+/// Deletes `object`, printing `deleted` or `not found`.
+async fn delete_object(connection: &Connection, object: &Value) -> anyhow::Result<()> {
+    let api = dynamic_api(&connection.client, object)?;
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    let what = describe(object);
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => println!("{what} deleted"),
+        Err(kube::Error::Api(status)) if status.code == 404 => println!("{what} not found"),
+        Err(e) => {
+            return Err(cluster::explain(
+                e,
+                &format!("deleting {what}"),
+                &connection.server,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// After an install, deletes the operator grants the installed scope does not use: the
+/// cluster-wide ClusterRole and ClusterRoleBinding when watching namespaces, Roles and
+/// RoleBindings in namespaces no longer watched. A grant left behind would keep rights the
+/// operator no longer needs (a cluster-wide one would defeat `--watch-namespace`).
+async fn prune_grants(
+    connection: &Connection,
+    objects: &[Value],
+    watching_namespaces: bool,
+) -> anyhow::Result<()> {
+    let is_desired = |stale: &Value| {
+        objects.iter().any(|o| {
+            o["kind"] == stale["kind"]
+                && o["metadata"]["name"] == stale["metadata"]["name"]
+                && o["metadata"]["namespace"] == stale["metadata"]["namespace"]
+        })
+    };
+    let mut stale: Vec<Value> = installed_namespace_grants(connection)
+        .await?
+        .into_iter()
+        .filter(|g| !is_desired(g))
+        .collect();
+    if watching_namespaces {
+        for kind in ["ClusterRoleBinding", "ClusterRole"] {
+            stale.push(json!({ "apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": { "name": NAME } }));
+        }
+    }
+    for object in &stale {
+        let api = dynamic_api(&connection.client, object)?;
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let what = describe(object);
+        match api.delete(name, &DeleteParams::background()).await {
+            Ok(_) => println!("{what} deleted (not needed by this install)"),
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(e) => {
+                return Err(cluster::explain(
+                    e,
+                    &format!("deleting {what}, which this install no longer needs"),
+                    &connection.server,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Fails (before anything is applied) when a watched namespace does not exist: install does
+/// not create namespaces it does not own.
+async fn check_watched_namespaces(
+    connection: &Connection,
+    options: &InstallOptions,
+) -> anyhow::Result<()> {
+    let namespaces: Api<Namespace> = Api::all(connection.client.clone());
+    for namespace in options.watched() {
+        if namespace == NAMESPACE {
+            continue;
+        }
+        let found = namespaces.get_opt(&namespace).await.map_err(|e| {
+            cluster::explain(
+                e,
+                &format!("reading watched namespace {namespace}"),
+                &connection.server,
+            )
+        })?;
+        if found.is_none() {
+            anyhow::bail!(
+                "watched namespace {namespace} does not exist; create it first (install grants the operator rights in it, it does not create it)"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Applies `objects` with server-side apply, printing created/configured/unchanged like
@@ -178,6 +336,7 @@ async fn install(
     timeout: Duration,
 ) -> anyhow::Result<()> {
     let connection = cluster::connect(global).await?;
+    check_watched_namespaces(&connection, &options).await?;
     let objects = manifests::manifests(&options);
     let (crds, rest): (Vec<Value>, Vec<Value>) = objects
         .into_iter()
@@ -205,6 +364,8 @@ async fn install(
         .await?;
     }
     apply_all(&connection, &rest).await?;
+    let watched = options.watched();
+    prune_grants(&connection, &rest, !watched.is_empty()).await?;
     if wait {
         eprintln!("Waiting for the operator Deployment to be available...");
         let deployments: Api<Deployment> = Api::namespaced(connection.client.clone(), NAMESPACE);
@@ -217,7 +378,14 @@ async fn install(
         )
         .await?;
     }
-    println!("devctl operator installed in namespace {NAMESPACE}");
+    if watched.is_empty() {
+        println!("devctl operator installed in namespace {NAMESPACE}, watching every namespace");
+    } else {
+        println!(
+            "devctl operator installed in namespace {NAMESPACE}, watching {}",
+            watched.join(", ")
+        );
+    }
     Ok(())
 }
 
@@ -408,38 +576,35 @@ async fn uninstall(
         }
     }
 
-    // The operator first (so it stops acting), RBAC, the namespace, the CRDs last.
+    // The operator first (so it stops acting), RBAC, the namespace, the CRDs last. The
+    // default manifests name every cluster-wide and devctl-system object of either scope; the
+    // Roles and RoleBindings of watched namespaces are found by label.
     let objects = manifests::manifests(&InstallOptions::default());
+    let grants = installed_namespace_grants(&connection).await?;
     let mut ordered: Vec<&Value> = objects
         .iter()
         .filter(|o| o["kind"] != "CustomResourceDefinition")
         .rev()
         .collect();
+    let after_deployment = ordered
+        .iter()
+        .position(|o| o["kind"] == "Deployment")
+        .map_or(0, |i| i + 1);
+    ordered.splice(after_deployment..after_deployment, grants.iter());
     ordered.extend(
         objects
             .iter()
             .filter(|o| o["kind"] == "CustomResourceDefinition"),
     );
     for object in ordered {
-        let api = dynamic_api(&connection.client, object)?;
-        let name = object["metadata"]["name"].as_str().unwrap_or_default();
-        let what = describe(object);
-        match api.delete(name, &DeleteParams::background()).await {
-            Ok(_) => println!("{what} deleted"),
-            Err(kube::Error::Api(status)) if status.code == 404 => println!("{what} not found"),
-            Err(e) => {
-                return Err(cluster::explain(
-                    e,
-                    &format!("deleting {what}"),
-                    &connection.server,
-                ));
-            }
-        }
+        delete_object(&connection, object).await?;
         if matches!(
             object["kind"].as_str(),
             Some("Namespace" | "CustomResourceDefinition")
         ) {
-            wait_deleted(&api, name, &what, timeout).await?;
+            let api = dynamic_api(&connection.client, object)?;
+            let name = object["metadata"]["name"].as_str().unwrap_or_default();
+            wait_deleted(&api, name, &describe(object), timeout).await?;
         }
     }
     println!("devctl operator uninstalled");
