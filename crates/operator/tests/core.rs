@@ -678,4 +678,37 @@ async fn a_failed_status_write_does_not_hide_the_reconcile_error() {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", operator.logs()));
+
+    // The controller-runtime metrics a dashboard reads are there and move.
+    devctl_testenv::eventually("a retry to be counted", TIMEOUT, || async {
+        let retries = operator.metric(r#"workqueue_retries_total{name="databasecluster"}"#)?;
+        (retries >= 1.0).then_some(())
+    })
+    .await
+    .unwrap();
+    let text = operator.http_get("/metrics").unwrap();
+    let value = |series: &str| {
+        operator
+            .metric(series)
+            .unwrap_or_else(|| panic!("{series} missing:\n{text}"))
+    };
+    assert!(value(r#"workqueue_adds_total{name="databasecluster"}"#) >= 1.0);
+    assert!(value(r#"workqueue_work_duration_seconds_count{name="databasecluster"}"#) >= 1.0);
+    assert!(value(r#"workqueue_queue_duration_seconds_count{name="databasecluster"}"#) >= 1.0);
+    value(r#"workqueue_depth{name="databasecluster"}"#);
+    value(r#"controller_runtime_active_workers{controller="databasecluster"}"#);
+    assert_eq!(
+        value(r#"controller_runtime_max_concurrent_reconciles{controller="databasecluster"}"#),
+        4.0
+    );
+    let rest: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("rest_client_requests_total{") && l.contains(r#"method="PATCH""#))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(rest >= 1.0, "PATCH requests counted:\n{text}");
+    assert!(
+        text.contains(r#"code="403""#),
+        "the denied requests are counted by code:\n{text}"
+    );
 }

@@ -15,11 +15,17 @@ async fn binary_reconciles_the_examples_in_its_namespace() {
     let cluster = devctl_testenv::shared_cluster().await.unwrap();
     cluster.install_crds(&devctl_api::crds()).await.unwrap();
     let namespace = cluster.create_namespace("binary").await.unwrap();
+    support::bind_rules(
+        cluster,
+        "devctl-operator-binary",
+        devctl_operator::manifests::RULES,
+    )
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     devctl_testenv::kubeconfig::write(
         &cluster
-            .kubeconfig_for("devctl-operator-binary", &["system:masters"])
+            .kubeconfig_for("devctl-operator-binary", &[])
             .unwrap(),
         &kubeconfig,
     )

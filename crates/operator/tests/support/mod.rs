@@ -161,10 +161,9 @@ pub async fn start(prefix: &str) -> Env {
     cluster.install_crds(&devctl_api::crds()).await.unwrap();
     let namespace = cluster.create_namespace(prefix).await.unwrap();
     let client = cluster.client().await.unwrap();
-    let operator_client = cluster
-        .client_for(OPERATOR_USER, &["system:masters"])
-        .await
-        .unwrap();
+    // The generated rules, not system:masters: a rule the operator lacks fails the tests.
+    bind_rules(cluster, OPERATOR_USER, devctl_operator::manifests::RULES).await;
+    let operator_client = cluster.client_for(OPERATOR_USER, &[]).await.unwrap();
     let (tx, reconciled) = mpsc::unbounded_channel();
     let settings = Settings {
         health_requeue: Duration::from_secs(300),
@@ -232,6 +231,42 @@ pub fn assert_rejected<T: std::fmt::Debug>(result: Result<T, kube::Error>, expec
     }
 }
 
+/// Binds `user` to a ClusterRole named after it with `rules` (normally the generated
+/// `manifests::RULES`): the operator under test gets exactly the rights an install grants.
+pub async fn bind_rules(cluster: &Cluster, user: &str, rules: &[devctl_operator::manifests::Rule]) {
+    use kube::api::{DynamicObject, Patch, PatchParams};
+    use kube::core::{ApiResource, GroupVersionKind};
+    let client = cluster.client().await.unwrap();
+    let mut role = devctl_operator::manifests::cluster_role(rules);
+    role["metadata"]["name"] = serde_json::json!(user);
+    let binding = serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": { "name": user },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user },
+        "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }],
+    });
+    for (kind, plural, body) in [
+        ("ClusterRole", "clusterroles", &role),
+        ("ClusterRoleBinding", "clusterrolebindings", &binding),
+    ] {
+        let api = Api::<DynamicObject>::all_with(
+            client.clone(),
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", kind),
+                plural,
+            ),
+        );
+        api.patch(
+            user,
+            &PatchParams::apply("devctl-test").force(),
+            &Patch::Apply(body),
+        )
+        .await
+        .unwrap();
+    }
+}
+
 /// The `devctl-operator` binary watching one namespace as a user bound to the generated
 /// ClusterRole (exactly the rights `devctl operator install` grants); killed on drop.
 pub struct OperatorProcess {
@@ -254,38 +289,8 @@ impl OperatorProcess {
         rules: &[devctl_operator::manifests::Rule],
         extra: &[&str],
     ) -> Self {
-        use kube::api::{DynamicObject, Patch, PatchParams};
-        use kube::core::{ApiResource, GroupVersionKind};
         let user = format!("devctl-operator-{namespace}");
-        let client = cluster.client().await.unwrap();
-        let mut role = devctl_operator::manifests::cluster_role(rules);
-        role["metadata"]["name"] = serde_json::json!(user);
-        let binding = serde_json::json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": { "name": user },
-            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user },
-            "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }],
-        });
-        for (kind, plural, body) in [
-            ("ClusterRole", "clusterroles", &role),
-            ("ClusterRoleBinding", "clusterrolebindings", &binding),
-        ] {
-            let api = Api::<DynamicObject>::all_with(
-                client.clone(),
-                &ApiResource::from_gvk_with_plural(
-                    &GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", kind),
-                    plural,
-                ),
-            );
-            api.patch(
-                &user,
-                &PatchParams::apply("devctl-test").force(),
-                &Patch::Apply(body),
-            )
-            .await
-            .unwrap();
-        }
+        bind_rules(cluster, &user, rules).await;
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         devctl_testenv::kubeconfig::write(
