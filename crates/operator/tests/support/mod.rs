@@ -354,6 +354,12 @@ impl OperatorProcess {
         );
     }
 
+    /// SIGKILL: no shutdown, nothing released.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Starts the binary again with the same arguments (after [`Self::stop`]).
     pub fn restart(&mut self) {
         self.spawn();
