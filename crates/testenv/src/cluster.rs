@@ -11,7 +11,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::wait::await_condition;
 use serde_json::json;
 
-use crate::control_plane::{ControlPlane, Options};
+use crate::control_plane::{ControlPlane, Options, http_request};
 use crate::kubeconfig;
 use crate::process::{ManagedProcess, free_port};
 use crate::{Error, FIELD_MANAGER};
@@ -138,6 +138,7 @@ impl Cluster {
         let kwok_kubeconfig = write_kubeconfig("kwok", "kwok", &["system:masters"])?;
 
         let binaries = control_plane.binaries().clone();
+        let kcm_port = free_port()?;
         let kcm_args = vec![
             format!("--kubeconfig={}", kcm_kubeconfig.display()),
             format!("--authentication-kubeconfig={}", kcm_kubeconfig.display()),
@@ -153,7 +154,7 @@ impl Cluster {
             ),
             format!("--root-ca-file={}", control_plane.server_ca_path.display()),
             "--bind-address=127.0.0.1".into(),
-            format!("--secure-port={}", free_port()?),
+            format!("--secure-port={kcm_port}"),
             // Fast feedback in tests: statefulsets and GC react within a second anyway.
             "--concurrent-gc-syncs=5".into(),
             "--v=1".into(),
@@ -165,6 +166,7 @@ impl Cluster {
             &logs.join("kube-controller-manager.log"),
         )?);
 
+        let scheduler_port = free_port()?;
         let scheduler_args = vec![
             format!("--kubeconfig={}", scheduler_kubeconfig.display()),
             format!(
@@ -177,7 +179,7 @@ impl Cluster {
             ),
             "--leader-elect=false".into(),
             "--bind-address=127.0.0.1".into(),
-            format!("--secure-port={}", free_port()?),
+            format!("--secure-port={scheduler_port}"),
             "--v=2".into(),
         ];
         control_plane.push_process(ManagedProcess::start(
@@ -187,8 +189,10 @@ impl Cluster {
             &logs.join("kube-scheduler.log"),
         )?);
 
+        let kwok_address = format!("127.0.0.1:{}", free_port()?);
         let mut kwok_args = vec![
             format!("--kubeconfig={}", kwok_kubeconfig.display()),
+            format!("--server-address={kwok_address}"),
             "--manage-all-nodes=false".into(),
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake".into(),
             "--cidr=10.244.0.1/16".into(),
@@ -221,6 +225,9 @@ impl Cluster {
         };
         cluster.create_storage_class().await?;
         cluster.create_nodes(options.nodes).await?;
+        cluster
+            .wait_until_started(kcm_port, scheduler_port, &kwok_address)
+            .await?;
         tracing::info!(elapsed = ?started.elapsed(), "cluster ready");
         Ok(cluster)
     }
@@ -309,10 +316,108 @@ impl Cluster {
         Ok(())
     }
 
+    /// Waits until kube-controller-manager, kube-scheduler and kwok have finished starting.
+    ///
+    /// While starting, each of them treats a failing API server as fatal: kube-controller-manager
+    /// (and kube-scheduler, same code) exits when reading its authentication ConfigMap gets a
+    /// 403 from a restarted server whose RBAC cache is still empty, or when building a
+    /// controller fails; kwok exits on a refused connection while it starts its stage
+    /// controllers. A test restarting the API server right after [`Cluster::start`] would
+    /// lose them. Once started, they retry. Costs about 1.5 s, mostly kube-controller-manager
+    /// building its controllers.
+    async fn wait_until_started(
+        &self,
+        kcm_port: u16,
+        scheduler_port: u16,
+        kwok_address: &str,
+    ) -> Result<(), Error> {
+        // The controllers' health checks are registered once every controller has been built.
+        let kcm = secure_probe(kcm_port)?;
+        self.poll_until_started("kube-controller-manager", || async {
+            let body = get_text(&kcm, "/healthz?verbose").await?;
+            let built = format!("[+]{} ok", CONTROLLERS[0]);
+            body.contains(&built)
+                .then_some(())
+                .ok_or_else(|| format!("no {built:?} in {body:?}"))
+        })
+        .await?;
+        // /readyz includes `sched-handler-sync`: the informers' handlers have synced.
+        let scheduler = secure_probe(scheduler_port)?;
+        self.poll_until_started("kube-scheduler", || async {
+            let body = get_text(&scheduler, "/readyz").await?;
+            (body.trim() == "ok").then_some(()).ok_or(body)
+        })
+        .await?;
+        // kwok serves /healthz (on --server-address) once every stage controller runs.
+        self.poll_until_started("kwok", || async {
+            match http_request(kwok_address, "GET", "/healthz", None, PROBE_TIMEOUT).await {
+                Ok((200, _)) => Ok(()),
+                Ok((status, body)) => {
+                    Err(format!("HTTP {status}: {}", String::from_utf8_lossy(&body)))
+                }
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .await
+    }
+
+    async fn poll_until_started<F, Fut>(&self, component: &str, mut probe: F) -> Result<(), Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
+        let timeout = Duration::from_secs(60);
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_processes()?;
+            let last = match probe().await {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: format!(
+                        "{component} to finish starting (last answer: {last}); {}",
+                        self.describe()
+                    ),
+                    after: timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The simulated nodes' names.
     pub fn nodes(&self) -> &[String] {
         &self.nodes
     }
+}
+
+/// Bound on one health probe of a component.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A client for a component's own HTTPS port (self-signed certificate, no credentials: the
+/// health endpoints are always allowed).
+fn secure_probe(port: u16) -> Result<kube::Client, Error> {
+    let url = format!("https://127.0.0.1:{port}");
+    let uri = url
+        .parse::<http::Uri>()
+        .map_err(|e| Error::Process(format!("bad URL {url}: {e}")))?;
+    let mut config = kube::Config::new(uri);
+    config.accept_invalid_certs = true;
+    config.connect_timeout = Some(PROBE_TIMEOUT);
+    config.read_timeout = Some(PROBE_TIMEOUT);
+    kube::Client::try_from(config).map_err(Error::Kube)
+}
+
+async fn get_text(client: &kube::Client, path: &str) -> Result<String, String> {
+    let request = http::Request::get(path)
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+    client
+        .request_text(request)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 impl Deref for Cluster {

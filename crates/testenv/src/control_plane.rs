@@ -1,13 +1,17 @@
 //! etcd + kube-apiserver as local processes: the API server's real validation, defaulting,
 //! CEL, subresources, RBAC, watches and admission, without nodes or controllers.
 
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::Kubeconfig;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::audit::{self, AuditLog};
 use crate::binaries::{self, Binaries};
@@ -29,10 +33,44 @@ pub struct Options {
     pub extra_apiserver_args: Vec<String>,
 }
 
+/// How [`ControlPlane::restart_api_server_with`] stops the running kube-apiserver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiServerStop {
+    /// SIGTERM, then SIGKILL if it is still running after `grace`: the server stops
+    /// listening, ends open watches and finishes the requests in flight (a rolling restart).
+    Graceful { grace: Duration },
+    /// SIGKILL: a crash. Open connections are cut; requests in flight fail.
+    Kill,
+}
+
+/// The grace [`ControlPlane::restart_api_server`] gives kube-apiserver after SIGTERM.
+pub const API_SERVER_STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// How long a restarted kube-apiserver may take until `/readyz` answers `ok`.
+pub const API_SERVER_RESTART_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Bound on each request to etcd's JSON gateway.
+const ETCD_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+const API_SERVER: &str = "kube-apiserver";
+
+/// Exactly how kube-apiserver was started, so that a restart repeats it.
+struct ApiServerCommand {
+    program: PathBuf,
+    args: Vec<String>,
+    log_path: PathBuf,
+}
+
 /// A running etcd + kube-apiserver pair with its own PKI and kubeconfig.
 pub struct ControlPlane {
-    // Dropped first: the processes stop before their directory disappears.
-    processes: Vec<ManagedProcess>,
+    // Dropped first: the processes stop before their directory disappears. Behind a mutex so
+    // that the API server can be restarted through a shared (`&'static`) reference.
+    processes: Mutex<Vec<ManagedProcess>>,
+    /// Serialises restarts; counts the API server's previous runs (names their logs).
+    api_server_runs: tokio::sync::Mutex<u32>,
+    api_server: ApiServerCommand,
+    /// `host:port` of etcd's client listener (plain HTTP on loopback).
+    etcd_address: String,
     dir: PathBuf,
     keep_dir: bool,
     binaries: Binaries,
@@ -148,6 +186,9 @@ impl ControlPlane {
             "--anonymous-auth=false".into(),
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
+            // On SIGTERM (`restart_api_server`), end open watches instead of waiting for
+            // them until the 60 s shutdown timeout; clients see the stream end and re-watch.
+            "--shutdown-watch-termination-grace-period=2s".into(),
             "--v=1".into(),
         ];
         if !options.service_account_admission {
@@ -165,16 +206,24 @@ impl ControlPlane {
             None
         };
         args.extend(options.extra_apiserver_args.iter().cloned());
+        let api_server = ApiServerCommand {
+            program: binaries.path(API_SERVER),
+            args,
+            log_path: logs.join(format!("{API_SERVER}.log")),
+        };
         processes.push(ManagedProcess::start(
-            "kube-apiserver",
-            &binaries.path("kube-apiserver"),
-            &args,
-            &logs.join("kube-apiserver.log"),
+            API_SERVER,
+            &api_server.program,
+            &api_server.args,
+            &api_server.log_path,
         )?);
 
         let kubeconfig_path = dir.join("kubeconfig");
-        let mut control_plane = Self {
-            processes,
+        let control_plane = Self {
+            processes: Mutex::new(processes),
+            api_server_runs: tokio::sync::Mutex::new(1),
+            api_server,
+            etcd_address: format!("127.0.0.1:{etcd_port}"),
             dir,
             keep_dir,
             binaries,
@@ -191,12 +240,14 @@ impl ControlPlane {
             &control_plane.admin_kubeconfig()?,
             &control_plane.kubeconfig_path,
         )?;
-        control_plane.wait_ready(Duration::from_secs(90)).await?;
+        control_plane
+            .wait_ready("kube-apiserver /readyz", Duration::from_secs(90))
+            .await?;
         tracing::info!(elapsed = ?started.elapsed(), dir = %control_plane.dir.display(), "control plane ready");
         Ok(control_plane)
     }
 
-    async fn wait_ready(&mut self, timeout: Duration) -> Result<(), Error> {
+    async fn wait_ready(&self, what: &str, timeout: Duration) -> Result<(), Error> {
         let client = self.client().await?;
         let deadline = Instant::now() + timeout;
         loop {
@@ -212,7 +263,7 @@ impl ControlPlane {
             if Instant::now() > deadline {
                 return Err(Error::Timeout {
                     what: format!(
-                        "kube-apiserver /readyz (last answer: {last_error}); logs in {}",
+                        "{what} (last answer: {last_error}); logs in {}",
                         self.log_dir().display()
                     ),
                     after: timeout,
@@ -222,23 +273,216 @@ impl ControlPlane {
         }
     }
 
-    /// `Err` naming the process and the end of its log if any process has exited.
-    pub fn check_processes(&mut self) -> Result<(), Error> {
+    /// The process list. A panic while it was locked leaves it consistent (every change is
+    /// a single push, remove or insert), so a poisoned lock is used as is.
+    fn processes(&self) -> MutexGuard<'_, Vec<ManagedProcess>> {
         self.processes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `Err` naming the process and the end of its log if any process has exited.
+    pub fn check_processes(&self) -> Result<(), Error> {
+        self.processes()
             .iter_mut()
             .try_for_each(ManagedProcess::check_running)
     }
 
-    /// The running processes' names and pids.
+    /// The running processes' names and pids (kube-apiserver's changes when it restarts).
     pub fn pids(&self) -> Vec<(String, u32)> {
-        self.processes
+        self.processes()
             .iter()
             .map(|p| (p.name().to_string(), p.pid()))
             .collect()
     }
 
     pub(crate) fn push_process(&mut self, process: ManagedProcess) {
-        self.processes.push(process);
+        self.processes
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(process);
+    }
+
+    /// Restarts kube-apiserver gracefully: SIGTERM, SIGKILL after [`API_SERVER_STOP_GRACE`]
+    /// if it is still running, then the same command again (same port, certificates, flags
+    /// and audit log, which it appends to), and waits until `/readyz` answers `ok` (at most
+    /// [`API_SERVER_RESTART_TIMEOUT`]). Clients made before keep working: the address and
+    /// credentials do not change. etcd keeps running, so every object survives; the new
+    /// server starts with an empty watch cache.
+    pub async fn restart_api_server(&self) -> Result<(), Error> {
+        self.restart_api_server_with(ApiServerStop::Graceful {
+            grace: API_SERVER_STOP_GRACE,
+        })
+        .await
+    }
+
+    /// Like [`Self::restart_api_server`], but the server is SIGKILLed (a crash).
+    pub async fn kill_api_server_and_restart(&self) -> Result<(), Error> {
+        self.restart_api_server_with(ApiServerStop::Kill).await
+    }
+
+    /// Stops kube-apiserver as `stop` says, starts it again with exactly the same command and
+    /// waits until `/readyz` answers `ok`. Concurrent calls run one after the other.
+    ///
+    /// The previous run's log is kept as `kube-apiserver.log.<run>` (`.1` for the server
+    /// [`Self::start`] started) next to the new `kube-apiserver.log`.
+    pub async fn restart_api_server_with(&self, stop: ApiServerStop) -> Result<(), Error> {
+        let started = Instant::now();
+        let mut runs = self.api_server_runs.lock().await;
+        let (signal, grace) = match stop {
+            ApiServerStop::Graceful { grace } => (libc::SIGTERM, grace),
+            // Dies at once; waited for here rather than in a blocking wait(2).
+            ApiServerStop::Kill => (libc::SIGKILL, Duration::from_secs(5)),
+        };
+        {
+            let mut processes = self.processes();
+            let api_server = api_server_mut(&mut processes)?;
+            // `check_running` reaps the server if it has exited already; while the lock is
+            // held nothing else can reap it, so the pid still names our child.
+            if api_server.check_running().is_ok() {
+                // SAFETY: kill(2) on our own child, which has not been reaped (see above).
+                unsafe {
+                    libc::kill(api_server.pid() as libc::pid_t, signal);
+                }
+            }
+        }
+        // Wait for it to exit without blocking the runtime (stop() would sleep).
+        let deadline = Instant::now() + grace;
+        loop {
+            let exited = api_server_mut(&mut self.processes())?
+                .check_running()
+                .is_err();
+            if exited || Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let stopped_after = started.elapsed();
+
+        {
+            let mut processes = self.processes();
+            // SIGKILL if the grace ran out; reaps it. A dead server stays in the list (and
+            // `check_processes` reports it) until its replacement has started.
+            api_server_mut(&mut processes)?.stop(Duration::ZERO);
+            if let Some(audit) = &self.audit {
+                end_with_newline(audit.path())?;
+            }
+            let previous_log = self.log_dir().join(format!("{API_SERVER}.log.{}", *runs));
+            std::fs::rename(&self.api_server.log_path, &previous_log).map_err(|e| {
+                Error::io(
+                    format!(
+                        "move {} to {}",
+                        self.api_server.log_path.display(),
+                        previous_log.display()
+                    ),
+                    e,
+                )
+            })?;
+            let index = processes
+                .iter()
+                .position(|p| p.name() == API_SERVER)
+                .ok_or_else(|| Error::Process(format!("{API_SERVER} is not running")))?;
+            // Dropped (and unregistered) before its replacement starts and registers.
+            drop(processes.remove(index));
+            let restarted = ManagedProcess::start(
+                API_SERVER,
+                &self.api_server.program,
+                &self.api_server.args,
+                &self.api_server.log_path,
+            )
+            .map_err(|e| Error::Process(format!("restart {API_SERVER}: {e}")))?;
+            processes.insert(index, restarted);
+            *runs += 1;
+        }
+        self.wait_ready(
+            "the restarted kube-apiserver's /readyz",
+            API_SERVER_RESTART_TIMEOUT,
+        )
+        .await?;
+        tracing::info!(
+            ?stop,
+            ?stopped_after,
+            elapsed = ?started.elapsed(),
+            "kube-apiserver restarted"
+        );
+        Ok(())
+    }
+
+    /// Compacts etcd so that every resourceVersion handed out before the call is too old,
+    /// and returns the revision compacted at.
+    ///
+    /// A watch from resourceVersion `rv` asks etcd for the changes from revision `rv + 1` on,
+    /// and etcd still serves a start revision equal to the compaction revision. So compacting
+    /// at the current revision `r` would leave a watch from `r - 1` or `r` working. Instead two
+    /// writes to a harness key outside `/registry` (which the API server never reads) move the
+    /// store to `r + 2`, and etcd is compacted there, physically: the call returns once the old
+    /// revisions are gone.
+    ///
+    /// Afterwards a watch the API server sends to etcd from any earlier resourceVersion fails
+    /// with `410 Gone` ("too old resource version"), and a client must LIST again. The API
+    /// server's watch cache answers watches itself, from the history it holds; restart the API
+    /// server ([`Self::restart_api_server`]) to empty it, or start with `--watch-cache=false`
+    /// in [`Options::extra_apiserver_args`] (see docs/testenv.md).
+    pub async fn compact_etcd(&self) -> Result<i64, Error> {
+        let encode =
+            |text: &str| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, text);
+        let key = encode("/devctl-testenv/compaction");
+        let mut revision = 0;
+        for step in ["1", "2"] {
+            let (status, put) = self
+                .etcd_post("/v3/kv/put", &json!({ "key": key, "value": encode(step) }))
+                .await?;
+            revision = json_i64(&put["header"]["revision"])
+                .filter(|_| status == 200)
+                .ok_or_else(|| {
+                    Error::Process(format!(
+                        "etcd /v3/kv/put (to move past the current revision) answered HTTP \
+                         {status}: {put}"
+                    ))
+                })?;
+        }
+        let (status, compaction) = self
+            .etcd_post(
+                "/v3/kv/compaction",
+                &json!({ "revision": revision.to_string(), "physical": true }),
+            )
+            .await?;
+        if status != 200 {
+            return Err(Error::Process(format!(
+                "etcd /v3/kv/compaction at revision {revision} answered HTTP {status}: {compaction}"
+            )));
+        }
+        tracing::info!(revision, "etcd compacted");
+        Ok(revision)
+    }
+
+    /// `POST path` with a JSON body to etcd's gRPC-JSON gateway; the status code and the
+    /// JSON answer.
+    async fn etcd_post(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<(u16, serde_json::Value), Error> {
+        let (status, body) = http_request(
+            &self.etcd_address,
+            "POST",
+            path,
+            Some(&body.to_string()),
+            ETCD_REQUEST_TIMEOUT,
+        )
+        .await?;
+        let json = serde_json::from_slice(&body).map_err(|e| {
+            Error::Process(format!(
+                "etcd POST {path}: HTTP {status} with a body that is not JSON ({e}): {}",
+                String::from_utf8_lossy(&body)
+            ))
+        })?;
+        Ok((status, json))
+    }
+
+    /// etcd's client URL (`http://127.0.0.1:<port>`, no TLS, no auth).
+    pub fn etcd_url(&self) -> String {
+        format!("http://{}", self.etcd_address)
     }
 
     /// The API server URL, e.g. `https://127.0.0.1:41234`.
@@ -259,7 +503,7 @@ impl ControlPlane {
     /// Process names with their log files, for failure messages.
     pub fn describe(&self) -> String {
         let logs: Vec<String> = self
-            .processes
+            .processes()
             .iter()
             .map(|p| format!("{} (pid {}): {}", p.name(), p.pid(), p.log_path().display()))
             .collect();
@@ -393,7 +637,11 @@ impl ControlPlane {
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         // Stop in reverse start order (kwok and controllers before the API server, etcd last).
-        while let Some(process) = self.processes.pop() {
+        let processes = self
+            .processes
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while let Some(process) = processes.pop() {
             drop(process);
         }
         if self.keep_dir {
@@ -405,5 +653,207 @@ impl Drop for ControlPlane {
             let _ = std::fs::remove_dir_all(&self.dir);
             process::forget_dir_at_exit(&self.dir);
         }
+    }
+}
+
+/// One plain-HTTP/1.1 request (`Connection: close`) to `address` (`host:port`), bounded by
+/// `timeout`; the status code and the body. For etcd's JSON gateway and kwok's health check.
+pub(crate) async fn http_request(
+    address: &str,
+    method: &str,
+    path: &str,
+    json_body: Option<&str>,
+    timeout: Duration,
+) -> Result<(u16, Vec<u8>), Error> {
+    let what = format!("{method} http://{address}{path}");
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(address)
+            .await
+            .map_err(|e| Error::io(format!("{what}: connect"), e))?;
+        let mut request =
+            format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n");
+        if let Some(body) = json_body {
+            request += &format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        } else {
+            request += "\r\n";
+        }
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .map_err(|e| Error::io(format!("{what}: send"), e))?;
+        let mut response = Vec::new();
+        stream
+            .read_to_end(&mut response)
+            .await
+            .map_err(|e| Error::io(format!("{what}: read the answer"), e))?;
+        Ok::<_, Error>(response)
+    };
+    let response = tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| Error::Timeout {
+            what: what.clone(),
+            after: timeout,
+        })??;
+    parse_http_response(&response).map_err(|e| Error::Process(format!("{what}: {e}")))
+}
+
+fn api_server_mut(processes: &mut [ManagedProcess]) -> Result<&mut ManagedProcess, Error> {
+    processes
+        .iter_mut()
+        .find(|p| p.name() == API_SERVER)
+        .ok_or_else(|| Error::Process(format!("{API_SERVER} is not running")))
+}
+
+/// A server killed mid-write may leave half a line; the next one must start a fresh line, or
+/// its first event would be glued to the fragment and unreadable.
+fn end_with_newline(path: &Path) -> Result<(), Error> {
+    let context = || format!("check the end of {}", path.display());
+    let mut file = match std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(context(), e)),
+    };
+    let len = file.metadata().map_err(|e| Error::io(context(), e))?.len();
+    if len == 0 {
+        return Ok(());
+    }
+    let mut last = [0u8; 1];
+    file.seek(SeekFrom::Start(len - 1))
+        .and_then(|_| file.read_exact(&mut last))
+        .map_err(|e| Error::io(context(), e))?;
+    if last[0] != b'\n' {
+        file.write_all(b"\n").map_err(|e| Error::io(context(), e))?;
+    }
+    Ok(())
+}
+
+/// A JSON integer that the gRPC gateway may send as a string (int64 fields are strings).
+fn json_i64(value: &serde_json::Value) -> Option<i64> {
+    match value {
+        serde_json::Value::String(s) => s.parse().ok(),
+        other => other.as_i64(),
+    }
+}
+
+/// The status code and body of a complete HTTP/1.1 response (`Content-Length`, chunked, or
+/// delimited by the closed connection).
+fn parse_http_response(response: &[u8]) -> Result<(u16, Vec<u8>), String> {
+    let split = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| {
+            format!(
+                "incomplete HTTP answer: {}",
+                String::from_utf8_lossy(response)
+            )
+        })?;
+    let head = String::from_utf8_lossy(&response[..split]);
+    let body = &response[split + 4..];
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse::<u16>().ok())
+        .ok_or_else(|| format!("bad HTTP status line {status_line:?}"))?;
+    let mut chunked = false;
+    let mut length = None;
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = value.eq_ignore_ascii_case("chunked");
+        } else if name.eq_ignore_ascii_case("content-length") {
+            length = value.parse::<usize>().ok();
+        }
+    }
+    if chunked {
+        return decode_chunked(body).map(|body| (status, body));
+    }
+    match length {
+        Some(length) if length <= body.len() => Ok((status, body[..length].to_vec())),
+        Some(length) => Err(format!(
+            "HTTP body cut short: {} of {length} bytes",
+            body.len()
+        )),
+        None => Ok((status, body.to_vec())),
+    }
+}
+
+fn decode_chunked(mut rest: &[u8]) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    loop {
+        let line_end = rest
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or("chunked HTTP body cut short")?;
+        let size_field = String::from_utf8_lossy(&rest[..line_end]);
+        let size_hex = size_field.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_hex, 16)
+            .map_err(|_| format!("bad HTTP chunk size {size_hex:?}"))?;
+        rest = &rest[line_end + 2..];
+        if size == 0 {
+            return Ok(body);
+        }
+        let chunk = rest.get(..size).ok_or("chunked HTTP body cut short")?;
+        body.extend_from_slice(chunk);
+        rest = rest.get(size + 2..).ok_or("chunked HTTP body cut short")?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_http_answers() {
+        let plain = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 7\r\n\r\n{\"a\":1}";
+        assert_eq!(
+            parse_http_response(plain).unwrap(),
+            (200, b"{\"a\":1}".to_vec())
+        );
+        let chunked = b"HTTP/1.1 400 Bad Request\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n3;x=y\r\n:1}\r\n0\r\n\r\n";
+        assert_eq!(
+            parse_http_response(chunked).unwrap(),
+            (400, b"{\"a\":1}".to_vec())
+        );
+        let until_close = b"HTTP/1.0 200 OK\r\n\r\n{}";
+        assert_eq!(
+            parse_http_response(until_close).unwrap(),
+            (200, b"{}".to_vec())
+        );
+        assert!(parse_http_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{}").is_err());
+        assert!(parse_http_response(b"HTTP/1.1 200").is_err());
+    }
+
+    #[test]
+    fn reads_int64_fields_sent_as_strings_or_numbers() {
+        assert_eq!(json_i64(&json!("42")), Some(42));
+        assert_eq!(json_i64(&json!(42)), Some(42));
+        assert_eq!(json_i64(&json!(null)), None);
+    }
+
+    #[test]
+    fn a_cut_off_line_is_ended_before_the_next_server_appends() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        end_with_newline(&path).unwrap();
+        assert!(!path.exists());
+        std::fs::write(&path, "{\"a\":1}\n{\"b\"").unwrap();
+        end_with_newline(&path).unwrap();
+        end_with_newline(&path).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"a\":1}\n{\"b\"\n"
+        );
     }
 }
