@@ -323,3 +323,76 @@ async fn a_second_writer_fighting_over_a_child_and_the_status_loses_nothing() {
         "no regenerated password"
     );
 }
+
+#[tokio::test]
+async fn an_api_server_restart_into_compacted_history_relists_and_converges() {
+    // Its own cluster: a restart is an outage for everyone on it.
+    let cluster = devctl_testenv::Cluster::start_with(devctl_testenv::ClusterOptions {
+        control_plane: devctl_testenv::Options {
+            audit: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    cluster.install_crds(&devctl_api::crds()).await.unwrap();
+    let namespace = cluster.create_namespace("restart").await.unwrap();
+    let operator = OperatorProcess::start(&cluster, &namespace, RULES, &[]).await;
+    operator.wait_ready().await;
+    let client = cluster.client().await.unwrap();
+    let dbs: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
+    let count = 10;
+    for i in 0..count {
+        dbs.create(
+            &PostParams::default(),
+            &database(&format!("api-{i:02}"), 1 + (i % 2) as i32 * 2),
+        )
+        .await
+        .unwrap();
+    }
+    let passwords_before = {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        passwords(&client, &namespace).await
+    };
+
+    // Every resourceVersion the operator's watches hold is compacted away, then the server
+    // goes down hard: each watch resumes into 410 Gone and must list afresh.
+    let audit = cluster.audit_log().unwrap();
+    let compacted = cluster.compact_etcd().await.unwrap();
+    let mark = audit.mark();
+    cluster.kill_api_server_and_restart().await.unwrap();
+    println!("compacted etcd at revision {compacted}, restarted the API server");
+
+    wait_all_ready(&dbs, count, &operator).await;
+    let lists: Vec<String> = audit
+        .requests_since(mark)
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.user == operator.user && r.verb == "list")
+        .map(|r| r.resource)
+        .collect();
+    println!("the operator listed after the restart: {lists:?}");
+    for resource in [
+        "databaseclusters",
+        "statefulsets",
+        "secrets",
+        "configmaps",
+        "services",
+    ] {
+        assert!(
+            lists.iter().any(|r| r == resource),
+            "no fresh LIST of {resource} after the restart: {lists:?}\n{}",
+            operator.logs()
+        );
+    }
+    assert_clean(
+        "API server restart after compaction",
+        &audit_namespace(&client, &namespace).await,
+    );
+    let now = passwords(&client, &namespace).await;
+    for (name, seen) in &passwords_before {
+        assert_eq!(now.get(name), Some(seen), "{name} regenerated");
+    }
+    cluster.check_processes().unwrap();
+}
