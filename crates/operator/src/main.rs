@@ -211,7 +211,9 @@ async fn main() -> anyhow::Result<()> {
         _ = &mut run => {},
         _ = shutdown_signal() => {
             let _ = stop.send(true);
-            run.await;
+            if tokio::time::timeout(leader_election::SHUTDOWN_GRACE, run).await.is_err() {
+                tracing::warn!(grace = ?leader_election::SHUTDOWN_GRACE, "reconciles still running after the shutdown grace; leaving them");
+            }
         }
     }
     watches.abort();

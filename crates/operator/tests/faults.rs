@@ -365,26 +365,35 @@ async fn an_api_server_restart_into_compacted_history_relists_and_converges() {
     println!("compacted etcd at revision {compacted}, restarted the API server");
 
     wait_all_ready(&dbs, count, &operator).await;
-    let lists: Vec<String> = audit
-        .requests_since(mark)
-        .unwrap()
-        .into_iter()
-        .filter(|r| r.user == operator.user && r.verb == "list")
-        .map(|r| r.resource)
-        .collect();
-    println!("the operator listed after the restart: {lists:?}");
-    for resource in [
+    // Each watch comes back with its own backoff: wait (bounded) for every fresh LIST.
+    let kinds = [
         "databaseclusters",
         "statefulsets",
         "secrets",
         "configmaps",
         "services",
-    ] {
-        assert!(
-            lists.iter().any(|r| r == resource),
-            "no fresh LIST of {resource} after the restart: {lists:?}\n{}",
-            operator.logs()
-        );
+    ];
+    let relisted = devctl_testenv::eventually(
+        "a fresh LIST of every watched kind",
+        Duration::from_secs(60),
+        || async {
+            let lists: Vec<String> = audit
+                .requests_since(mark)
+                .ok()?
+                .into_iter()
+                .filter(|r| r.user == operator.user && r.verb == "list")
+                .map(|r| r.resource)
+                .collect();
+            kinds
+                .iter()
+                .all(|k| lists.iter().any(|r| r == k))
+                .then_some(lists)
+        },
+    )
+    .await;
+    match relisted {
+        Ok(lists) => println!("the operator listed after the restart: {lists:?}"),
+        Err(error) => panic!("{error}\n{}", operator.logs()),
     }
     assert_clean(
         "API server restart after compaction",
