@@ -285,8 +285,9 @@ where
 
 /// After a reconcile's children were converged (or failed to): writes the status if it
 /// changed (computed from what the reconcile changed, or its error; one request, so no reader
-/// sees a new `observedGeneration` without its conditions), publishes the `Applied` event and, on failure, a Warning event; resets the backoff
-/// on success. A failed status write never hides the reconcile error.
+/// sees a new `observedGeneration` without its conditions), publishes the `Applied` event
+/// and, on failure, a Warning event; resets the backoff on success. A failed status write
+/// never hides the reconcile error.
 pub async fn report<K>(
     ctx: &Context,
     object: &K,
