@@ -351,10 +351,17 @@ async fn an_api_server_restart_into_compacted_history_relists_and_converges() {
         .await
         .unwrap();
     }
-    let passwords_before = {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        passwords(&client, &namespace).await
-    };
+    // Mid-convergence: every credentials Secret exists, the instances are still starting.
+    let passwords_before = devctl_testenv::eventually(
+        "every credentials Secret to exist",
+        Duration::from_secs(60),
+        || async {
+            let now = passwords(&client, &namespace).await;
+            (now.len() == count).then_some(now)
+        },
+    )
+    .await
+    .unwrap();
 
     // Every resourceVersion the operator's watches hold is compacted away, then the server
     // goes down hard: each watch resumes into 410 Gone and must list afresh.
