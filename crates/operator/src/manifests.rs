@@ -109,6 +109,20 @@ pub const LEADER_ELECTION_RULES: &[(&[&str], Option<&str>)] = &[
     (&["get", "patch"], Some(crate::leader_election::LEASE_NAME)),
 ];
 
+/// [`LEADER_ELECTION_RULES`] as the `rules` of a Role.
+pub fn leader_election_policy_rules() -> Value {
+    LEADER_ELECTION_RULES
+        .iter()
+        .map(|(verbs, name)| {
+            let mut rule = json!({ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": verbs });
+            if let Some(name) = name {
+                rule["resourceNames"] = json!([name]);
+            }
+            rule
+        })
+        .collect()
+}
+
 /// Name of the leader-election Role and RoleBinding.
 pub const LEADER_ELECTION_NAME: &str = "devctl-operator-leader-election";
 
@@ -317,13 +331,7 @@ pub fn manifests(options: &InstallOptions) -> Vec<Value> {
         json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": { "name": LEADER_ELECTION_NAME, "namespace": NAMESPACE, "labels": labels() },
-            "rules": LEADER_ELECTION_RULES.iter().map(|(verbs, name)| {
-                let mut rule = json!({ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": verbs });
-                if let Some(name) = name {
-                    rule["resourceNames"] = json!([name]);
-                }
-                rule
-            }).collect::<Vec<_>>(),
+            "rules": leader_election_policy_rules(),
         }),
         json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use devctl_api::database_cluster::DatabaseCluster;
-use devctl_operator::manifests::{LEADER_ELECTION_RULES, RULES};
+use devctl_operator::manifests::RULES;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -66,56 +66,31 @@ async fn operator_kubeconfig(
 ) -> std::path::PathBuf {
     let user = format!("devctl-operator-{lease_namespace}");
     let client = cluster.client().await.unwrap();
-    let api = |kind: &str, plural: &str, namespaced: bool| {
+    let api = |kind: &str, plural: &str| {
         let resource = ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", kind),
             plural,
         );
-        if namespaced {
-            Api::<DynamicObject>::namespaced_with(client.clone(), lease_namespace, &resource)
-        } else {
-            Api::<DynamicObject>::all_with(client.clone(), &resource)
-        }
+        Api::<DynamicObject>::namespaced_with(client.clone(), lease_namespace, &resource)
     };
-    let mut cluster_role = devctl_operator::manifests::cluster_role(RULES);
-    cluster_role["metadata"]["name"] = json!(user);
-    let lease_rules: Vec<_> = LEADER_ELECTION_RULES
-        .iter()
-        .map(|(verbs, name)| {
-            let mut rule = json!({ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": verbs });
-            if let Some(name) = name {
-                rule["resourceNames"] = json!([name]);
-            }
-            rule
-        })
-        .collect();
+    support::bind_rules(cluster, &user, RULES).await;
+    let lease_rules = devctl_operator::manifests::leader_election_policy_rules();
     let objects = [
-        ("ClusterRole", "clusterroles", false, cluster_role),
-        (
-            "ClusterRoleBinding",
-            "clusterrolebindings",
-            false,
-            json!({ "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": { "name": user },
-                "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user },
-                "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }] }),
-        ),
         (
             "Role",
             "roles",
-            true,
             json!({ "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": { "name": user }, "rules": lease_rules }),
         ),
         (
             "RoleBinding",
             "rolebindings",
-            true,
             json!({ "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": { "name": user },
                 "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user },
                 "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }] }),
         ),
     ];
-    for (kind, plural, namespaced, body) in objects {
-        api(kind, plural, namespaced)
+    for (kind, plural, body) in objects {
+        api(kind, plural)
             .patch(
                 &user,
                 &PatchParams::apply("devctl-test").force(),

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 
 use devctl_api::database_cluster::DatabaseCluster;
 use kube::api::Api;
-use support::{TIMEOUT, is_ready};
+use support::{TIMEOUT, http_get, is_ready};
 
 #[tokio::test]
 async fn binary_reconciles_the_examples_in_its_namespace() {
@@ -99,9 +99,17 @@ async fn binary_reconciles_the_examples_in_its_namespace() {
     assert_eq!(String::from_utf8_lossy(&mysql_image.stdout), "mysql:8.4");
 
     // Health and metrics endpoints, with controller-runtime's metric names.
-    assert!(http_get(metrics_port, "/healthz").starts_with("HTTP/1.1 200"));
-    assert!(http_get(metrics_port, "/readyz").starts_with("HTTP/1.1 200"));
-    let metrics = http_get(metrics_port, "/metrics");
+    assert!(
+        http_get(metrics_port, "/healthz")
+            .unwrap()
+            .starts_with("HTTP/1.1 200")
+    );
+    assert!(
+        http_get(metrics_port, "/readyz")
+            .unwrap()
+            .starts_with("HTTP/1.1 200")
+    );
+    let metrics = http_get(metrics_port, "/metrics").unwrap();
     assert!(
         metrics.contains(
             r#"controller_runtime_reconcile_total{controller="databasecluster",result="success"}"#
@@ -128,18 +136,4 @@ async fn binary_reconciles_the_examples_in_its_namespace() {
             .any(|l| l.starts_with('{') && l.contains("\"starting\"")),
         "expected JSON logs, got: {logs:?}"
     );
-}
-
-/// A plain HTTP/1.1 GET on loopback (no client library needed for three endpoints).
-fn http_get(port: u16, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response
 }

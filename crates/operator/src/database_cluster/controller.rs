@@ -216,7 +216,7 @@ async fn credentials(
     // Cache first, then the API: a Secret without devctl's labels is not in the cache, and a
     // cold or lagging cache must never cause a new password.
     let live = match ctx.caches.get::<Secret>(&names.namespace, &names.secret()) {
-        Some(cached) => Some(cached.as_ref().clone()),
+        Some(cached) => Some(cached),
         None => {
             let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
             api.get_opt(&names.secret())
@@ -227,6 +227,7 @@ async fn credentials(
                     name: names.secret(),
                     source,
                 })?
+                .map(Arc::new)
         }
     };
     match live {

@@ -371,16 +371,7 @@ impl OperatorProcess {
 
     /// The body of `GET path` on the metrics port, or `None` while it does not answer.
     pub fn http_get(&self, path: &str) -> Option<String> {
-        use std::io::{Read, Write};
-        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).ok()?;
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).ok()?;
-        Some(response)
+        http_get(self.metrics_port, path)
     }
 
     /// The value of the metric line starting with `series` (name and labels), if present.
@@ -432,6 +423,21 @@ impl Drop for OperatorProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A plain HTTP/1.1 GET on loopback (no client library needed for three endpoints), or `None`
+/// while nothing answers.
+pub fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    Some(response)
 }
 
 /// Events about the object `name`, as `(reason, note, count)` (a repeated event is counted in
