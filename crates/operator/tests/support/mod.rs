@@ -126,7 +126,12 @@ impl Env {
             .requests_since(mark)
             .unwrap()
             .into_iter()
-            .filter(|r| r.user == OPERATOR_USER && r.is_write())
+            // Other tests share the control plane and the operator's user.
+            .filter(|r| {
+                r.user == OPERATOR_USER
+                    && r.is_write()
+                    && r.namespace.as_deref() == Some(self.namespace.as_str())
+            })
             .collect()
     }
 
