@@ -29,10 +29,18 @@ phase "cargo test" cargo test --workspace --locked
 leftovers() {
   # Every control-plane process runs from the versioned cache; none may survive the suite.
   local bin_dir; bin_dir="$(tools/control-plane/build.sh 2>/dev/null)"
+  local failed=0
   if pgrep -af "^$bin_dir/" ; then
     echo "error: control-plane processes are still running after the test suite" >&2
-    return 1
+    failed=1
   fi
-  echo "no control-plane process left running"
+  # Database pods the pod runner backs with processes: every devctl-agent, and any engine
+  # whose command line names a testenv directory (/tmp/devctl-testenv-pods-*/claims/...).
+  if pgrep -a -x devctl-agent || pgrep -af '(^|/)(postgres|mariadbd|mysqld) .*/tmp/devctl-testenv' ; then
+    echo "error: database agents or engines are still running after the test suite" >&2
+    failed=1
+  fi
+  [ "$failed" = 0 ] || return 1
+  echo "no control-plane, agent or engine process left running"
 }
 phase "no leftover processes" leftovers

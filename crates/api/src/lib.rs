@@ -3,6 +3,7 @@
 
 pub mod conditions;
 pub mod database_cluster;
+pub mod instance;
 pub mod labels;
 pub mod quantity;
 pub mod web_app;

@@ -62,6 +62,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             ..Options::default()
         },
         nodes,
+        ..ClusterOptions::default()
     })
     .await?;
     cluster.install_crds(&devctl_api::crds()).await?;

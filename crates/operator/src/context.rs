@@ -23,6 +23,9 @@ pub struct Settings {
     /// Most reconciles one controller runs at once (controller-runtime's
     /// `MaxConcurrentReconciles`); one object is never reconciled twice at once.
     pub concurrency: u16,
+    /// The image database pods copy `devctl-agent` from (an init container runs
+    /// `/devctl-agent install`); the operator's own image.
+    pub agent_image: String,
 }
 
 /// The default of `--concurrency`, as controller-runtime users expect.
@@ -35,6 +38,7 @@ impl Default for Settings {
             health_requeue: Duration::from_secs(300),
             metrics: Arc::default(),
             concurrency: DEFAULT_CONCURRENCY,
+            agent_image: crate::manifests::DEFAULT_IMAGE.into(),
         }
     }
 }

@@ -22,8 +22,11 @@ pub mod web_app;
 use futures::stream::BoxStream;
 use futures::{Future, FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 
 pub use context::Settings;
 pub use error::Error;
@@ -37,10 +40,14 @@ pub fn child_caches(client: kube::Client, namespace: Option<String>) -> CachesBu
         .add::<ConfigMap>()
         .add::<Secret>()
         .add::<Service>()
+        .add::<ServiceAccount>()
+        .add::<Role>()
+        .add::<RoleBinding>()
         .add::<StatefulSet>()
         .add::<Deployment>()
         .add::<PodDisruptionBudget>()
         .add_with_owner::<PersistentVolumeClaim>(database_cluster::claim_owner)
+        .add_trimmed::<Pod>(database_cluster::pod_owner, database_cluster::trim_pod)
 }
 
 /// The caches of every watch scope, running before (and independently of) leadership, so a

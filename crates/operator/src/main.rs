@@ -61,6 +61,10 @@ struct Args {
     /// once); controller-runtime's MaxConcurrentReconciles.
     #[arg(long, default_value_t = devctl_operator::context::DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..))]
     concurrency: u16,
+    /// Image the database pods copy `devctl-agent` from: the operator's own image (it holds
+    /// both binaries).
+    #[arg(long, env = "DEVCTL_AGENT_IMAGE", default_value = devctl_operator::manifests::DEFAULT_IMAGE)]
+    agent_image: String,
     /// Seconds between health checks of an unchanged, healthy object.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..))]
     health_requeue_seconds: u64,
@@ -160,6 +164,7 @@ async fn main() -> anyhow::Result<()> {
         health_requeue: Duration::from_secs(args.health_requeue_seconds),
         metrics: metrics.clone(),
         concurrency: args.concurrency,
+        agent_image: args.agent_image.clone(),
     };
     let (server_stop, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = if args.metrics_bind_address == "off" {

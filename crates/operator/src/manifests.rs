@@ -43,6 +43,9 @@ const OWN: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
 ///   delete (orphans such as the `-ro` Service after scaling to 1), get (the credentials
 ///   Secret is read before a password is ever generated);
 /// - PersistentVolumeClaims: watch and patch (volume expansion), never create or delete;
+/// - pods: watch (the agents' reports are annotations on their pods) and patch (role labels);
+/// - the agents' ServiceAccount, Role and RoleBinding per cluster: owned like other
+///   children (the operator holds every right those Roles grant);
 /// - events.k8s.io events: create and patch (the recorder folds repeats into series).
 pub const RULES: &[Rule] = &[
     Rule {
@@ -92,8 +95,18 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         group: "",
-        resources: &["persistentvolumeclaims"],
+        resources: &["persistentvolumeclaims", "pods"],
         verbs: &["get", "list", "watch", "patch"],
+    },
+    Rule {
+        group: "",
+        resources: &["serviceaccounts"],
+        verbs: OWN,
+    },
+    Rule {
+        group: "rbac.authorization.k8s.io",
+        resources: &["roles", "rolebindings"],
+        verbs: OWN,
     },
     Rule {
         group: "events.k8s.io",
@@ -357,6 +370,8 @@ fn deployment(options: &InstallOptions, watched: &[String]) -> Value {
         "--log-format=json".to_string(),
         "--leader-elect".to_string(),
         format!("--metrics-bind-address=0.0.0.0:{METRICS_PORT}"),
+        // The image holds devctl-agent too; database pods copy it from there.
+        format!("--agent-image={}", options.image),
     ];
     args.extend(
         watched

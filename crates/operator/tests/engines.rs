@@ -146,6 +146,11 @@ fn rendered_postgres_config_serves_scram_password_logins() {
             ))
             .arg("-c")
             .arg(format!("hba_file={}", conf.join(postgres::HBA).display()))
+            .arg("-c")
+            .arg(format!(
+                "ident_file={}",
+                conf.join(postgres::IDENT).display()
+            ))
             // Only what a test on a shared machine must change: where to listen.
             .args([
                 "-c",
@@ -190,15 +195,36 @@ fn rendered_postgres_config_serves_scram_password_logins() {
         "128MB",
         "the rendered config was not used"
     );
+    // Over the network only scram-sha-256; peer only for the superuser on the local socket.
     let methods = psql(
         password,
-        "SELECT DISTINCT auth_method FROM pg_hba_file_rules WHERE error IS NULL",
+        "SELECT type, user_name, auth_method FROM pg_hba_file_rules WHERE error IS NULL ORDER BY line_number",
     );
     assert_eq!(
         String::from_utf8_lossy(&methods.stdout).trim(),
-        "scram-sha-256",
+        "local|{postgres}|peer\nlocal|{all}|scram-sha-256\nhost|{all}|scram-sha-256\nhost|{all}|scram-sha-256\nhost|{all}|scram-sha-256\nhost|{all}|scram-sha-256",
         "{}",
         text(&methods)
+    );
+    let ident_errors = psql(
+        password,
+        "SELECT count(*) FROM pg_ident_file_mappings WHERE error IS NOT NULL OR map_name <> 'devctl'",
+    );
+    assert_eq!(String::from_utf8_lossy(&ident_errors.stdout).trim(), "0");
+    // The superuser logs in without a password over the socket, as the agent does.
+    let peer = as_postgres(&bin.join("psql"))
+        .args(["-h"])
+        .arg(&socket)
+        .args(["-p", &port.to_string(), "-U", "postgres", "-d", "postgres"])
+        .args(["-X", "-A", "-t", "-c", "SELECT current_user"])
+        .env_remove("PGPASSWORD")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&peer.stdout).trim(),
+        "postgres",
+        "{}",
+        text(&peer)
     );
     let rule_errors = psql(
         password,

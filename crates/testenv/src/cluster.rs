@@ -13,6 +13,7 @@ use serde_json::json;
 
 use crate::control_plane::{ControlPlane, Options, http_request};
 use crate::kubeconfig;
+use crate::pod_runner::{Connection, PodBacking, PodRunner};
 use crate::process::{ManagedProcess, free_port};
 use crate::{Error, FIELD_MANAGER};
 
@@ -82,6 +83,10 @@ spec:
           storage: {{ .spec.resources.requests.storage }}
 "#;
 
+/// The user name the pod runner acts as (group `system:masters`); the agents it starts act as
+/// their pods' ServiceAccounts.
+pub const POD_RUNNER_USER: &str = "devctl-testenv-pod-runner";
+
 /// The storage class kwok's volume stages provision (kwok's stages select it by name).
 pub const STORAGE_CLASS: &str = "kwok-volume";
 
@@ -91,6 +96,9 @@ pub struct ClusterOptions {
     pub control_plane: Options,
     /// Number of simulated nodes.
     pub nodes: usize,
+    /// What backs database pods (see [`crate::pod_runner`]); [`PodBacking::Simulated`] by
+    /// default.
+    pub pods: PodBacking,
 }
 
 impl Default for ClusterOptions {
@@ -98,12 +106,15 @@ impl Default for ClusterOptions {
         Self {
             control_plane: Options::default(),
             nodes: 3,
+            pods: PodBacking::default(),
         }
     }
 }
 
 /// A control plane with controllers, a scheduler and simulated nodes.
 pub struct Cluster {
+    // Dropped first: agents stop while the API server still answers.
+    pod_runner: Option<PodRunner>,
     control_plane: ControlPlane,
     nodes: Vec<String>,
 }
@@ -220,6 +231,7 @@ impl Cluster {
         )?);
 
         let mut cluster = Self {
+            pod_runner: None,
             control_plane,
             nodes: Vec::new(),
         };
@@ -228,6 +240,17 @@ impl Cluster {
         cluster
             .wait_until_started(kcm_port, scheduler_port, &kwok_address)
             .await?;
+        let server_ca_pem = std::fs::read_to_string(&cluster.server_ca_path)
+            .map_err(|e| Error::io(format!("read {}", cluster.server_ca_path.display()), e))?;
+        cluster.pod_runner = PodRunner::start(
+            &options.pods,
+            Connection {
+                // Its own name, so the audit log tells its requests from the tests'.
+                kubeconfig: cluster.kubeconfig_for(POD_RUNNER_USER, &["system:masters"])?,
+                server: cluster.server().to_string(),
+                server_ca_pem,
+            },
+        )?;
         tracing::info!(elapsed = ?started.elapsed(), "cluster ready");
         Ok(cluster)
     }
@@ -390,6 +413,11 @@ impl Cluster {
     /// The simulated nodes' names.
     pub fn nodes(&self) -> &[String] {
         &self.nodes
+    }
+
+    /// What runs database pods: `None` with [`PodBacking::None`].
+    pub fn pod_runner(&self) -> Option<&PodRunner> {
+        self.pod_runner.as_ref()
     }
 }
 

@@ -15,6 +15,12 @@
 //! [`ControlPlane::client`] (a client is bound to the tokio runtime that made it, and every
 //! `#[tokio::test]` has its own runtime). The shared processes are killed and their directory
 //! removed when the test binary exits.
+//!
+//! # Database pods
+//! kwok runs nothing. A [`Cluster`]'s [`PodRunner`] backs the operator's database pods: by
+//! default with simulated ready reports ([`PodBacking::Simulated`], what [`shared_cluster`]
+//! does), or with real `devctl-agent` processes ([`PodBacking::Processes`],
+//! [`shared_process_cluster`]). See [`pod_runner`].
 
 pub mod audit;
 pub mod binaries;
@@ -23,6 +29,7 @@ pub mod control_plane;
 pub mod kstatus;
 pub mod kubeconfig;
 pub mod pki;
+pub mod pod_runner;
 pub mod process;
 
 use std::time::Duration;
@@ -30,6 +37,7 @@ use std::time::Duration;
 pub use audit::{AuditLog, AuditMark};
 pub use cluster::{Cluster, ClusterOptions};
 pub use control_plane::{ControlPlane, Options};
+pub use pod_runner::{PodBacking, PodRunner};
 
 /// The field manager the harness uses for what it applies itself (CRDs, nodes, storage class).
 pub const FIELD_MANAGER: &str = "devctl-testenv";
@@ -72,6 +80,7 @@ impl Error {
 static SHARED_CONTROL_PLANE: tokio::sync::OnceCell<ControlPlane> =
     tokio::sync::OnceCell::const_new();
 static SHARED_CLUSTER: tokio::sync::OnceCell<Cluster> = tokio::sync::OnceCell::const_new();
+static SHARED_PROCESS_CLUSTER: tokio::sync::OnceCell<Cluster> = tokio::sync::OnceCell::const_new();
 
 /// The control plane shared by every test in this test binary (audit log on).
 ///
@@ -103,6 +112,30 @@ pub async fn shared_cluster() -> Result<&'static Cluster, Error> {
         })
         .await?;
     println!("{}", cluster.describe());
+    Ok(cluster)
+}
+
+/// A second shared cluster (audit log on, 3 nodes) whose database pods run `devctl-agent`
+/// processes ([`PodBacking::Processes`], the agent found by [`pod_runner::find_agent`]), for
+/// tests of the data path. Fails with what to build when there is no agent binary.
+pub async fn shared_process_cluster() -> Result<&'static Cluster, Error> {
+    let cluster = SHARED_PROCESS_CLUSTER
+        .get_or_try_init(|| async {
+            Cluster::start_with(ClusterOptions {
+                control_plane: Options {
+                    audit: true,
+                    ..Options::default()
+                },
+                pods: PodBacking::processes()?,
+                ..ClusterOptions::default()
+            })
+            .await
+        })
+        .await?;
+    println!("{}", cluster.describe());
+    if let Some(runner) = cluster.pod_runner() {
+        println!("agent logs: {}", runner.logs_dir().display());
+    }
     Ok(cluster)
 }
 

@@ -64,8 +64,11 @@ extern "C" fn cleanup_at_exit() {
         return;
     };
     for pid in std::mem::take(&mut registry.pids).into_keys() {
-        // SAFETY: kill(2) on a pid we started and have not reaped; at worst ESRCH.
+        // SAFETY: kill(2) on a pid we started and have not reaped; at worst ESRCH. Every
+        // child leads its own process group (see `spawn`): the group goes too, so what a
+        // child started itself (a database agent's engine) does not outlive it.
         unsafe {
+            libc::kill(-(pid as libc::pid_t), libc::SIGKILL);
             libc::kill(pid as libc::pid_t, libc::SIGKILL);
         }
     }
@@ -84,6 +87,52 @@ pub(crate) fn remove_dir_at_exit(dir: &Path) {
 pub(crate) fn forget_dir_at_exit(dir: &Path) {
     if let Ok(mut r) = registry().lock() {
         r.dirs.retain(|d| d != dir);
+    }
+}
+
+/// Starts `command` from the spawner thread with `PR_SET_PDEATHSIG = SIGKILL`, in a process
+/// group of its own, and registers it for the `atexit` hook (which kills its whole group).
+/// Unregister it with [`forget_pid`] once it has been reaped.
+///
+/// The pre-exec step runs after `Command::uid`/`gid` took effect: changing credentials
+/// clears the parent-death signal, so setting it last keeps it for a child that drops root.
+pub(crate) fn spawn(name: &str, mut command: Command) -> std::io::Result<Child> {
+    let parent = std::process::id();
+    // SAFETY: the closure runs between fork and exec and only calls async-signal-safe
+    // functions (prctl, getppid, setpgid, _exit).
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died between fork and prctl.
+            if libc::getppid() as u32 != parent {
+                libc::_exit(1);
+            }
+            // Own process group: a Ctrl-C in the terminal reaches us, and we stop the
+            // children in order instead of the terminal killing them all at once.
+            libc::setpgid(0, 0);
+            Ok(())
+        });
+    }
+    let gone = || std::io::Error::other(format!("{name}: the testenv spawner thread is gone"));
+    let (tx, rx) = mpsc::channel();
+    spawner()
+        .lock()
+        .map_err(|_| std::io::Error::other(format!("{name}: spawner lock poisoned")))?
+        .send((command, tx))
+        .map_err(|_| gone())?;
+    let child = rx.recv().map_err(|_| gone())??;
+    if let Ok(mut r) = registry().lock() {
+        r.pids.insert(child.id(), name.to_string());
+    }
+    Ok(child)
+}
+
+/// Stops the `atexit` hook from killing `pid` (call once it has been reaped).
+pub(crate) fn forget_pid(pid: u32) {
+    if let Ok(mut r) = registry().lock() {
+        r.pids.remove(&pid);
     }
 }
 
@@ -113,37 +162,8 @@ impl ManagedProcess {
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err);
-        let parent = std::process::id();
-        // SAFETY: the closure runs between fork and exec and only calls async-signal-safe
-        // functions (prctl, getppid, setpgid, _exit).
-        unsafe {
-            command.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // The parent may have died between fork and prctl.
-                if libc::getppid() as u32 != parent {
-                    libc::_exit(1);
-                }
-                // Own process group: a Ctrl-C in the terminal reaches us, and we stop the
-                // children in order instead of the terminal killing them all at once.
-                libc::setpgid(0, 0);
-                Ok(())
-            });
-        }
-        let (tx, rx) = mpsc::channel();
-        spawner()
-            .lock()
-            .map_err(|_| Error::Process(format!("{name}: spawner lock poisoned")))?
-            .send((command, tx))
-            .map_err(|_| Error::Process(format!("{name}: spawner thread is gone")))?;
-        let child = rx
-            .recv()
-            .map_err(|_| Error::Process(format!("{name}: spawner thread is gone")))?
+        let child = spawn(name, command)
             .map_err(|e| Error::io(format!("start {} ({})", name, program.display()), e))?;
-        if let Ok(mut r) = registry().lock() {
-            r.pids.insert(child.id(), name.to_string());
-        }
         tracing::debug!(name, pid = child.id(), log = %log_path.display(), "started");
         Ok(Self {
             name: name.to_string(),
@@ -193,9 +213,7 @@ impl ManagedProcess {
             let _ = self.child.kill();
         }
         let _ = self.child.wait();
-        if let Ok(mut r) = registry().lock() {
-            r.pids.remove(&self.child.id());
-        }
+        forget_pid(self.child.id());
     }
 }
 

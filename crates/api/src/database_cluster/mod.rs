@@ -6,7 +6,9 @@ pub mod v1beta1;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-pub use v1beta1::{DatabaseCluster, DatabaseClusterSpec, DatabaseClusterStatus, Engine, Phase};
+pub use v1beta1::{
+    DatabaseCluster, DatabaseClusterSpec, DatabaseClusterStatus, Engine, InstanceSummary, Phase,
+};
 
 /// The finalizer the operator puts on every DatabaseCluster.
 pub const FINALIZER: &str = "db.devctl.io/finalizer";

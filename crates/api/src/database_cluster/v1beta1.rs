@@ -267,4 +267,32 @@ pub struct DatabaseClusterStatus {
     /// Completion time of the last successful backup (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_backup: Option<String>,
+
+    /// Each instance as its agent reports it, by pod name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub instances: Vec<InstanceSummary>,
+}
+
+/// One instance (pod) of the cluster, from its agent's report.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceSummary {
+    /// The pod's name.
+    pub name: String,
+    /// `primary` or `replica`, as the engine reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// The engine accepts connections and the pod is Ready.
+    #[serde(default)]
+    pub ready: bool,
+    /// The engine's timeline (PostgreSQL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<i64>,
+    /// Replication lag in bytes (replicas).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_bytes: Option<i64>,
+    /// Why the instance is not ready, or the agent's last error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }

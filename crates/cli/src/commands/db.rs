@@ -1,4 +1,4 @@
-//! `devctl db create|list|status|credentials|delete`.
+//! `devctl db create|list|status|shell|credentials|delete`.
 
 use std::time::Duration;
 
@@ -50,6 +50,18 @@ pub enum DbCommand {
     },
     /// Show a cluster's phase, conditions, endpoints, pods and recent events.
     Status { name: String },
+    /// Open the engine's client (psql, mariadb) as the app user on the primary, or on the
+    /// instance named by --instance. Arguments after `--` go to the client; `-c SQL` runs one
+    /// statement with either engine.
+    Shell {
+        name: String,
+        /// The pod of the instance to connect to (default: the primary).
+        #[arg(long)]
+        instance: Option<String>,
+        /// Arguments for the client, after `--`.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
     /// Show how to connect (password masked unless --show-password).
     Credentials {
         name: String,
@@ -153,6 +165,19 @@ pub async fn run(global: &GlobalArgs, command: DbCommand) -> anyhow::Result<()> 
             .await
         }
         DbCommand::Status { name } => status(global, &connection, &api, &name).await,
+        DbCommand::Shell {
+            name,
+            instance,
+            args,
+        } => {
+            let code =
+                super::shell::shell(&connection, &api, &name, instance.as_deref(), &args).await?;
+            if code != 0 {
+                // The client's own exit code, after its password file is gone.
+                std::process::exit(code);
+            }
+            Ok(())
+        }
         DbCommand::Credentials {
             name,
             show_password,
@@ -391,6 +416,26 @@ async fn status(
         status.connection_secret_name.as_deref().unwrap_or("-")
     );
     output::conditions(&status.conditions);
+    if !status.instances.is_empty() {
+        println!();
+        table(
+            &["INSTANCE", "ROLE", "READY", "TIMELINE", "LAG", "MESSAGE"],
+            &status
+                .instances
+                .iter()
+                .map(|i| {
+                    vec![
+                        i.name.clone(),
+                        i.role.clone().unwrap_or_else(|| "-".into()),
+                        i.ready.to_string(),
+                        i.timeline.map_or("-".into(), |t| t.to_string()),
+                        i.lag_bytes.map_or("-".into(), |l| format!("{l} B")),
+                        i.message.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect::<Vec<_>>(),
+        );
+    }
     print_pods_and_events(&related);
     related.check()
 }

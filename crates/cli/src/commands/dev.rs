@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Subcommand;
-use devctl_testenv::{Cluster, ClusterOptions, Options};
+use devctl_testenv::{Cluster, ClusterOptions, Options, PodBacking};
 
 #[derive(Subcommand)]
 pub enum DevCommand {
@@ -20,6 +20,10 @@ pub enum DevCommand {
         /// Install the CRDs but do not run the operator (run `devctl-operator` yourself).
         #[arg(long)]
         no_operator: bool,
+        /// Do not run databases: database pods get simulated ready reports instead of a
+        /// `devctl-agent` with a real PostgreSQL/MariaDB (fast, no data path).
+        #[arg(long)]
+        simulated: bool,
     },
 }
 
@@ -29,12 +33,21 @@ pub async fn run(command: DevCommand) -> anyhow::Result<()> {
             nodes,
             audit,
             no_operator,
-        } => up(nodes.into(), audit, !no_operator).await,
+            simulated,
+        } => up(nodes.into(), audit, !no_operator, simulated).await,
     }
 }
 
-async fn up(nodes: usize, audit: bool, run_operator: bool) -> anyhow::Result<()> {
+async fn up(nodes: usize, audit: bool, run_operator: bool, simulated: bool) -> anyhow::Result<()> {
     let started = Instant::now();
+    // Each database pod runs `devctl-agent` with this machine's PostgreSQL/MariaDB.
+    let pods = if simulated {
+        PodBacking::Simulated
+    } else {
+        PodBacking::processes().context(
+            "database pods run devctl-agent: build it next to devctl (`cargo build -p devctl-agent`) or pass --simulated",
+        )?
+    };
     eprintln!(
         "Starting a local cluster (etcd, kube-apiserver, controller-manager, scheduler, kwok with {nodes} nodes)..."
     );
@@ -44,6 +57,7 @@ async fn up(nodes: usize, audit: bool, run_operator: bool) -> anyhow::Result<()>
             ..Options::default()
         },
         nodes,
+        pods,
     })
     .await
     .context("starting the local cluster")?;
@@ -91,8 +105,12 @@ async fn up(nodes: usize, audit: bool, run_operator: bool) -> anyhow::Result<()>
     }
     println!("  {} apply -f examples/postgres.yaml", kubectl.display());
     println!("  {} get dbc -w", kubectl.display());
+    println!("  devctl db shell my-postgres -- -c 'select version()'");
     println!();
     println!("Logs: {}", cluster.log_dir().display());
+    if let Some(runner) = cluster.pod_runner().filter(|r| r.runs_processes()) {
+        println!("Database agents' logs: {}", runner.logs_dir().display());
+    }
     println!("Press Ctrl-C to stop and remove everything.");
 
     wait_for_shutdown_signal().await?;

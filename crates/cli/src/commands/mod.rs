@@ -1,6 +1,7 @@
 pub mod db;
 pub mod dev;
 pub mod operator;
+pub mod shell;
 pub mod webapp;
 
 use kube::api::{Api, ListParams};

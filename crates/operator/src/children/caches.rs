@@ -287,7 +287,13 @@ impl CachesBuilder {
 
     /// Caches `K`, finding the owner with `owner_of` (for objects other controllers create
     /// without an owner reference, such as a StatefulSet's claims).
-    pub fn add_with_owner<K: ChildKind>(mut self, owner_of: OwnerOf<K>) -> Self {
+    pub fn add_with_owner<K: ChildKind>(self, owner_of: OwnerOf<K>) -> Self {
+        self.add_trimmed(owner_of, prune::<K>)
+    }
+
+    /// Caches `K`, finding the owner with `owner_of` and keeping of each object only what
+    /// `trim` leaves (for kinds the operator reads a few fields of, such as pods).
+    pub fn add_trimmed<K: ChildKind>(mut self, owner_of: OwnerOf<K>, trim: fn(&mut K)) -> Self {
         let (store, writer) = reflector::store::<K>();
         let (set_state, state) = watch::channel(CacheState::Syncing);
         let config = watcher::Config::default().labels(&devctl_api::labels::managed_selector());
@@ -296,7 +302,7 @@ impl CachesBuilder {
         let applier = self.applier.clone();
         let watch = watcher(api, config)
             .default_backoff()
-            .modify(prune)
+            .modify(trim)
             .reflect(writer)
             .for_each(move |event| {
                 let owner = match &event {

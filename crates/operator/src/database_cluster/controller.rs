@@ -10,7 +10,7 @@ use futures::Future;
 use futures::stream::BoxStream;
 use k8s_openapi::Resource as _;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -18,6 +18,7 @@ use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
+use super::instances::{self, Instances, pod_owner};
 use super::resources::{self, Inputs, Names, secret};
 use super::status::{self, Observed};
 use crate::children::caches::OwnerKey;
@@ -126,6 +127,7 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
             .caches
             .get::<StatefulSet>(&names.namespace, &names.stateful_set());
         let target_image = resources::stateful_set::image(&db, &target_version);
+        let instances = observe_instances(&db, ctx, &names);
         let observed = Observed {
             stateful_set: sts.as_deref(),
             target_version: &target_version,
@@ -136,11 +138,26 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
             stateful_set_applied: applied(outcome, StatefulSet::KIND),
             failure: outcome.err().map(Error::failure),
             cluster_domain: &ctx.settings.cluster_domain,
+            instances,
         };
         let status = status::compute(&db, &observed, &now());
         (status.is_some() && status != db.status).then(|| json!(status))
     })
     .await
+}
+
+/// The cluster's instances from the agents' reports on its pods.
+fn observe_instances(db: &DatabaseCluster, ctx: &Context, names: &Names) -> Instances {
+    let pods = ctx.caches.filter::<Pod>(|pod| {
+        pod.metadata.namespace.as_deref() == Some(names.namespace.as_str())
+            && pod_owner(pod).is_some_and(|owner| owner.name == names.name)
+    });
+    let pods: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
+    let credentials_version = ctx
+        .caches
+        .get::<Secret>(&names.namespace, &names.secret())
+        .and_then(|s| s.metadata.resource_version.clone());
+    instances::observe(&pods, db.spec.replicas, credentials_version.as_deref())
 }
 
 /// What one convergence did.
@@ -175,6 +192,7 @@ async fn converge(
         version: target_version,
         existing_claim_size: existing_claim_size.as_deref(),
         cluster_domain: &ctx.settings.cluster_domain,
+        agent_image: &ctx.settings.agent_image,
     };
     let desired = resources::desired(db, &inputs)?;
     let owner = Owner {

@@ -1,7 +1,9 @@
 //! The DatabaseCluster controller.
 
 pub mod controller;
+pub mod instances;
 pub mod resources;
 pub mod status;
 
 pub use controller::{claim_owner, controller};
+pub use instances::{pod_owner, trim_pod};

@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::error::Failure;
 
+use super::instances::Instances;
 use super::resources::{Names, selector};
 
 /// What the reconcile saw and did.
@@ -29,6 +30,8 @@ pub struct Observed<'a> {
     /// Why the reconcile failed.
     pub failure: Option<Failure>,
     pub cluster_domain: &'a str,
+    /// The instances as their agents report them.
+    pub instances: Instances,
 }
 
 /// Reason of `Degraded` while a regenerated password has not reached the database. It stays
@@ -75,9 +78,18 @@ pub fn compute(
     let previous = db.status.clone().unwrap_or_default();
     let want = db.spec.replicas;
     let sts_status = observed.stateful_set.and_then(|s| s.status.as_ref());
-    let ready = sts_status.and_then(|s| s.ready_replicas).unwrap_or(0);
+    // Ready means the agents say their engines accept connections, not just that pods run.
+    let ready = observed.instances.ready;
     let replicas = sts_status.map(|s| s.replicas).unwrap_or(0);
-    let complete = rollout_complete(observed, want);
+    let complete = rollout_complete(observed, want) && ready >= want;
+    // What an instance's agent says is wrong, so "not ready" comes with a why.
+    let instance_problem = observed
+        .instances
+        .summaries
+        .iter()
+        .find(|i| !i.ready && i.message.is_some())
+        .map(|i| format!("; {}: {}", i.name, i.message.as_deref().unwrap_or_default()))
+        .unwrap_or_default();
 
     let current_version = if complete {
         Some(observed.target_version.to_string())
@@ -101,7 +113,7 @@ pub fn compute(
             Phase::Upgrading,
             "Upgrading",
             format!(
-                "rolling instances to version {} ({ready}/{want} ready)",
+                "rolling instances to version {} ({ready}/{want} ready){instance_problem}",
                 observed.target_version
             ),
         )
@@ -115,13 +127,13 @@ pub fn compute(
         (
             Phase::Creating,
             "Creating",
-            format!("{ready}/{want} instances ready"),
+            format!("{ready}/{want} instances ready{instance_problem}"),
         )
     } else {
         (
             Phase::Running,
             "Scaling",
-            format!("{ready}/{want} instances ready"),
+            format!("{ready}/{want} instances ready{instance_problem}"),
         )
     };
     let phase = if observed.failure.is_some() && current_version.is_none() {
@@ -161,9 +173,11 @@ pub fn compute(
         (None, None) if complete => Desired::new(READY, TRUE, "Ready", progress_message.clone()),
         (None, None) => Desired::new(READY, FALSE, progress_reason, progress_message.clone()),
     });
+    // Cleared once every ready instance reports the regenerated Secret applied.
     let regenerated = observed.credentials_regenerated
-        || conditions::find(&previous.conditions, DEGRADED)
-            .is_some_and(|c| c.status == TRUE && c.reason == CREDENTIALS_REGENERATED);
+        || (conditions::find(&previous.conditions, DEGRADED)
+            .is_some_and(|c| c.status == TRUE && c.reason == CREDENTIALS_REGENERATED)
+            && !observed.instances.credentials_applied);
     desired.push(match (&observed.failure, &observed.version_refused) {
         (Some(failure), _) => Desired::new(DEGRADED, TRUE, failure.reason, failure.message.clone()),
         _ if regenerated => Desired::new(
@@ -215,6 +229,7 @@ pub fn compute(
         current_version,
         storage_size,
         last_backup: previous.last_backup,
+        instances: observed.instances.summaries.clone(),
     })
 }
 
@@ -253,6 +268,14 @@ mod tests {
             stateful_set_applied: false,
             failure: None,
             cluster_domain: "cluster.local",
+            // Every ready pod's agent reports its engine ready.
+            instances: Instances {
+                ready: sts
+                    .and_then(|s| s.status.as_ref())
+                    .and_then(|s| s.ready_replicas)
+                    .unwrap_or(0),
+                ..Instances::default()
+            },
         }
     }
 

@@ -7,11 +7,13 @@ pub const CONFIG_DIR: &str = "/etc/devctl";
 pub const DATA_DIR: &str = "/var/lib/postgresql/data";
 pub const CONF: &str = "postgresql.conf";
 pub const HBA: &str = "pg_hba.conf";
+pub const IDENT: &str = "pg_ident.conf";
 
 pub fn render(memory_mib: u64) -> BTreeMap<String, String> {
     BTreeMap::from([
         (CONF.to_string(), postgresql_conf(memory_mib)),
         (HBA.to_string(), pg_hba_conf()),
+        (IDENT.to_string(), pg_ident_conf()),
     ])
 }
 
@@ -53,15 +55,29 @@ log_disconnections = on
     )
 }
 
-/// Password authentication with scram-sha-256 for every rule; no `trust`, no `md5`.
+/// Password authentication with scram-sha-256 for every rule; no `trust`, no `md5`. The one
+/// exception is the superuser `postgres` over the agent's private Unix socket (its directory
+/// is the agent's own, mode 0700): peer authentication, so the superuser has no password
+/// that could leak (CloudNativePG's instance manager does the same).
 fn pg_hba_conf() -> String {
     "# Rendered by devctl-operator; edits are overwritten.
-# TYPE  DATABASE     USER  ADDRESS    METHOD
-local   all          all              scram-sha-256
+# TYPE  DATABASE     USER      ADDRESS    METHOD
+local   all          postgres             peer map=devctl
+local   all          all                  scram-sha-256
 host    all          all   0.0.0.0/0  scram-sha-256
 host    all          all   ::/0       scram-sha-256
 host    replication  all   0.0.0.0/0  scram-sha-256
 host    replication  all   ::/0       scram-sha-256
+"
+    .to_string()
+}
+
+/// Maps the agent's operating-system user (whatever UID the image runs as) to `postgres`
+/// for peer authentication on the private socket.
+fn pg_ident_conf() -> String {
+    "# Rendered by devctl-operator; edits are overwritten.
+# MAPNAME  SYSTEM-USERNAME  PG-USERNAME
+devctl     /^.*$            postgres
 "
     .to_string()
 }
@@ -80,13 +96,18 @@ mod tests {
     }
 
     #[test]
-    fn every_rule_uses_scram() {
+    fn every_network_rule_uses_scram_and_only_the_local_superuser_uses_peer() {
         let hba = &render(512)[HBA];
         for rule in hba
             .lines()
             .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         {
-            assert!(rule.trim_end().ends_with("scram-sha-256"), "{rule}");
+            let fields: Vec<&str> = rule.split_whitespace().collect();
+            if fields[0] == "local" && fields[2] == "postgres" {
+                assert_eq!(fields[3..], ["peer", "map=devctl"], "{rule}");
+            } else {
+                assert!(rule.trim_end().ends_with("scram-sha-256"), "{rule}");
+            }
         }
         assert!(!hba.contains("trust") && !hba.contains("md5"));
     }

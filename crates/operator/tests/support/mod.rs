@@ -155,14 +155,19 @@ impl Env {
     }
 }
 
-/// A fresh namespace with the operator watching it.
+/// A fresh namespace on the shared cluster (simulated instance reports) with the operator
+/// watching it.
 pub async fn start(prefix: &str) -> Env {
+    start_on(devctl_testenv::shared_cluster().await.unwrap(), prefix).await
+}
+
+/// A fresh namespace on `cluster` with the operator watching it.
+pub async fn start_on(cluster: &'static Cluster, prefix: &str) -> Env {
     // `RUST_LOG=devctl_operator=debug` shows the operator's logs in failing tests.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    let cluster = devctl_testenv::shared_cluster().await.unwrap();
     cluster.install_crds(&devctl_api::crds()).await.unwrap();
     let namespace = cluster.create_namespace(prefix).await.unwrap();
     let client = cluster.client().await.unwrap();

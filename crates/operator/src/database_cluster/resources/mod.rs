@@ -1,6 +1,7 @@
 //! The desired children of a DatabaseCluster: pure functions of the spec and a few observed
 //! facts (the existing password, the existing claim size), one file per child.
 
+pub mod agent_rbac;
 pub mod config_map;
 pub mod pod_disruption_budget;
 pub mod secret;
@@ -17,8 +18,11 @@ use serde_json::{Value, json};
 
 use k8s_openapi::Resource as _;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 
 use crate::children::Child;
 use crate::error::{Error, Result};
@@ -28,18 +32,26 @@ pub const KINDS: &[&str] = &[
     ConfigMap::KIND,
     Secret::KIND,
     Service::KIND,
+    ServiceAccount::KIND,
+    Role::KIND,
+    RoleBinding::KIND,
     StatefulSet::KIND,
     PodDisruptionBudget::KIND,
 ];
 
-/// Every kind the controller reads from the caches: what it owns and the volume claims.
+/// Every kind the controller reads from the caches: what it owns, the volume claims and the
+/// pods (whose annotations carry the agents' reports).
 pub const READS: &[&str] = &[
     ConfigMap::KIND,
     Secret::KIND,
     Service::KIND,
+    ServiceAccount::KIND,
+    Role::KIND,
+    RoleBinding::KIND,
     StatefulSet::KIND,
     PodDisruptionBudget::KIND,
     PersistentVolumeClaim::KIND,
+    Pod::KIND,
 ];
 
 /// `app.kubernetes.io/name` of everything a DatabaseCluster owns.
@@ -56,6 +68,8 @@ pub struct Inputs<'a> {
     pub existing_claim_size: Option<&'a str>,
     /// DNS suffix of the cluster, e.g. `cluster.local`.
     pub cluster_domain: &'a str,
+    /// The image whose `/devctl-agent` the init container copies into each database pod.
+    pub agent_image: &'a str,
 }
 
 /// Names and shared pieces derived from the DatabaseCluster.
@@ -93,6 +107,10 @@ impl Names {
     }
     pub fn pod_disruption_budget(&self) -> String {
         self.name.clone()
+    }
+    /// The agents' ServiceAccount, Role and RoleBinding.
+    pub fn agent(&self) -> String {
+        format!("{}-agent", self.name)
     }
     /// Cluster DNS name of one of the services.
     pub fn dns(&self, service: &str, cluster_domain: &str) -> String {
@@ -136,6 +154,8 @@ pub fn desired(db: &DatabaseCluster, inputs: &Inputs<'_>) -> Result<Vec<Child>> 
         secret::desired(db, &names, inputs)?,
     ];
     children.extend(services::desired(db, &names, inputs)?);
+    // The agents' rights exist before the pods that use them.
+    children.extend(agent_rbac::desired(db, &names, inputs)?);
     children.push(stateful_set::desired(db, &names, inputs)?);
     children.extend(pod_disruption_budget::desired(db, &names, inputs)?);
     Ok(children)
@@ -163,6 +183,7 @@ pub(crate) mod test_support {
             version: "16.2",
             existing_claim_size: None,
             cluster_domain: "cluster.local",
+            agent_image: "ghcr.io/devctl/devctl-operator:v0.1.0",
         }
     }
 }
@@ -184,6 +205,9 @@ mod tests {
                 ("Service", "my-postgres-headless"),
                 ("Service", "my-postgres-rw"),
                 ("Service", "my-postgres-ro"),
+                ("ServiceAccount", "my-postgres-agent"),
+                ("Role", "my-postgres-agent"),
+                ("RoleBinding", "my-postgres-agent"),
                 ("StatefulSet", "my-postgres"),
                 ("PodDisruptionBudget", "my-postgres"),
             ]

@@ -13,13 +13,11 @@ use k8s_openapi::api::core::v1::Secret;
 use crate::children::Child;
 use crate::error::Result;
 
-/// The database user the applications connect as.
-pub fn username(engine: Engine) -> &'static str {
-    match engine {
-        Engine::Postgres => "postgres",
-        // MySQL's image refuses MYSQL_USER=root; the root account gets a random password.
-        Engine::Mysql => "app",
-    }
+/// The database user the applications connect as: an ordinary role owning the database
+/// `app`, never the superuser (the agent alone administers the engine, over a private
+/// socket).
+pub fn username(_engine: Engine) -> &'static str {
+    "app"
 }
 
 pub const DATABASE: &str = "app";

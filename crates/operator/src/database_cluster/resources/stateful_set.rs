@@ -46,84 +46,128 @@ pub fn image(db: &DatabaseCluster, version: &str) -> String {
     }
 }
 
-fn secret_env(name: &str, secret: &str, key: &str) -> Value {
-    json!({ "name": name, "valueFrom": { "secretKeyRef": { "name": secret, "key": key } } })
+/// Where the agent binary lives in the database container (copied in by the init container).
+pub const AGENT_DIR: &str = "/devctl/bin";
+/// The agent's `/healthz` and `/readyz` port.
+pub const AGENT_HEALTH_PORT: u16 = devctl_api::instance::DEFAULT_HEALTH_PORT;
+/// Where the projected ServiceAccount token is mounted (kube clients look there).
+const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+fn field_env(name: &str, path: &str) -> Value {
+    json!({ "name": name, "valueFrom": { "fieldRef": { "fieldPath": path } } })
+}
+
+fn value_env(name: &str, value: impl Into<String>) -> Value {
+    json!({ "name": name, "value": value.into() })
+}
+
+/// The agent's environment (names in `devctl_api::instance::env`): who it is, where its
+/// engine's files are, and the Secret whose passwords it keeps the roles in line with.
+fn agent_env(
+    db: &DatabaseCluster,
+    names: &Names,
+    data_dir: &str,
+    config_dir: &str,
+    run_dir: &str,
+) -> Value {
+    use devctl_api::instance::env;
+    let listen = match db.spec.engine {
+        Engine::Postgres => "*",
+        Engine::Mysql => "0.0.0.0",
+    };
+    json!([
+        value_env(env::ENGINE, db.spec.engine.as_str()),
+        value_env(env::CLUSTER, names.name.clone()),
+        value_env(env::CREDENTIALS_SECRET, names.secret()),
+        field_env(env::POD_NAME, "metadata.name"),
+        field_env(env::POD_NAMESPACE, "metadata.namespace"),
+        field_env(env::POD_UID, "metadata.uid"),
+        field_env(env::POD_IP, "status.podIP"),
+        // A subdirectory: the volume's root may hold lost+found, which initdb refuses.
+        value_env(env::DATA_DIR, format!("{data_dir}/data")),
+        value_env(env::CONFIG_DIR, config_dir),
+        value_env(env::RUN_DIR, run_dir),
+        value_env(env::PORT, db.spec.port().to_string()),
+        value_env(env::LISTEN_ADDRESS, listen),
+        value_env(env::HEALTH_PORT, AGENT_HEALTH_PORT.to_string()),
+    ])
+}
+
+/// The projected token the agent talks to the API server with: short-lived and rotated by
+/// the kubelet, with the cluster CA and the namespace, at the path kube clients look at.
+fn token_volume() -> Value {
+    json!({
+        "name": "agent-token",
+        "projected": {
+            "sources": [
+                { "serviceAccountToken": { "path": "token", "expirationSeconds": 3600 } },
+                { "configMap": { "name": "kube-root-ca.crt", "items": [{ "key": "ca.crt", "path": "ca.crt" }] } },
+                { "downwardAPI": { "items": [{ "path": "namespace", "fieldRef": { "fieldPath": "metadata.namespace" } }] } },
+            ]
+        }
+    })
 }
 
 pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Result<Child> {
     let spec = &db.spec;
     let name = names.stateful_set();
-    let secret_name = names.secret();
     let image = image(db, inputs.version);
     let port = spec.port();
     let port_name = services::port_name(db);
 
-    let (config_dir, data_dir, run_dir, args, env, probe_command) = match spec.engine {
+    let (config_dir, data_dir, run_dir) = match spec.engine {
         Engine::Postgres => (
             postgres::CONFIG_DIR,
             postgres::DATA_DIR,
             "/var/run/postgresql",
-            json!([
-                "-c",
-                format!("config_file={}/{}", postgres::CONFIG_DIR, postgres::CONF),
-                "-c",
-                format!("hba_file={}/{}", postgres::CONFIG_DIR, postgres::HBA),
-            ]),
-            json!([
-                secret_env("POSTGRES_USER", &secret_name, "username"),
-                secret_env("POSTGRES_PASSWORD", &secret_name, "password"),
-                secret_env("POSTGRES_DB", &secret_name, "dbname"),
-                // A subdirectory: the volume's root may hold lost+found, which initdb refuses.
-                { "name": "PGDATA", "value": format!("{}/pgdata", postgres::DATA_DIR) },
-            ]),
-            json!(["pg_isready", "--host=127.0.0.1", format!("--port={port}")]),
         ),
-        Engine::Mysql => (
-            mysql::CONFIG_DIR,
-            mysql::DATA_DIR,
-            "/var/run/mysqld",
-            json!([]),
-            json!([
-                secret_env("MYSQL_USER", &secret_name, "username"),
-                secret_env("MYSQL_PASSWORD", &secret_name, "password"),
-                secret_env("MYSQL_DATABASE", &secret_name, "dbname"),
-                { "name": "MYSQL_RANDOM_ROOT_PASSWORD", "value": "yes" },
-            ]),
-            json!([
-                "mysqladmin",
-                "ping",
-                "--host=127.0.0.1",
-                format!("--port={port}")
-            ]),
-        ),
+        Engine::Mysql => (mysql::CONFIG_DIR, mysql::DATA_DIR, "/var/run/mysqld"),
     };
-    let probe = |initial_delay: i32, failure_threshold: i32| {
+    // The agent answers for the engine: ready only once the engine accepts connections.
+    let probe = |path: &str, initial_delay: i32, failure_threshold: i32| {
         json!({
-            "exec": { "command": probe_command },
+            "httpGet": { "path": path, "port": "agent-health" },
             "initialDelaySeconds": initial_delay,
             "periodSeconds": 10,
             "timeoutSeconds": 5,
             "failureThreshold": failure_threshold,
         })
     };
-    let mut container = json!({
+    let container = json!({
         "name": spec.engine.as_str(),
         "image": image,
-        "ports": [{ "name": port_name, "containerPort": port, "protocol": "TCP" }],
-        "env": env,
+        "command": [format!("{AGENT_DIR}/devctl-agent")],
+        "ports": [
+            { "name": port_name, "containerPort": port, "protocol": "TCP" },
+            { "name": "agent-health", "containerPort": AGENT_HEALTH_PORT, "protocol": "TCP" },
+        ],
+        "env": agent_env(db, names, data_dir, config_dir, run_dir),
         "resources": engine::effective_resources(spec),
         "securityContext": pod_security::restricted_container(),
+        // The agent's one-line reason for exiting, for `kubectl describe` and the operator.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [
             { "name": DATA_VOLUME, "mountPath": data_dir },
             { "name": "config", "mountPath": config_dir, "readOnly": true },
             { "name": "run", "mountPath": run_dir },
+            { "name": "agent", "mountPath": AGENT_DIR, "readOnly": true },
+            { "name": "agent-token", "mountPath": TOKEN_DIR, "readOnly": true },
         ],
-        "livenessProbe": probe(30, 6),
-        "readinessProbe": probe(5, 3),
+        "livenessProbe": probe("/healthz", 30, 6),
+        "readinessProbe": probe("/readyz", 5, 3),
     });
-    if args.as_array().is_some_and(|a| !a.is_empty()) {
-        container["args"] = args;
-    }
+    // The operator's image has no shell: the agent copies itself.
+    let install_agent = json!({
+        "name": "install-agent",
+        "image": inputs.agent_image,
+        "command": ["/devctl-agent", "install", AGENT_DIR],
+        "securityContext": pod_security::restricted_container(),
+        "resources": {
+            "requests": { "cpu": "10m", "memory": "16Mi" },
+            "limits": { "memory": "64Mi" },
+        },
+        "volumeMounts": [{ "name": "agent", "mountPath": AGENT_DIR }],
+    });
 
     let claim_size = inputs.existing_claim_size.unwrap_or(&spec.storage.size);
     let mut claim_spec = json!({
@@ -150,13 +194,18 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
                     "annotations": { CONFIG_HASH_ANNOTATION: config_map::hash(db) },
                 },
                 "spec": {
+                    "serviceAccountName": names.agent(),
+                    "automountServiceAccountToken": false,
                     "securityContext": pod_security::restricted_pod(Some(DATABASE_UID)),
                     "enableServiceLinks": false,
                     "terminationGracePeriodSeconds": 60,
+                    "initContainers": [install_agent],
                     "containers": [container],
                     "volumes": [
                         { "name": "config", "configMap": { "name": names.config_map() } },
                         { "name": "run", "emptyDir": {} },
+                        { "name": "agent", "emptyDir": {} },
+                        token_volume(),
                     ],
                 }
             },
@@ -205,10 +254,13 @@ mod tests {
         );
         assert_eq!(container["resources"]["requests"]["cpu"], "250m");
         assert_eq!(container["resources"]["requests"]["memory"], "512Mi");
-        assert_eq!(
-            container["readinessProbe"]["exec"]["command"][0],
-            "pg_isready"
-        );
+        assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+        assert_eq!(container["command"][0], "/devctl/bin/devctl-agent");
+        assert_eq!(pod["initContainers"][0]["command"][0], "/devctl-agent");
+        assert_eq!(pod["serviceAccountName"], "my-postgres-agent");
+        assert_eq!(pod["automountServiceAccountToken"], false);
+        // No password reaches the pod spec: the agent reads the Secret through the API.
+        assert!(!sts.to_string().contains("s3cretpassword"));
         assert_eq!(
             spec["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"],
             "10Gi"
@@ -216,7 +268,11 @@ mod tests {
         assert!(spec["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION].is_string());
         // Volumes allowed by `restricted` only.
         for volume in pod["volumes"].as_array().unwrap() {
-            assert!(volume.get("configMap").is_some() || volume.get("emptyDir").is_some());
+            assert!(
+                volume.get("configMap").is_some()
+                    || volume.get("emptyDir").is_some()
+                    || volume.get("projected").is_some()
+            );
         }
     }
 

@@ -1,0 +1,641 @@
+//! The engines: locating binaries, bootstrapping an empty data directory, the server's
+//! command line, administration over the private Unix socket, and probing.
+//!
+//! Administration uses the engines' own clients (`psql`, `mariadb`) with SQL on stdin and
+//! `-At`/`-NB` output rather than a driver crate: the clients ship in the same image as
+//! the server, speak peer/unix_socket authentication over the private socket out of the
+//! box, and keep the agent's dependency list (and binary) small. Nothing secret is ever in
+//! their argv: role passwords are sent as verifiers inside the SQL on stdin.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use devctl_api::instance::{ROLE_PRIMARY, ROLE_REPLICA};
+use tokio::process::Command;
+
+use crate::config::{Config, EngineKind, require_file};
+use crate::credentials::{Credentials, mysql_native_hash, scram_sha256_verifier};
+use crate::error::{Error, Result};
+use crate::process;
+
+/// PostgreSQL's rendered files (`devctl_operator::engine::postgres`).
+pub const PG_CONF: &str = "postgresql.conf";
+pub const PG_HBA: &str = "pg_hba.conf";
+pub const PG_IDENT: &str = "pg_ident.conf";
+/// MySQL's rendered file (`devctl_operator::engine::mysql`).
+pub const MY_CNF: &str = "my.cnf";
+/// The PostgreSQL superuser, reachable only by peer authentication on the private socket.
+pub const PG_SUPERUSER: &str = "postgres";
+/// Socket and pid file names in the run directory (MySQL family).
+pub const MYSQL_SOCKET: &str = "mysqld.sock";
+pub const MYSQL_PID: &str = "mysqld.pid";
+
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(Clone, Debug)]
+enum Binaries {
+    Postgres {
+        dir: PathBuf,
+    },
+    Mysql {
+        server: PathBuf,
+        client: PathBuf,
+        /// `mariadb-install-db` (MariaDB) or `None` (MySQL 8: `mysqld --initialize-insecure`).
+        install_db: Option<PathBuf>,
+        mariadb: bool,
+    },
+}
+
+/// What one probe of the engine found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Probe {
+    pub role: String,
+    pub system_identifier: Option<String>,
+    pub timeline: Option<i64>,
+    pub received_lsn: Option<String>,
+    pub replayed_lsn: Option<String>,
+    pub lag_bytes: Option<i64>,
+    pub engine_version: Option<String>,
+}
+
+/// One engine instance as configured by the environment.
+#[derive(Clone, Debug)]
+pub struct Engine {
+    config: Config,
+    bins: Binaries,
+    /// The OS user the agent (and so the engine) runs as.
+    os_user: String,
+}
+
+impl Engine {
+    /// Finds the engine's binaries (exit 69 when missing) and checks the rendered
+    /// configuration files exist (exit 78).
+    pub fn locate(config: &Config) -> Result<Self> {
+        let os_user = process::current_user_name().ok_or_else(|| {
+            Error::Engine(
+                "the agent's user id has no name (no passwd entry); the engines need one".into(),
+            )
+        })?;
+        let bins = match config.engine {
+            EngineKind::Postgres => {
+                if process::is_root() {
+                    return Err(Error::Engine(
+                        "PostgreSQL refuses to run as root: run the pod as a non-root user".into(),
+                    ));
+                }
+                Binaries::Postgres {
+                    dir: postgres_bin_dir(config.engine_bin_dir.as_deref())?,
+                }
+            }
+            EngineKind::Mysql => {
+                let dirs =
+                    search_dirs(config.engine_bin_dir.as_deref(), &["/usr/sbin", "/usr/bin"]);
+                let (server, mariadb) = match find(&dirs, "mariadbd") {
+                    Some(s) => (s, true),
+                    None => (
+                        find(&dirs, "mysqld").ok_or_else(|| {
+                            Error::Engine(format!(
+                                "neither mariadbd nor mysqld found in {}",
+                                describe(&dirs)
+                            ))
+                        })?,
+                        false,
+                    ),
+                };
+                let client = find(&dirs, "mariadb")
+                    .or_else(|| find(&dirs, "mysql"))
+                    .ok_or_else(|| {
+                        Error::Engine(format!(
+                            "neither mariadb nor mysql client found in {}",
+                            describe(&dirs)
+                        ))
+                    })?;
+                let install_db = if mariadb {
+                    find(&dirs, "mariadb-install-db")
+                } else {
+                    None
+                };
+                if mariadb && install_db.is_none() {
+                    return Err(Error::Engine(format!(
+                        "mariadb-install-db not found in {}",
+                        describe(&dirs)
+                    )));
+                }
+                Binaries::Mysql {
+                    server,
+                    client,
+                    install_db,
+                    mariadb,
+                }
+            }
+        };
+        let engine = Engine {
+            config: config.clone(),
+            bins,
+            os_user,
+        };
+        for file in engine.config_files() {
+            require_file(&file)?;
+        }
+        Ok(engine)
+    }
+
+    pub fn kind(&self) -> EngineKind {
+        self.config.engine
+    }
+
+    /// Short name for logs and log-line prefixes.
+    pub fn name(&self) -> &'static str {
+        match &self.bins {
+            Binaries::Postgres { .. } => "postgres",
+            Binaries::Mysql { mariadb: true, .. } => "mariadbd",
+            Binaries::Mysql { mariadb: false, .. } => "mysqld",
+        }
+    }
+
+    fn config_files(&self) -> Vec<PathBuf> {
+        match self.config.engine {
+            EngineKind::Postgres => [PG_CONF, PG_HBA, PG_IDENT]
+                .iter()
+                .map(|f| self.config.config_file(f))
+                .collect(),
+            EngineKind::Mysql => vec![self.config.config_file(MY_CNF)],
+        }
+    }
+
+    /// Whether the data directory already holds a database.
+    pub fn is_bootstrapped(&self) -> bool {
+        let data = &self.config.data_dir;
+        match self.config.engine {
+            EngineKind::Postgres => data.join("PG_VERSION").is_file(),
+            EngineKind::Mysql => data.join("mysql").is_dir(),
+        }
+    }
+
+    /// Initialises an empty data directory (exit 69 when that fails; the directory is
+    /// emptied again so the next attempt starts clean).
+    pub async fn bootstrap(&self) -> Result<()> {
+        let data = &self.config.data_dir;
+        let (program, args) = match &self.bins {
+            Binaries::Postgres { dir } => (
+                dir.join("initdb"),
+                vec![
+                    "-D".to_string(),
+                    data.display().to_string(),
+                    format!("--username={PG_SUPERUSER}"),
+                    "--auth-local=peer".into(),
+                    "--auth-host=scram-sha-256".into(),
+                    "--data-checksums".into(),
+                    "--encoding=UTF8".into(),
+                    "--no-instructions".into(),
+                ],
+            ),
+            Binaries::Mysql {
+                install_db: Some(install_db),
+                ..
+            } => {
+                let mut args = vec![
+                    format!(
+                        "--defaults-file={}",
+                        self.config.config_file(MY_CNF).display()
+                    ),
+                    format!("--datadir={}", data.display()),
+                    "--auth-root-authentication-method=socket".into(),
+                    format!("--auth-root-socket-user={}", self.os_user),
+                    "--skip-test-db".into(),
+                ];
+                if process::is_root() {
+                    args.push("--user=root".into());
+                }
+                (install_db.clone(), args)
+            }
+            // MySQL 8: best effort, untested here (see the crate docs).
+            Binaries::Mysql {
+                server,
+                install_db: None,
+                ..
+            } => {
+                let mut args = vec![
+                    format!(
+                        "--defaults-file={}",
+                        self.config.config_file(MY_CNF).display()
+                    ),
+                    "--initialize-insecure".into(),
+                    format!("--datadir={}", data.display()),
+                ];
+                if process::is_root() {
+                    args.push("--user=root".into());
+                }
+                (server.clone(), args)
+            }
+        };
+        tracing::info!(command = %program.display(), args = ?args, "bootstrapping the data directory");
+        let output = process::run(&program, &args, &[], data, b"", BOOTSTRAP_TIMEOUT)
+            .await
+            .map_err(Error::Engine)?;
+        for line in output.stdout.lines().chain(output.stderr.lines()) {
+            tracing::info!(target: "bootstrap", "{line}");
+        }
+        if !output.status.success() {
+            clear_dir(data);
+            return Err(Error::Engine(format!(
+                "{} failed: {}",
+                program.display(),
+                output.error_line()
+            )));
+        }
+        if let Binaries::Mysql {
+            install_db: None, ..
+        } = &self.bins
+        {
+            // `--initialize-insecure` leaves root@localhost without a password; the first
+            // start restricts it to the socket (see `secure_root_sql`).
+            tracing::warn!("MySQL 8 bootstrap: root is restricted to the socket on first start");
+        }
+        Ok(())
+    }
+
+    /// The server's command line (stdout/stderr to be forwarded by the caller).
+    pub fn server_command(&self) -> Command {
+        let c = &self.config;
+        let (program, args): (PathBuf, Vec<String>) = match &self.bins {
+            Binaries::Postgres { dir } => (
+                dir.join("postgres"),
+                vec![
+                    "-D".into(),
+                    c.data_dir.display().to_string(),
+                    "-c".into(),
+                    format!("config_file={}", c.config_file(PG_CONF).display()),
+                    "-c".into(),
+                    format!("hba_file={}", c.config_file(PG_HBA).display()),
+                    "-c".into(),
+                    format!("ident_file={}", c.config_file(PG_IDENT).display()),
+                    "-c".into(),
+                    format!("port={}", c.port),
+                    "-c".into(),
+                    format!("listen_addresses={}", c.listen_address),
+                    "-c".into(),
+                    format!("unix_socket_directories={}", c.run_dir.display()),
+                    "-c".into(),
+                    "unix_socket_permissions=0700".into(),
+                ],
+            ),
+            Binaries::Mysql { server, .. } => {
+                let mut args = vec![
+                    // Must come first.
+                    format!("--defaults-file={}", c.config_file(MY_CNF).display()),
+                    format!("--datadir={}", c.data_dir.display()),
+                    format!("--socket={}", c.run_dir.join(MYSQL_SOCKET).display()),
+                    format!("--pid-file={}", c.run_dir.join(MYSQL_PID).display()),
+                    format!("--port={}", c.port),
+                    format!("--bind-address={}", c.listen_address),
+                ];
+                if process::is_root() {
+                    args.push("--user=root".into());
+                }
+                (server.clone(), args)
+            }
+        };
+        tracing::info!(command = %program.display(), args = ?args, "starting the engine");
+        let mut command = Command::new(program);
+        command.args(args).current_dir(&c.data_dir);
+        command
+    }
+
+    /// The signal that makes the server shut down fast but cleanly.
+    pub fn stop_signal(&self) -> libc::c_int {
+        match self.config.engine {
+            // SIGINT: "fast shutdown" (SIGTERM would wait for clients to disconnect).
+            EngineKind::Postgres => libc::SIGINT,
+            EngineKind::Mysql => libc::SIGTERM,
+        }
+    }
+
+    /// Runs `sql` as the engine's administrator over the private socket and returns the
+    /// unaligned, tuples-only output (PostgreSQL: `|`-separated; MySQL: tab-separated).
+    pub async fn admin_sql(&self, sql: &str) -> Result<String, String> {
+        let c = &self.config;
+        let (program, args) = match &self.bins {
+            Binaries::Postgres { dir } => (
+                dir.join("psql"),
+                vec![
+                    "-X".to_string(),
+                    "-q".into(),
+                    "-A".into(),
+                    "-t".into(),
+                    "-F".into(),
+                    "|".into(),
+                    "-v".into(),
+                    "ON_ERROR_STOP=1".into(),
+                    "-h".into(),
+                    c.run_dir.display().to_string(),
+                    "-p".into(),
+                    c.port.to_string(),
+                    "-U".into(),
+                    PG_SUPERUSER.into(),
+                    "-d".into(),
+                    "postgres".into(),
+                ],
+            ),
+            Binaries::Mysql { client, .. } => (
+                client.clone(),
+                vec![
+                    "--no-defaults".to_string(),
+                    "--protocol=socket".into(),
+                    format!("--socket={}", c.run_dir.join(MYSQL_SOCKET).display()),
+                    format!("--user={}", self.os_user),
+                    "--batch".into(),
+                    "--skip-column-names".into(),
+                    "--connect-timeout=5".into(),
+                ],
+            ),
+        };
+        let envs = [("PGCONNECT_TIMEOUT", "5".to_string())];
+        let output = process::run(
+            &program,
+            &args,
+            &envs,
+            &c.run_dir,
+            sql.as_bytes(),
+            CLIENT_TIMEOUT,
+        )
+        .await?;
+        if output.status.success() {
+            Ok(output.stdout)
+        } else {
+            Err(output.error_line())
+        }
+    }
+
+    /// Creates (or updates) the application role/user and its database from `credentials`.
+    pub async fn apply_credentials(&self, credentials: &Credentials) -> Result<(), String> {
+        let user = &credentials.username;
+        let db = &credentials.dbname;
+        // Both are checked identifiers ([A-Za-z0-9_]); the verifiers are base64/hex.
+        let sql = match &self.bins {
+            Binaries::Postgres { .. } => {
+                let verifier = scram_sha256_verifier(&credentials.password);
+                format!(
+                    "SET log_statement = 'none';\n\
+                     SET log_min_duration_statement = -1;\n\
+                     SELECT 'CREATE ROLE \"{user}\"' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{user}')\\gexec\n\
+                     ALTER ROLE \"{user}\" WITH LOGIN NOSUPERUSER NOCREATEROLE NOREPLICATION PASSWORD '{verifier}';\n\
+                     SELECT 'CREATE DATABASE \"{db}\" OWNER \"{user}\"' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '{db}')\\gexec\n"
+                )
+            }
+            Binaries::Mysql { mariadb, .. } => {
+                let hash = mysql_native_hash(&credentials.password);
+                let identified = if *mariadb {
+                    format!("IDENTIFIED BY PASSWORD '{hash}'")
+                } else {
+                    format!("IDENTIFIED WITH mysql_native_password AS '{hash}'")
+                };
+                format!(
+                    "CREATE DATABASE IF NOT EXISTS `{db}`;\n\
+                     CREATE USER IF NOT EXISTS '{user}'@'%' {identified};\n\
+                     ALTER USER '{user}'@'%' {identified};\n\
+                     GRANT ALL PRIVILEGES ON `{db}`.* TO '{user}'@'%';\n"
+                )
+            }
+        };
+        self.admin_sql(&sql).await.map(|_| ())
+    }
+
+    /// For MySQL 8 after `--initialize-insecure`: root only over the socket (best effort).
+    pub async fn secure_root(&self) -> Result<(), String> {
+        match &self.bins {
+            Binaries::Mysql { mariadb: false, .. } => self
+                .admin_sql("ALTER USER 'root'@'localhost' IDENTIFIED WITH auth_socket;\n")
+                .await
+                .map(|_| ()),
+            _ => Ok(()),
+        }
+    }
+
+    /// One query over the socket: succeeds only when the engine accepts connections.
+    pub async fn probe(&self) -> Result<Probe, String> {
+        match &self.bins {
+            Binaries::Postgres { .. } => {
+                let out = self
+                    .admin_sql(
+                        "SELECT pg_is_in_recovery(), \
+                         (SELECT system_identifier FROM pg_control_system()), \
+                         (SELECT timeline_id FROM pg_control_checkpoint()), \
+                         current_setting('server_version'), \
+                         pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn(), \
+                         pg_wal_lsn_diff(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn());\n",
+                    )
+                    .await?;
+                parse_postgres_probe(&out)
+            }
+            Binaries::Mysql { mariadb, .. } => {
+                let sql = if *mariadb {
+                    "SELECT VERSION(), '';\n"
+                } else {
+                    "SELECT VERSION(), @@server_uuid;\n"
+                };
+                let out = self.admin_sql(sql).await?;
+                let mut fields = out.trim_end_matches('\n').split('\t');
+                let version = fields.next().map(version_number).filter(|v| !v.is_empty());
+                let uuid = fields
+                    .next()
+                    .map(str::trim)
+                    .filter(|v| !v.is_empty())
+                    .map(str::to_string);
+                if version.is_none() {
+                    return Err(format!("unexpected probe output {out:?}"));
+                }
+                Ok(Probe {
+                    role: ROLE_PRIMARY.into(),
+                    system_identifier: uuid,
+                    engine_version: version,
+                    ..Probe::default()
+                })
+            }
+        }
+    }
+}
+
+fn parse_postgres_probe(out: &str) -> Result<Probe, String> {
+    let line = out.lines().next().unwrap_or_default();
+    let f: Vec<&str> = line.split('|').collect();
+    if f.len() != 7 {
+        return Err(format!("unexpected probe output {line:?}"));
+    }
+    let opt = |s: &str| (!s.is_empty()).then(|| s.to_string());
+    let in_recovery = f[0] == "t";
+    Ok(Probe {
+        role: if in_recovery {
+            ROLE_REPLICA
+        } else {
+            ROLE_PRIMARY
+        }
+        .into(),
+        system_identifier: opt(f[1]),
+        timeline: f[2].parse().ok(),
+        engine_version: opt(&version_number(f[3])),
+        received_lsn: if in_recovery { opt(f[4]) } else { None },
+        replayed_lsn: if in_recovery { opt(f[5]) } else { None },
+        lag_bytes: if in_recovery {
+            f[6].parse::<f64>().ok().map(|v| v as i64)
+        } else {
+            None
+        },
+    })
+}
+
+/// `15.18 (Debian 15.18-0+deb12u1)` → `15.18`; `10.11.19-MariaDB-0+deb12u1` → `10.11.19`.
+pub fn version_number(text: &str) -> String {
+    text.trim()
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect::<String>()
+        .trim_end_matches('.')
+        .to_string()
+}
+
+fn search_dirs(explicit: Option<&Path>, extra: &[&str]) -> Vec<PathBuf> {
+    if let Some(dir) = explicit {
+        return vec![dir.to_path_buf()];
+    }
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    dirs.extend(extra.iter().map(PathBuf::from));
+    dirs
+}
+
+fn find(dirs: &[PathBuf], name: &str) -> Option<PathBuf> {
+    dirs.iter().map(|d| d.join(name)).find(|p| is_executable(p))
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+fn describe(dirs: &[PathBuf]) -> String {
+    dirs.iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// `DEVCTL_ENGINE_BIN_DIR`, else the directory of `postgres` on `PATH` (symlinks resolved,
+/// so `initdb`/`psql` come from the same installation), else Debian's highest
+/// `/usr/lib/postgresql/<version>/bin`.
+fn postgres_bin_dir(explicit: Option<&Path>) -> Result<PathBuf> {
+    let complete = |dir: &Path| {
+        ["postgres", "initdb", "psql"]
+            .iter()
+            .all(|b| is_executable(&dir.join(b)))
+    };
+    if let Some(dir) = explicit {
+        return if complete(dir) {
+            Ok(dir.to_path_buf())
+        } else {
+            Err(Error::Engine(format!(
+                "{} ({}) does not hold postgres, initdb and psql",
+                dir.display(),
+                devctl_api::instance::env::ENGINE_BIN_DIR
+            )))
+        };
+    }
+    for dir in search_dirs(None, &[]) {
+        let candidate = dir.join("postgres");
+        if is_executable(&candidate)
+            && let Some(real_dir) = std::fs::canonicalize(&candidate)
+                .ok()
+                .and_then(|p| p.parent().map(Path::to_path_buf))
+            && complete(&real_dir)
+        {
+            return Ok(real_dir);
+        }
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| {
+                    let version = e.file_name().to_str()?.parse::<u32>().ok()?;
+                    Some((version, e.path().join("bin")))
+                })
+                .filter(|(_, bin)| complete(bin))
+                .collect()
+        })
+        .unwrap_or_default();
+    versions.sort();
+    versions.pop().map(|(_, dir)| dir).ok_or_else(|| {
+        Error::Engine(format!(
+            "PostgreSQL binaries (postgres, initdb, psql) not found in PATH or /usr/lib/postgresql/*/bin; set {}",
+            devctl_api::instance::env::ENGINE_BIN_DIR
+        ))
+    })
+}
+
+/// Prepares the data directory: created with its parents if missing, mode 0700, writable
+/// (exit 73 otherwise).
+pub fn prepare_dir(dir: &Path, what: &str, variable: &str) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let fail = |why: String| {
+        Err(Error::DataDir(format!(
+            "{what} {} ({variable}) {why}",
+            dir.display()
+        )))
+    };
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        return fail(format!("cannot be created: {e}"));
+    }
+    if let Err(e) = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)) {
+        return fail(format!("cannot be made private (mode 0700): {e}"));
+    }
+    let probe = dir.join(".devctl-agent-write-test");
+    match std::fs::write(&probe, b"") {
+        Ok(()) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => fail(format!("is not writable: {e}")),
+    }
+}
+
+/// Removes everything inside `dir` (after a failed bootstrap).
+fn clear_dir(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let _ = if path.is_dir() && !path.is_symlink() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_the_version_number() {
+        assert_eq!(version_number("15.18 (Debian 15.18-0+deb12u1)"), "15.18");
+        assert_eq!(version_number("10.11.19-MariaDB-0+deb12u1"), "10.11.19");
+        assert_eq!(version_number("8.0.36"), "8.0.36");
+    }
+
+    #[test]
+    fn parses_a_primary_probe() {
+        let p = parse_postgres_probe("f|7400000000000000001|1|15.18 (Debian)|||\n").unwrap();
+        assert_eq!(p.role, ROLE_PRIMARY);
+        assert_eq!(p.system_identifier.as_deref(), Some("7400000000000000001"));
+        assert_eq!(p.timeline, Some(1));
+        assert_eq!(p.engine_version.as_deref(), Some("15.18"));
+        assert_eq!((p.received_lsn, p.lag_bytes), (None, None));
+        let r = parse_postgres_probe("t|7|2|15.18|0/3000060|0/3000000|96\n").unwrap();
+        assert_eq!(r.role, ROLE_REPLICA);
+        assert_eq!(r.lag_bytes, Some(96));
+        assert!(parse_postgres_probe("garbage").is_err());
+    }
+}

@@ -1,0 +1,149 @@
+//! `devctl-agent`: the entrypoint of every devctl database pod.
+//!
+//! It bootstraps an empty data directory, runs the engine (PostgreSQL, or MariaDB/MySQL) as
+//! its direct child, keeps the application role in line with the credentials Secret, and
+//! reports on its own pod (the `db.devctl.io/instance-status` annotation, see
+//! [`devctl_api::instance`]). It talks only to the Kubernetes API server and its own
+//! database, and serves `/healthz` and `/readyz` on `DEVCTL_HEALTH_PORT`.
+//!
+//! # Commands
+//! - `devctl-agent` or `devctl-agent run`: run the instance described by the environment
+//!   ([`devctl_api::instance::env`]).
+//! - `devctl-agent install <DIR>`: copy this executable to `<DIR>/devctl-agent` (mode 0755)
+//!   and exit; an init container uses it to put the agent into the database image.
+//!
+//! # Exit codes
+//! | code | meaning |
+//! |------|---------|
+//! | 0  | clean shutdown on SIGTERM/SIGINT, or the pod was deleted/replaced by a newer one of the same name (this process is stale; the engine is stopped) |
+//! | 64 | missing or malformed environment variable or argument |
+//! | 65 | unusable credentials Secret at startup (password missing, empty, not UTF-8, control characters or NUL, longer than 1024 bytes; malformed `username`/`dbname`) |
+//! | 69 | engine binaries not found, bootstrap failed, the engine would not stop, or it exited 5 times in a row |
+//! | 70 | internal error (e.g. no Kubernetes client configuration, health port in use) |
+//! | 73 | data or run directory cannot be created or written |
+//! | 77 | forbidden by the API server (watching the Secret, or the first report) |
+//! | 78 | a rendered configuration file is missing from `DEVCTL_CONFIG_DIR` |
+//!
+//! On any of these errors the agent prints one line `devctl-agent: <reason>` on stderr and,
+//! when `POD_NAME`/`POD_NAMESPACE` are set and the API server is reachable, writes the report
+//! with `ready: false` and `lastError: <reason>`; when that is forbidden it creates a Warning
+//! Event `AgentFailed` on the pod instead.
+//!
+//! # Output
+//! The agent's own log (`tracing`, human format, `RUST_LOG` filter, default `info`) goes to
+//! stdout; the engine's stdout and stderr go to the agent's stderr, each line prefixed with
+//! `[postgres] ` / `[mariadbd] `; the fatal line above is the agent's only own stderr
+//! output. Passwords never appear in argv, logs, reports or events.
+//!
+//! # Engines
+//! - PostgreSQL: `initdb -D $DATA_DIR --username=postgres --auth-local=peer
+//!   --auth-host=scram-sha-256 --data-checksums --encoding=UTF8 --no-instructions`, then
+//!   `postgres -D $DATA_DIR -c config_file=… -c hba_file=… -c ident_file=… -c port=…
+//!   -c listen_addresses=… -c unix_socket_directories=$RUN_DIR -c
+//!   unix_socket_permissions=0700`. The superuser has no password and is reachable only by
+//!   peer authentication over the private socket. The role `app` gets a SCRAM-SHA-256
+//!   verifier computed here. Fast shutdown with SIGINT. PostgreSQL refuses root: the agent
+//!   must run as a named non-root user.
+//! - MariaDB: `mariadb-install-db --defaults-file=$CONFIG_DIR/my.cnf --datadir=$DATA_DIR
+//!   --auth-root-authentication-method=socket --auth-root-socket-user=<agent's user>
+//!   --skip-test-db [--user=root]`, then `mariadbd --defaults-file=$CONFIG_DIR/my.cnf
+//!   --datadir=… --socket=$RUN_DIR/mysqld.sock --pid-file=$RUN_DIR/mysqld.pid --port=…
+//!   --bind-address=… [--user=root]`. The agent administers as the unix_socket account named
+//!   after its OS user. `'app'@'%'` gets a `mysql_native_password` hash and all privileges
+//!   on `app.*`. Stops with SIGTERM.
+//! - MySQL 8 (no `mariadb-install-db`): `mysqld --initialize-insecure`, then root is
+//!   switched to `auth_socket` on first start and `app` uses `IDENTIFIED WITH
+//!   mysql_native_password AS '<hash>'`. Best effort: untested here (MySQL 8.4 disables
+//!   `mysql_native_password` by default).
+//!
+//! The engine gets `PR_SET_PDEATHSIG` (SIGKILL) so it never outlives the agent; the binary
+//! runs a current-thread runtime so the forking thread lives as long as the process. When
+//! the agent is PID 1 it also reaps orphaned zombies.
+
+pub mod agent;
+pub mod config;
+pub mod credentials;
+pub mod engine;
+pub mod error;
+pub mod health;
+pub mod process;
+pub mod report;
+
+use std::time::Duration;
+
+use devctl_api::instance::InstanceStatus;
+
+use crate::config::{Config, PodRef};
+use crate::error::Error;
+
+/// Runs the agent from the process environment and returns the exit code.
+pub async fn run_from_env() -> i32 {
+    let result = match Config::from_env() {
+        Ok(config) => agent::run(config).await,
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(agent::Outcome::Stopped) => 0,
+        Ok(agent::Outcome::Stale(why)) => {
+            tracing::warn!("exiting: {why}");
+            0
+        }
+        Err(e) => fail(&e).await,
+    }
+}
+
+/// Prints the one-line reason, reports it on the pod when possible, and returns the exit
+/// code.
+async fn fail(error: &Error) -> i32 {
+    let line = error.one_line();
+    eprintln!("devctl-agent: {line}");
+    let lookup = |name: &str| std::env::var(name).ok();
+    if let Some(pod) = PodRef::from_lookup(lookup) {
+        let address = match (
+            lookup(devctl_api::instance::env::POD_IP),
+            lookup(devctl_api::instance::env::PORT),
+        ) {
+            (Some(ip), Some(port)) if !ip.is_empty() && !port.is_empty() => {
+                Some(format!("{ip}:{port}"))
+            }
+            _ => None,
+        };
+        let status = InstanceStatus {
+            ready: false,
+            address,
+            heartbeat: Some(report::now_rfc3339()),
+            last_error: Some(line),
+            ..InstanceStatus::default()
+        };
+        let attempt = async {
+            match agent::kube_client().await {
+                Ok(client) => report::report_failure(client, &pod, status).await,
+                Err(e) => tracing::warn!("cannot report the failure: {e}"),
+            }
+        };
+        if tokio::time::timeout(Duration::from_secs(10), attempt)
+            .await
+            .is_err()
+        {
+            tracing::warn!("reporting the failure timed out");
+        }
+    }
+    error.exit_code()
+}
+
+/// `devctl-agent install <DIR>`: copies the running executable to `<DIR>/devctl-agent`
+/// with mode 0755 (via a temporary file and a rename, so a half-written copy is never run).
+pub fn install(dir: &std::path::Path) -> Result<std::path::PathBuf, Error> {
+    use std::os::unix::fs::PermissionsExt;
+    let source = std::env::current_exe()
+        .map_err(|e| Error::Internal(format!("cannot find the agent's own executable: {e}")))?;
+    let target = dir.join("devctl-agent");
+    let temporary = dir.join(".devctl-agent.tmp");
+    let cannot =
+        |e: std::io::Error| Error::DataDir(format!("cannot install into {}: {e}", dir.display()));
+    std::fs::create_dir_all(dir).map_err(cannot)?;
+    std::fs::copy(&source, &temporary).map_err(cannot)?;
+    std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(0o755)).map_err(cannot)?;
+    std::fs::rename(&temporary, &target).map_err(cannot)?;
+    Ok(target)
+}

@@ -1,0 +1,83 @@
+//! `devctl-agent`; see the library docs for commands and exit codes.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use devctl_agent::error::{EXIT_INTERNAL, EXIT_USAGE};
+
+/// The entrypoint of every devctl database pod: bootstraps, runs, supervises and reports on
+/// the database engine. Configured by environment variables (DEVCTL_ENGINE, ...).
+#[derive(Parser, Debug)]
+#[command(name = "devctl-agent", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the instance described by the environment (the default).
+    Run,
+    /// Copy this executable to <DIR>/devctl-agent (mode 0755) and exit.
+    Install {
+        /// Target directory (created if missing).
+        dir: PathBuf,
+    },
+}
+
+fn exit(code: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help / --version
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let text = e.to_string();
+            let line = text.lines().next().unwrap_or("invalid arguments");
+            eprintln!("devctl-agent: {}", line.trim_start_matches("error: "));
+            return exit(EXIT_USAGE);
+        }
+    };
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Install { dir } => match devctl_agent::install(&dir) {
+            Ok(target) => {
+                println!("installed {}", target.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("devctl-agent: {}", e.one_line());
+                exit(e.exit_code())
+            }
+        },
+        Command::Run => {
+            tracing_subscriber::fmt()
+                .with_writer(std::io::stdout)
+                .with_ansi(false)
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                )
+                .init();
+            // One thread: the engine's PR_SET_PDEATHSIG is tied to the thread that forked it,
+            // which must live as long as the agent.
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    eprintln!("devctl-agent: cannot start the async runtime: {e}");
+                    return exit(EXIT_INTERNAL);
+                }
+            };
+            exit(runtime.block_on(devctl_agent::run_from_env()))
+        }
+    }
+}

@@ -1,0 +1,856 @@
+//! The real `devctl-agent` binary against a real control plane (devctl-testenv) and real
+//! engines (Debian's PostgreSQL and MariaDB, installed by tools/install-prerequisites.sh).
+//! As root, the agent runs as the `postgres`/`mysql` system user, like in an image.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use devctl_api::database_cluster::DatabaseClusterSpec;
+use devctl_api::instance::{InstanceStatus, STATUS_ANNOTATION, env};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+const AGENT: &str = env!("CARGO_BIN_EXE_devctl-agent");
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// (uid, gid) of a system user.
+fn user_ids(name: &str) -> (u32, u32) {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    let line = passwd
+        .lines()
+        .find(|l| l.split(':').next() == Some(name))
+        .unwrap_or_else(|| panic!("no system user {name}: run tools/install-prerequisites.sh"));
+    let fields: Vec<&str> = line.split(':').collect();
+    (fields[2].parse().unwrap(), fields[3].parse().unwrap())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn postgres_bin_dir() -> PathBuf {
+    let mut dirs: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL is not installed: run tools/install-prerequisites.sh")
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin"))))
+        .collect();
+    dirs.sort();
+    dirs.pop().expect("no /usr/lib/postgresql/<version>/bin").1
+}
+
+/// A private file (mode 0600) holding a secret for a client.
+fn private_file(path: &Path, content: &str) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap();
+    file.write_all(content.as_bytes()).unwrap();
+}
+
+/// One instance's directories, ports and environment.
+struct Instance {
+    client: kube::Client,
+    dir: tempfile::TempDir,
+    engine: &'static str,
+    user: Option<(u32, u32)>,
+    namespace: String,
+    pod: String,
+    pod_uid: String,
+    secret: String,
+    port: u16,
+    health_port: u16,
+    runs: u32,
+}
+
+impl Instance {
+    /// Creates the namespace, the pod (without annotations unless `annotations`) and the
+    /// directories; the Secret is up to the test.
+    async fn new(engine: &'static str, annotations: Option<BTreeMap<String, String>>) -> Self {
+        let cluster = devctl_testenv::shared_cluster().await.unwrap();
+        let client = cluster.client().await.unwrap();
+        let namespace = cluster.create_namespace("agent").await.unwrap();
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": { "name": "db-0", "annotations": annotations },
+            "spec": {
+                "nodeName": cluster.nodes()[0],
+                "containers": [{ "name": "database", "image": "devctl/database:test" }]
+            }
+        }))
+        .unwrap();
+        let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
+
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let user = is_root().then(|| {
+            user_ids(if engine == "postgres" {
+                "postgres"
+            } else {
+                "mysql"
+            })
+        });
+        // The agent's own tree (it creates data/ and run/ itself).
+        let home = dir.path().join("home");
+        std::fs::create_dir(&home).unwrap();
+        let conf = dir.path().join("conf");
+        std::fs::create_dir(&conf).unwrap();
+        let spec: DatabaseClusterSpec = serde_json::from_value(json!({
+            "engine": engine, "version": "16.2", "replicas": 1, "storage": { "size": "1Gi" },
+            "resources": { "requests": { "memory": "512Mi" } }
+        }))
+        .unwrap();
+        for (file, content) in devctl_operator::engine::render(&spec) {
+            std::fs::write(conf.join(file), content).unwrap();
+        }
+        let kubeconfig = home.join("kubeconfig");
+        devctl_testenv::kubeconfig::write(&cluster.admin_kubeconfig().unwrap(), &kubeconfig)
+            .unwrap();
+        if let Some((uid, gid)) = user {
+            for path in [&home, &kubeconfig] {
+                std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
+            }
+        }
+        Instance {
+            client,
+            dir,
+            engine,
+            user,
+            namespace,
+            pod: "db-0".into(),
+            pod_uid: pod.metadata.uid.unwrap(),
+            secret: "db-credentials".into(),
+            port: free_port(),
+            health_port: free_port(),
+            runs: 0,
+        }
+    }
+
+    fn home(&self) -> PathBuf {
+        self.dir.path().join("home")
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.home().join("data")
+    }
+
+    fn env(&self) -> BTreeMap<&'static str, String> {
+        BTreeMap::from([
+            (env::ENGINE, self.engine.to_string()),
+            (env::CLUSTER, "db".to_string()),
+            (env::CREDENTIALS_SECRET, self.secret.clone()),
+            (env::POD_NAME, self.pod.clone()),
+            (env::POD_NAMESPACE, self.namespace.clone()),
+            (env::POD_UID, self.pod_uid.clone()),
+            (env::POD_IP, "127.0.0.1".to_string()),
+            (env::DATA_DIR, self.data_dir().display().to_string()),
+            (
+                env::CONFIG_DIR,
+                self.dir.path().join("conf").display().to_string(),
+            ),
+            (env::RUN_DIR, self.home().join("run").display().to_string()),
+            (env::PORT, self.port.to_string()),
+            (env::LISTEN_ADDRESS, "127.0.0.1".to_string()),
+            (env::HEALTH_PORT, self.health_port.to_string()),
+        ])
+    }
+
+    /// Starts the agent with `env` (see [`Instance::env`]).
+    fn start_with(&mut self, env: BTreeMap<&'static str, String>) -> Agent {
+        self.runs += 1;
+        let stdout = self.dir.path().join(format!("agent-{}.out", self.runs));
+        let stderr = self.dir.path().join(format!("agent-{}.err", self.runs));
+        let mut command = Command::new(AGENT);
+        command
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("KUBECONFIG", self.home().join("kubeconfig"))
+            .env("HOME", self.home())
+            .env("RUST_LOG", "info")
+            .envs(env)
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout).unwrap())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .kill_on_drop(true);
+        if let Some((uid, gid)) = self.user {
+            command.uid(uid).gid(gid);
+        }
+        Agent {
+            child: command.spawn().unwrap(),
+            stdout,
+            stderr,
+        }
+    }
+
+    fn start(&mut self) -> Agent {
+        let env = self.env();
+        self.start_with(env)
+    }
+
+    async fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    async fn secrets(&self) -> Api<Secret> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// Creates or replaces the credentials Secret's password; returns its resourceVersion.
+    async fn set_password(&self, password: &str) -> String {
+        let secret: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": { "name": self.secret },
+            "stringData": { "username": "app", "password": password, "dbname": "app" }
+        }))
+        .unwrap();
+        let params = PatchParams::apply("agent-test").force();
+        let applied = self
+            .secrets()
+            .await
+            .patch(&self.secret, &params, &Patch::Apply(&secret))
+            .await
+            .unwrap();
+        applied.metadata.resource_version.unwrap()
+    }
+
+    /// The raw annotation, if any.
+    async fn annotation(&self) -> Option<String> {
+        let pod = self.pods().await.get(&self.pod).await.unwrap();
+        pod.metadata.annotations?.get(STATUS_ANNOTATION).cloned()
+    }
+
+    /// Waits until the report satisfies `check`.
+    async fn wait_for_report(
+        &self,
+        what: &str,
+        agent: &mut Agent,
+        check: impl Fn(&InstanceStatus) -> bool,
+    ) -> InstanceStatus {
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        loop {
+            let raw = self.annotation().await;
+            if let Some(status) = raw.as_deref().and_then(|r| serde_json::from_str(r).ok())
+                && check(&status)
+            {
+                return status;
+            }
+            if let Ok(Some(code)) = agent.child.try_wait() {
+                panic!(
+                    "agent exited ({code}) while waiting for {what}; report {raw:?}\n{}",
+                    agent.logs()
+                );
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!(
+                    "timed out after {TIMEOUT:?} waiting for {what}; report {raw:?}\n{}",
+                    agent.logs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// A login as `app` over TCP with `password` (in a 0600 passfile/option file, never in
+    /// argv or the environment); Ok(output) or Err(client error).
+    async fn login(&self, password: &str) -> Result<String, String> {
+        let n = self.runs + rand_suffix();
+        let (program, args, envs): (PathBuf, Vec<String>, Vec<(&str, PathBuf)>) =
+            if self.engine == "postgres" {
+                let passfile = self.dir.path().join(format!("pgpass-{n}"));
+                private_file(
+                    &passfile,
+                    &format!("127.0.0.1:{}:app:app:{password}\n", self.port),
+                );
+                (
+                    postgres_bin_dir().join("psql"),
+                    [
+                        "-X",
+                        "-w",
+                        "-A",
+                        "-t",
+                        "-h",
+                        "127.0.0.1",
+                        "-U",
+                        "app",
+                        "-d",
+                        "app",
+                        "-c",
+                        "SELECT current_user",
+                    ]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .chain(["-p".to_string(), self.port.to_string()])
+                    .collect(),
+                    vec![("PGPASSFILE", passfile)],
+                )
+            } else {
+                let options = self.dir.path().join(format!("my-{n}.cnf"));
+                private_file(&options, &format!("[client]\npassword=\"{password}\"\n"));
+                (
+                    PathBuf::from("mariadb"),
+                    vec![
+                        format!("--defaults-extra-file={}", options.display()),
+                        "--protocol=tcp".into(),
+                        "-h".into(),
+                        "127.0.0.1".into(),
+                        format!("--port={}", self.port),
+                        "-u".into(),
+                        "app".into(),
+                        "-D".into(),
+                        "app".into(),
+                        "-N".into(),
+                        "-B".into(),
+                        "-e".into(),
+                        "SELECT SUBSTRING_INDEX(CURRENT_USER(), '@', 1)".into(),
+                    ],
+                    vec![],
+                )
+            };
+        let output = Command::new(program)
+            .args(args)
+            .envs(envs)
+            .env_remove("PGPASSWORD")
+            .env("PGCONNECT_TIMEOUT", "5")
+            .output()
+            .await
+            .unwrap();
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).to_string())
+        }
+    }
+
+    /// Waits until `password` logs in and `old` (if any) does not.
+    async fn wait_for_login(&self, password: &str, old: Option<&str>) {
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        loop {
+            let new = self.login(password).await;
+            let refused = match old {
+                Some(old) => self.login(old).await.is_err(),
+                None => true,
+            };
+            if new.as_deref() == Ok("app") && refused {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out after {TIMEOUT:?} waiting for the new password to log in ({new:?}) and the old one to be refused ({refused})"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Processes whose command line mentions this instance's data directory.
+    fn engine_processes(&self) -> Vec<u32> {
+        let data = self.data_dir().display().to_string();
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| {
+                let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+                let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+                let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+                (cmdline.contains(&data) && pid != std::process::id()).then_some(pid)
+            })
+            .collect()
+    }
+}
+
+fn rand_suffix() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(1000);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A running agent, killed (with its engine, through PR_SET_PDEATHSIG) if the test fails.
+struct Agent {
+    child: tokio::process::Child,
+    stdout: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Agent {
+    fn logs(&self) -> String {
+        format!(
+            "--- agent stdout ---\n{}\n--- agent stderr ---\n{}",
+            std::fs::read_to_string(&self.stdout).unwrap_or_default(),
+            std::fs::read_to_string(&self.stderr).unwrap_or_default()
+        )
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Waits for the agent to exit on its own.
+    async fn exit_code(&mut self) -> i32 {
+        match tokio::time::timeout(TIMEOUT, self.child.wait()).await {
+            Ok(status) => status.unwrap().code().unwrap_or(-1),
+            Err(_) => panic!("the agent did not exit within {TIMEOUT:?}\n{}", self.logs()),
+        }
+    }
+
+    /// SIGTERM, then the exit code.
+    async fn terminate(&mut self) -> i32 {
+        let pid = self.child.id().expect("agent already reaped");
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        self.exit_code().await
+    }
+
+    /// Fails if any output or report holds one of `passwords`.
+    fn assert_no_secrets(&self, passwords: &[&str]) {
+        let logs = self.logs();
+        for password in passwords {
+            assert!(
+                !logs.contains(password),
+                "the agent's output holds a password:\n{logs}"
+            );
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+/// Status code of `GET path` on the agent's health port.
+async fn http_status(port: u16, path: &str) -> u16 {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("0")
+        .parse()
+        .unwrap()
+}
+
+fn assert_no_password_in(report: &str, passwords: &[&str]) {
+    for password in passwords {
+        assert!(
+            !report.contains(password),
+            "the report holds a password: {report}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn postgres_bootstraps_serves_app_rotates_password_and_restarts_on_the_same_data() {
+    let mut instance = Instance::new("postgres", None).await;
+    let (first, second) = ("first-Password-1", "second-Password-2");
+    let version = instance.set_password(first).await;
+
+    let mut agent = instance.start();
+    let status = instance
+        .wait_for_report("PostgreSQL to be ready", &mut agent, |s| {
+            s.ready && s.credentials_version.as_deref() == Some(version.as_str())
+        })
+        .await;
+    let system_identifier = status
+        .system_identifier
+        .clone()
+        .expect("a systemIdentifier");
+    assert_eq!(status.role.as_deref(), Some("primary"));
+    assert_eq!(status.timeline, Some(1));
+    assert!(
+        status
+            .engine_version
+            .as_deref()
+            .is_some_and(|v| v.starts_with("15.")),
+        "{status:?}"
+    );
+    assert_eq!(status.address, Some(format!("127.0.0.1:{}", instance.port)));
+    assert_eq!(
+        (status.received_lsn, status.lag_bytes, status.last_error),
+        (None, None, None)
+    );
+    assert!(status.heartbeat.is_some());
+    assert_eq!(http_status(instance.health_port, "/healthz").await, 200);
+    assert_eq!(http_status(instance.health_port, "/readyz").await, 200);
+    let mode = std::fs::metadata(instance.data_dir())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+
+    assert_eq!(instance.login(first).await, Ok("app".to_string()));
+    let wrong = instance.login("not-the-password").await.unwrap_err();
+    assert!(wrong.contains("password authentication failed"), "{wrong}");
+
+    // A new password in the Secret: the new one logs in, the old one no longer does.
+    let version = instance.set_password(second).await;
+    instance
+        .wait_for_report("the new credentials to be applied", &mut agent, |s| {
+            s.ready && s.credentials_version.as_deref() == Some(version.as_str())
+        })
+        .await;
+    instance.wait_for_login(second, Some(first)).await;
+
+    // An invalid password while running: reported, the old one stays.
+    instance.set_password("").await;
+    instance
+        .wait_for_report("the empty password to be reported", &mut agent, |s| {
+            s.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("key password is empty"))
+        })
+        .await;
+    assert_eq!(instance.login(second).await, Ok("app".to_string()));
+    let version = instance.set_password(second).await;
+
+    // The engine dies: reported, restarted, ready again on the same data.
+    let postmaster: i32 = std::fs::read_to_string(instance.data_dir().join("postmaster.pid"))
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(postmaster, libc::SIGKILL) };
+    instance
+        .wait_for_report("the crash to be reported", &mut agent, |s| {
+            !s.ready
+                && s.last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("postgres exited"))
+        })
+        .await;
+    let status = instance
+        .wait_for_report(
+            "PostgreSQL to be ready after the restart",
+            &mut agent,
+            |s| {
+                s.ready
+                    && s.last_error.is_none()
+                    && s.credentials_version.as_deref() == Some(version.as_str())
+            },
+        )
+        .await;
+    assert_eq!(
+        status.system_identifier.as_deref(),
+        Some(system_identifier.as_str())
+    );
+    assert_eq!(instance.login(second).await, Ok("app".to_string()));
+
+    assert!(!instance.engine_processes().is_empty());
+    assert_eq!(
+        instance.terminate_and_check(&mut agent).await,
+        0,
+        "{}",
+        agent.logs()
+    );
+    agent.assert_no_secrets(&[first, second]);
+
+    // Same data again: same system identifier, same password.
+    let mut agent = instance.start();
+    let status = instance
+        .wait_for_report("PostgreSQL to be ready again", &mut agent, |s| {
+            s.ready
+                && s.heartbeat.is_some()
+                && s.credentials_version.as_deref() == Some(version.as_str())
+        })
+        .await;
+    assert_eq!(
+        status.system_identifier.as_deref(),
+        Some(system_identifier.as_str())
+    );
+    assert_eq!(instance.login(second).await, Ok("app".to_string()));
+    assert!(!agent.stdout_contains("bootstrapping"), "{}", agent.logs());
+    assert_eq!(
+        instance.terminate_and_check(&mut agent).await,
+        0,
+        "{}",
+        agent.logs()
+    );
+    agent.assert_no_secrets(&[first, second]);
+    assert_no_password_in(&instance.annotation().await.unwrap(), &[first, second]);
+}
+
+impl Instance {
+    /// SIGTERM; returns the exit code after checking no engine process is left.
+    async fn terminate_and_check(&self, agent: &mut Agent) -> i32 {
+        let code = agent.terminate().await;
+        let left = self.engine_processes();
+        assert!(
+            left.is_empty(),
+            "engine processes left after the agent exited: {left:?}"
+        );
+        let status: InstanceStatus =
+            serde_json::from_str(&self.annotation().await.unwrap()).unwrap();
+        assert!(!status.ready, "the last report still says ready");
+        code
+    }
+}
+
+impl Agent {
+    fn stdout_contains(&self, text: &str) -> bool {
+        std::fs::read_to_string(&self.stdout)
+            .unwrap_or_default()
+            .contains(text)
+    }
+}
+
+/// The agent's one stderr line for a failure, after checking it is the only one.
+fn single_line(agent: &Agent) -> String {
+    let stderr = agent.stderr();
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "expected one stderr line\n{}", agent.logs());
+    let line = lines[0];
+    assert!(line.starts_with("devctl-agent: "), "{line}");
+    line.trim_start_matches("devctl-agent: ").to_string()
+}
+
+#[tokio::test]
+async fn bad_inputs_exit_with_documented_codes_and_are_reported() {
+    let mut instance = Instance::new("postgres", None).await;
+    let password = "bad-inputs-Password";
+    instance.set_password(password).await;
+    let last_error = async |instance: &Instance| -> Option<String> {
+        let raw = instance.annotation().await?;
+        assert_no_password_in(&raw, &[password]);
+        let status: InstanceStatus = serde_json::from_str(&raw).unwrap();
+        assert!(!status.ready);
+        status.last_error
+    };
+
+    // Missing DEVCTL_ENGINE → 64.
+    let mut env = instance.env();
+    env.remove(env::ENGINE);
+    let mut agent = instance.start_with(env);
+    assert_eq!(agent.exit_code().await, 64, "{}", agent.logs());
+    let line = single_line(&agent);
+    assert_eq!(line, "missing environment variable DEVCTL_ENGINE");
+    assert_eq!(last_error(&instance).await, Some(line));
+
+    // A data directory the agent cannot create → 73.
+    let locked = instance.dir.path().join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let mut env = instance.env();
+    env.insert(env::DATA_DIR, locked.join("data").display().to_string());
+    let mut agent = instance.start_with(env);
+    assert_eq!(agent.exit_code().await, 73, "{}", agent.logs());
+    let line = single_line(&agent);
+    assert!(
+        line.contains("DEVCTL_DATA_DIR") && line.contains("cannot be created"),
+        "{line}"
+    );
+    assert_eq!(last_error(&instance).await, Some(line));
+
+    // An empty password at startup → 65.
+    instance.set_password("").await;
+    let mut agent = instance.start();
+    assert_eq!(agent.exit_code().await, 65, "{}", agent.logs());
+    let line = single_line(&agent);
+    assert!(
+        line.contains("key password is empty") && line.contains("db-credentials"),
+        "{line}"
+    );
+    assert_eq!(last_error(&instance).await, Some(line));
+    agent.assert_no_secrets(&[password]);
+    assert!(
+        !instance.data_dir().join("PG_VERSION").exists(),
+        "bootstrapped with a bad password"
+    );
+
+    // A missing rendered config file → 78.
+    let mut env = instance.env();
+    env.insert(
+        env::CONFIG_DIR,
+        instance.dir.path().join("nowhere").display().to_string(),
+    );
+    let mut agent = instance.start_with(env);
+    assert_eq!(agent.exit_code().await, 78, "{}", agent.logs());
+    assert!(single_line(&agent).contains("postgresql.conf"));
+}
+
+#[tokio::test]
+async fn a_replaced_pod_gets_no_report_and_the_stale_agent_exits() {
+    let mut instance = Instance::new("postgres", None).await;
+    // No Secret: the agent wants to report "not found", but the pod has another uid.
+    let mut env = instance.env();
+    env.insert(env::POD_UID, "00000000-0000-0000-0000-000000000000".into());
+    let mut agent = instance.start_with(env);
+    assert_eq!(agent.exit_code().await, 0, "{}", agent.logs());
+    assert!(
+        agent.stdout_contains("stale") || agent.stdout_contains("now has uid"),
+        "{}",
+        agent.logs()
+    );
+    assert_eq!(
+        instance.annotation().await,
+        None,
+        "a report landed on the newer pod"
+    );
+}
+
+#[tokio::test]
+async fn mariadb_waits_for_its_secret_then_serves_app() {
+    let annotations = BTreeMap::from([("example.com/keep".to_string(), "me".to_string())]);
+    let mut instance = Instance::new("mysql", Some(annotations)).await;
+    let password = "maria-Password-1";
+
+    let mut agent = instance.start();
+    instance
+        .wait_for_report("the missing Secret to be reported", &mut agent, |s| {
+            !s.ready
+                && s.last_error.as_deref() == Some("credentials Secret db-credentials not found")
+        })
+        .await;
+    let version = instance.set_password(password).await;
+    let status = instance
+        .wait_for_report("MariaDB to be ready", &mut agent, |s| {
+            s.ready && s.credentials_version.as_deref() == Some(version.as_str())
+        })
+        .await;
+    assert_eq!(status.role.as_deref(), Some("primary"));
+    assert!(
+        status
+            .engine_version
+            .as_deref()
+            .is_some_and(|v| v.starts_with("10.")),
+        "{status:?}"
+    );
+    assert_eq!(status.last_error, None);
+    assert_eq!(http_status(instance.health_port, "/readyz").await, 200);
+
+    assert_eq!(instance.login(password).await, Ok("app".to_string()));
+    let wrong = instance.login("not-the-password").await.unwrap_err();
+    assert!(wrong.contains("Access denied"), "{wrong}");
+
+    let pod = instance.pods().await.get(&instance.pod).await.unwrap();
+    assert_eq!(pod.metadata.annotations.unwrap()["example.com/keep"], "me");
+    assert_eq!(
+        instance.terminate_and_check(&mut agent).await,
+        0,
+        "{}",
+        agent.logs()
+    );
+    agent.assert_no_secrets(&[password]);
+    assert_no_password_in(&instance.annotation().await.unwrap(), &[password]);
+}
+
+#[tokio::test]
+async fn install_copies_the_executable() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("bin");
+    let output = Command::new(AGENT)
+        .arg("install")
+        .arg(&target)
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let installed = target.join("devctl-agent");
+    let mode = std::fs::metadata(&installed).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o755);
+    let version = Command::new(&installed)
+        .arg("--version")
+        .output()
+        .await
+        .unwrap();
+    assert!(version.status.success());
+    assert!(String::from_utf8_lossy(&version.stdout).starts_with("devctl-agent"));
+
+    let usage = Command::new(AGENT)
+        .arg("frobnicate")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(usage.status.code(), Some(64));
+    assert_eq!(String::from_utf8_lossy(&usage.stderr).lines().count(), 1);
+}
+
+#[tokio::test]
+async fn the_api_server_refuses_a_report_for_another_pod_uid() {
+    let annotations = BTreeMap::from([("example.com/keep".to_string(), "me".to_string())]);
+    let instance = Instance::new("postgres", Some(annotations)).await;
+    let pods = instance.pods().await;
+    let report = InstanceStatus {
+        ready: true,
+        ..InstanceStatus::default()
+    };
+
+    // The raw JSON patch with a mismatching uid is refused by the server itself.
+    let ops = json!([
+        { "op": "test", "path": "/metadata/uid", "value": "00000000-0000-0000-0000-000000000000" },
+        { "op": "add", "path": "/metadata/annotations/db.devctl.io~1instance-status", "value": "{}" }
+    ]);
+    let patch: json_patch::Patch = serde_json::from_value(ops).unwrap();
+    let refused = pods
+        .patch(
+            &instance.pod,
+            &PatchParams::default(),
+            &Patch::Json::<()>(patch),
+        )
+        .await
+        .unwrap_err();
+    println!("refused: {refused}");
+    assert_eq!(instance.annotation().await, None);
+
+    // The agent's writer says so.
+    let stale = devctl_agent::config::PodRef {
+        name: instance.pod.clone(),
+        namespace: instance.namespace.clone(),
+        uid: Some("00000000-0000-0000-0000-000000000000".into()),
+    };
+    let err = devctl_agent::report::write(&pods, &stale, &report)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, devctl_agent::report::WriteError::Stale(_)),
+        "{err}"
+    );
+    assert_eq!(instance.annotation().await, None);
+
+    // With the right uid it lands, next to the other annotations.
+    let current = devctl_agent::config::PodRef {
+        uid: Some(instance.pod_uid.clone()),
+        ..stale
+    };
+    devctl_agent::report::write(&pods, &current, &report)
+        .await
+        .unwrap();
+    let pod = pods.get(&instance.pod).await.unwrap();
+    let annotations = pod.metadata.annotations.unwrap();
+    assert_eq!(annotations["example.com/keep"], "me");
+    assert_eq!(
+        InstanceStatus::from_annotations(Some(&annotations)),
+        Some(report)
+    );
+}

@@ -1,0 +1,161 @@
+//! The contract between `devctl-agent` (inside every database pod), the operator, the CLI
+//! and the test runner: the environment an agent is started with and the report it writes
+//! on its own pod.
+//!
+//! The agent talks only to the API server: it reports by patching the annotation
+//! [`STATUS_ANNOTATION`] of its own pod (annotations, not pod conditions, because kwok
+//! overwrites pod conditions), and the operator turns those reports into
+//! `status.instances`. Only the operator writes any `status`.
+
+use serde::{Deserialize, Serialize};
+
+/// Annotation on a database pod holding the agent's [`InstanceStatus`] as JSON.
+pub const STATUS_ANNOTATION: &str = "db.devctl.io/instance-status";
+
+/// Environment variables the operator sets on the database container and the agent reads.
+/// Paths are the container's mount paths; the process runner of `devctl-testenv` maps every
+/// value under a volume's mount path to that volume's local directory.
+pub mod env {
+    /// `postgres` or `mysql`.
+    pub const ENGINE: &str = "DEVCTL_ENGINE";
+    /// Name of the DatabaseCluster the pod belongs to.
+    pub const CLUSTER: &str = "DEVCTL_CLUSTER";
+    /// The credentials Secret (`username`, `password`, `dbname`) the agent keeps roles in
+    /// line with.
+    pub const CREDENTIALS_SECRET: &str = "DEVCTL_CREDENTIALS_SECRET";
+    /// The pod's name, namespace, UID and IP (downward API).
+    pub const POD_NAME: &str = "POD_NAME";
+    pub const POD_NAMESPACE: &str = "POD_NAMESPACE";
+    pub const POD_UID: &str = "POD_UID";
+    pub const POD_IP: &str = "POD_IP";
+    /// Where the data directory lives (a subdirectory of the claim's mount: a volume's root
+    /// may hold `lost+found`, which `initdb` refuses).
+    pub const DATA_DIR: &str = "DEVCTL_DATA_DIR";
+    /// The operator's rendered configuration (the ConfigMap's mount).
+    pub const CONFIG_DIR: &str = "DEVCTL_CONFIG_DIR";
+    /// A private, writable directory for sockets, the pid file and passfiles.
+    pub const RUN_DIR: &str = "DEVCTL_RUN_DIR";
+    /// The engine's TCP port and listen address.
+    pub const PORT: &str = "DEVCTL_PORT";
+    pub const LISTEN_ADDRESS: &str = "DEVCTL_LISTEN_ADDRESS";
+    /// Port of the agent's `/healthz` and `/readyz`.
+    pub const HEALTH_PORT: &str = "DEVCTL_HEALTH_PORT";
+    /// Optional: the directory holding the engine's binaries (`postgres`, `initdb`, ...;
+    /// `mariadbd`/`mysqld`, ...). Without it the agent searches `PATH`, then Debian's
+    /// `/usr/lib/postgresql/*/bin`.
+    pub const ENGINE_BIN_DIR: &str = "DEVCTL_ENGINE_BIN_DIR";
+}
+
+/// The health port's default and the engines' default ports.
+pub const DEFAULT_HEALTH_PORT: u16 = 8008;
+
+/// What the agent observed of its instance, written to [`STATUS_ANNOTATION`] on its pod.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceStatus {
+    /// `primary` or `replica` as the engine itself reports it (`pg_is_in_recovery()`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// The engine accepts connections (and, for the app role, logins).
+    #[serde(default)]
+    pub ready: bool,
+    /// PostgreSQL's database system identifier (stays the same across restarts on the same
+    /// data); MySQL reports its `server_uuid`, MariaDB (which has none) leaves it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_identifier: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<i64>,
+    #[serde(
+        default,
+        rename = "receivedLSN",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub received_lsn: Option<String>,
+    #[serde(
+        default,
+        rename = "replayedLSN",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub replayed_lsn: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_bytes: Option<i64>,
+    /// The running engine's version (`server_version`), e.g. `15.18`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_version: Option<String>,
+    /// `host:port` where the engine listens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// When the agent wrote this report (RFC 3339, UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat: Option<String>,
+    /// The last error, one line, never holding a secret; absent when healthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// `resourceVersion` of the credentials Secret whose passwords the roles now have; the
+    /// operator clears `CredentialsRegenerated` once every instance reports the current one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_version: Option<String>,
+}
+
+impl InstanceStatus {
+    /// The report in a pod's annotations, if any and well-formed.
+    pub fn from_annotations(
+        annotations: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> Option<Self> {
+        serde_json::from_str(annotations?.get(STATUS_ANNOTATION)?).ok()
+    }
+}
+
+/// Roles reported in [`InstanceStatus::role`].
+pub const ROLE_PRIMARY: &str = "primary";
+pub const ROLE_REPLICA: &str = "replica";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uses_the_documented_keys() {
+        let status = InstanceStatus {
+            role: Some(ROLE_PRIMARY.into()),
+            ready: true,
+            system_identifier: Some("7400000000000000000".into()),
+            timeline: Some(1),
+            received_lsn: Some("0/3000060".into()),
+            replayed_lsn: Some("0/3000060".into()),
+            lag_bytes: Some(0),
+            engine_version: Some("15.18".into()),
+            address: Some("127.0.0.1:5432".into()),
+            heartbeat: Some("2026-11-30T17:00:00Z".into()),
+            last_error: Some("x".into()),
+            credentials_version: Some("42".into()),
+        };
+        let json = serde_json::to_value(&status).unwrap();
+        let mut keys: Vec<&str> = json
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "address",
+                "credentialsVersion",
+                "engineVersion",
+                "heartbeat",
+                "lagBytes",
+                "lastError",
+                "ready",
+                "receivedLSN",
+                "replayedLSN",
+                "role",
+                "systemIdentifier",
+                "timeline"
+            ]
+        );
+        let back: InstanceStatus = serde_json::from_value(json).unwrap();
+        assert_eq!(back, status);
+    }
+}

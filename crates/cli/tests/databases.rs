@@ -1,0 +1,546 @@
+//! Real databases behind devctl's pods: kwok pods backed by `devctl-agent` processes running
+//! Debian's PostgreSQL and MariaDB (`devctl-testenv`'s process runner), the operator
+//! in-process, and `devctl` driven as a user drives it.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use devctl_api::database_cluster::DatabaseCluster;
+use devctl_api::instance::{InstanceStatus, STATUS_ANNOTATION};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::await_condition;
+use serde_json::json;
+
+/// initdb plus a first start on 2 busy cores takes a few seconds; leave room.
+const READY_TIMEOUT: Duration = Duration::from_secs(150);
+
+/// The `devctl-agent` binary the process runner starts (built on demand: cargo builds only
+/// the tested package's binaries for its tests).
+fn ensure_agent_built() {
+    let path = Path::new(env!("CARGO_BIN_EXE_devctl")).with_file_name("devctl-agent");
+    if !path.exists() {
+        let status = std::process::Command::new(env!("CARGO"))
+            .args(["build", "-p", "devctl-agent", "--bin", "devctl-agent"])
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "building devctl-agent failed");
+    }
+}
+
+struct Env {
+    cluster: &'static devctl_testenv::Cluster,
+    client: kube::Client,
+    namespace: String,
+    kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+    /// Dropping it stops the in-process operator.
+    operator: Option<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Env {
+    async fn start(prefix: &str) -> Self {
+        ensure_agent_built();
+        let cluster = devctl_testenv::shared_process_cluster().await.unwrap();
+        cluster.install_crds(&devctl_api::crds()).await.unwrap();
+        let namespace = cluster.create_namespace(prefix).await.unwrap();
+        let client = cluster.client().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        let mut config = cluster.admin_kubeconfig().unwrap();
+        for context in &mut config.contexts {
+            if let Some(c) = context.context.as_mut() {
+                c.namespace = Some(namespace.clone());
+            }
+        }
+        devctl_testenv::kubeconfig::write(&config, &kubeconfig).unwrap();
+        let mut env = Self {
+            cluster,
+            client,
+            namespace,
+            kubeconfig,
+            _dir: dir,
+            operator: None,
+        };
+        env.start_operator();
+        env
+    }
+
+    /// Runs the operator in this process for the test's namespace.
+    fn start_operator(&mut self) {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let client = self.client.clone();
+        let watched = self.namespace.clone();
+        tokio::spawn(async move {
+            let _ = devctl_operator::run(
+                client,
+                &[watched],
+                devctl_operator::Settings::default(),
+                "test",
+                stopped,
+            )
+            .await;
+        });
+        self.operator = Some(stop);
+    }
+
+    fn stop_operator(&mut self) {
+        if let Some(stop) = self.operator.take() {
+            let _ = stop.send(true);
+        }
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    async fn create(&self, name: &str, engine: &str, version: &str) {
+        let db: DatabaseCluster = serde_json::from_value(json!({
+            "apiVersion": "db.devctl.io/v1beta1",
+            "kind": "DatabaseCluster",
+            "metadata": { "name": name },
+            "spec": {
+                "engine": engine, "version": version, "replicas": 1,
+                "storage": { "size": "1Gi" },
+                "backup": { "enabled": false },
+            }
+        }))
+        .unwrap();
+        self.api::<DatabaseCluster>()
+            .create(&PostParams::default(), &db)
+            .await
+            .unwrap();
+    }
+
+    /// Waits until `condition` holds for the cluster `name`, printing its status and the
+    /// agents' logs when it does not.
+    async fn wait_db(
+        &self,
+        name: &str,
+        what: &str,
+        condition: impl Fn(&DatabaseCluster) -> bool,
+    ) -> DatabaseCluster {
+        let api = self.api::<DatabaseCluster>();
+        let wait = await_condition(api.clone(), name, move |db: Option<&DatabaseCluster>| {
+            db.is_some_and(&condition)
+        });
+        match tokio::time::timeout(READY_TIMEOUT, wait).await {
+            Ok(Ok(Some(db))) => db,
+            other => {
+                let current = api.get_opt(name).await.ok().flatten();
+                panic!(
+                    "{name}: {what} ({other:?}) within {READY_TIMEOUT:?}\nstatus: {:#?}\nagent log:\n{}",
+                    current.and_then(|d| d.status),
+                    self.agent_log(&format!("{name}-0"))
+                )
+            }
+        }
+    }
+
+    async fn wait_ready(&self, name: &str) -> DatabaseCluster {
+        self.wait_db(name, "Ready", ready).await
+    }
+
+    fn agent_log(&self, pod: &str) -> String {
+        self.cluster
+            .pod_runner()
+            .and_then(|r| r.log_path(&self.namespace, pod))
+            .map(|p| devctl_testenv::process::tail(&p, 40))
+            .unwrap_or_else(|| "(no log)".into())
+    }
+
+    async fn report(&self, pod: &str) -> InstanceStatus {
+        let pod = self.api::<Pod>().get(pod).await.unwrap();
+        InstanceStatus::from_annotations(pod.metadata.annotations.as_ref())
+            .unwrap_or_else(|| panic!("no {STATUS_ANNOTATION} on the pod"))
+    }
+
+    async fn password(&self, name: &str) -> String {
+        let secret = self
+            .api::<Secret>()
+            .get(&format!("{name}-credentials"))
+            .await
+            .unwrap();
+        String::from_utf8(secret.data.unwrap()["password"].0.clone()).unwrap()
+    }
+
+    /// `devctl db shell NAME -- -c SQL` (off the runtime's threads: it blocks).
+    async fn shell(&self, name: &str, sql: &str) -> std::process::Output {
+        let kubeconfig = self.kubeconfig.clone();
+        let args: Vec<String> = ["db", "shell", name, "--", "-c", sql]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            support::devctl(&kubeconfig, &args)
+        })
+        .await
+        .unwrap()
+    }
+
+    async fn shell_ok(&self, name: &str, sql: &str) -> String {
+        let out = self.shell(name, sql).await;
+        assert!(
+            out.status.success(),
+            "devctl db shell {name} -- -c {sql:?} failed ({}):\n{}{}",
+            out.status,
+            support::stdout(&out),
+            support::stderr(&out)
+        );
+        support::stdout(&out)
+    }
+
+    /// Logs in as `app` with `password` straight at the instance's reported address.
+    async fn psql_login(&self, pod: &str, password: &str) -> std::process::Output {
+        let address = self.report(pod).await.address.expect("no address reported");
+        let (host, port) = address.rsplit_once(':').unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let passfile = dir.path().join("pgpass");
+        std::fs::write(&passfile, format!("{host}:{port}:app:app:{password}\n")).unwrap();
+        std::fs::set_permissions(
+            &passfile,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        tokio::process::Command::new("psql")
+            .args(["-X", "-A", "-t", "-c", "select current_user"])
+            .env("PGHOST", host)
+            .env("PGPORT", port)
+            .env("PGUSER", "app")
+            .env("PGDATABASE", "app")
+            .env("PGPASSFILE", &passfile)
+            .env("PGCONNECT_TIMEOUT", "5")
+            .env_remove("PGPASSWORD")
+            .output()
+            .await
+            .unwrap()
+    }
+
+    /// Fails if `secret` appears in any agent or engine log, in the namespace's events, in a
+    /// pod annotation or in the cluster's status.
+    async fn assert_never_shown(&self, secret: &str) {
+        let runner = self.cluster.pod_runner().unwrap();
+        for entry in std::fs::read_dir(runner.logs_dir()).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                !text.contains(secret),
+                "a password appears in {}",
+                path.display()
+            );
+        }
+        let events: Api<k8s_openapi::api::events::v1::Event> = self.api();
+        let events =
+            serde_json::to_string(&events.list(&Default::default()).await.unwrap()).unwrap();
+        assert!(!events.contains(secret), "a password appears in an event");
+        let pods =
+            serde_json::to_string(&self.api::<Pod>().list(&Default::default()).await.unwrap())
+                .unwrap();
+        assert!(!pods.contains(secret), "a password appears in a pod");
+        let dbs = serde_json::to_string(
+            &self
+                .api::<DatabaseCluster>()
+                .list(&Default::default())
+                .await
+                .unwrap(),
+        )
+        .unwrap();
+        assert!(
+            !dbs.contains(secret),
+            "a password appears in a DatabaseCluster"
+        );
+    }
+}
+
+fn ready(db: &DatabaseCluster) -> bool {
+    let Some(status) = db.status.as_ref() else {
+        return false;
+    };
+    status.observed_generation == db.metadata.generation
+        && devctl_api::conditions::find(&status.conditions, "Ready")
+            .is_some_and(|c| c.status == "True")
+}
+
+fn condition(db: &DatabaseCluster, type_: &str) -> Option<(String, String, String)> {
+    let c = devctl_api::conditions::find(&db.status.as_ref()?.conditions, type_)?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_and_mariadb_become_ready_when_the_engine_serves_and_db_shell_logs_in() {
+    let env = Env::start("engines").await;
+    env.create("pg", "postgres", "16.2").await;
+    env.create("maria", "mysql", "8.0").await;
+
+    let pg = env.wait_ready("pg").await;
+    // Ready came from the agent: the engine accepts the app user the moment Ready is seen.
+    let out = env.shell_ok("pg", "select 1").await;
+    assert_eq!(
+        out.trim().lines().find(|l| l.trim() == "1").map(str::trim),
+        Some("1"),
+        "{out}"
+    );
+    let status = pg.status.unwrap();
+    assert_eq!(status.ready_replicas, 1);
+    assert_eq!(status.current_version.as_deref(), Some("16.2"));
+    let instance = &status.instances[0];
+    assert_eq!(instance.name, "pg-0");
+    assert!(instance.ready);
+    assert_eq!(instance.role.as_deref(), Some("primary"));
+    assert_eq!(instance.timeline, Some(1));
+    let report = env.report("pg-0").await;
+    assert!(
+        report
+            .engine_version
+            .as_deref()
+            .is_some_and(|v| v.starts_with("15.")),
+        "Debian's PostgreSQL 15 runs whatever the tag: {report:?}"
+    );
+    assert!(report.system_identifier.is_some());
+    // The app user is an ordinary role, not the superuser.
+    let out = env
+        .shell_ok(
+            "pg",
+            "select rolsuper from pg_roles where rolname = current_user",
+        )
+        .await;
+    assert!(out.lines().any(|l| l.trim() == "f"), "{out}");
+
+    env.wait_ready("maria").await;
+    let out = env.shell_ok("maria", "select 1").await;
+    assert!(out.lines().any(|l| l.trim() == "1"), "{out}");
+    let report = env.report("maria-0").await;
+    assert!(
+        report
+            .engine_version
+            .as_deref()
+            .is_some_and(|v| v.starts_with("10.")),
+        "{report:?}"
+    );
+
+    // `db status` lists each instance.
+    let kubeconfig = env.kubeconfig.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        support::devctl_ok(&kubeconfig, &["db", "status", "pg"])
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("pg-0") && l.contains("primary") && l.contains("true")),
+        "{out}"
+    );
+    // A failing statement is the client's non-zero exit code.
+    let out = env.shell("pg", "select * from no_such_table").await;
+    assert!(!out.status.success());
+
+    for name in ["pg", "maria"] {
+        let password = env.password(name).await;
+        env.assert_never_shown(&password).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_follow_the_secret_and_a_lost_secret_is_regenerated() {
+    let env = Env::start("passwords").await;
+    env.create("pw", "postgres", "16.2").await;
+    env.wait_ready("pw").await;
+    let old = env.password("pw").await;
+    let login = env.psql_login("pw-0", &old).await;
+    assert!(login.status.success(), "{login:?}");
+
+    // A user rotates the password in the Secret.
+    let new = "rotated-by-the-user-0123456789";
+    let secrets = env.api::<Secret>();
+    secrets
+        .patch(
+            "pw-credentials",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "data": { "password": ByteString(new.as_bytes().to_vec()) } })),
+        )
+        .await
+        .unwrap();
+    devctl_testenv::eventually("the new password to log in", READY_TIMEOUT, || async {
+        env.psql_login("pw-0", new)
+            .await
+            .status
+            .success()
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    let refused = env.psql_login("pw-0", &old).await;
+    assert!(!refused.status.success(), "the old password still logs in");
+
+    // The Secret is lost: a new password is generated and reaches the database.
+    secrets
+        .delete("pw-credentials", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.wait_db("pw", "CredentialsRegenerated", |db| {
+        condition(db, "Degraded")
+            .is_some_and(|(s, r, _)| s == "True" && r == "CredentialsRegenerated")
+    })
+    .await;
+    env.wait_db("pw", "CredentialsRegenerated cleared", |db| {
+        ready(db) && condition(db, "Degraded").is_some_and(|(s, _, _)| s == "False")
+    })
+    .await;
+    let regenerated = env.password("pw").await;
+    assert_ne!(regenerated, new);
+    let login = env.psql_login("pw-0", &regenerated).await;
+    assert!(login.status.success(), "{login:?}");
+    assert!(!env.psql_login("pw-0", new).await.status.success());
+    for password in [old.as_str(), new, regenerated.as_str()] {
+        env.assert_never_shown(password).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_pod_comes_back_on_its_data_and_rbac_goes_with_the_cluster() {
+    let env = Env::start("restart").await;
+    env.create("keep", "postgres", "16.2").await;
+    env.wait_ready("keep").await;
+    env.shell_ok("keep", "create table t (v int); insert into t values (42)")
+        .await;
+    let before = env.report("keep-0").await.system_identifier;
+    let old_uid = env.api::<Pod>().get("keep-0").await.unwrap().metadata.uid;
+
+    env.api::<Pod>()
+        .delete("keep-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    devctl_testenv::eventually(
+        "a new keep-0 with a ready report",
+        READY_TIMEOUT,
+        || async {
+            let pod = env.api::<Pod>().get_opt("keep-0").await.ok()??;
+            let report = InstanceStatus::from_annotations(pod.metadata.annotations.as_ref())?;
+            (pod.metadata.uid != old_uid && report.ready).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(env.report("keep-0").await.system_identifier, before);
+    let out = env.shell_ok("keep", "select v from t").await;
+    assert!(out.lines().any(|l| l.trim() == "42"), "{out}");
+
+    // The agents' ServiceAccount, Role and RoleBinding are the cluster's and go with it.
+    assert!(
+        env.api::<ServiceAccount>()
+            .get_opt("keep-agent")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    env.api::<DatabaseCluster>()
+        .delete("keep", &DeleteParams::default())
+        .await
+        .unwrap();
+    devctl_testenv::eventually("the agent RBAC to be collected", READY_TIMEOUT, || async {
+        let sa = env
+            .api::<ServiceAccount>()
+            .get_opt("keep-agent")
+            .await
+            .ok()?;
+        let role = env.api::<Role>().get_opt("keep-agent").await.ok()?;
+        let binding = env.api::<RoleBinding>().get_opt("keep-agent").await.ok()?;
+        (sa.is_none() && role.is_none() && binding.is_none()).then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_denied_by_its_role_fails_loudly_and_the_cluster_says_why() {
+    let mut env = Env::start("denied").await;
+    env.create("deny", "postgres", "16.2").await;
+    env.wait_ready("deny").await;
+    // The agent acts as its cluster's ServiceAccount, not as an administrator.
+    let runner = env.cluster.pod_runner().unwrap();
+
+    // Take the Secret rule away (the operator would put it back: stop it first).
+    env.stop_operator();
+    let roles = env.api::<Role>();
+    let role = roles.get("deny-agent").await.unwrap();
+    let rules: Vec<_> = role
+        .rules
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| {
+            !r.resources
+                .as_ref()
+                .is_some_and(|res| res.iter().any(|x| x == "secrets"))
+        })
+        .collect();
+    roles
+        .patch(
+            "deny-agent",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "rules": rules })),
+        )
+        .await
+        .unwrap();
+    env.api::<Pod>()
+        .delete("deny-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    let report = devctl_testenv::eventually(
+        "the agent to report it is forbidden",
+        READY_TIMEOUT,
+        || async {
+            let pod = env.api::<Pod>().get_opt("deny-0").await.ok()??;
+            let report = InstanceStatus::from_annotations(pod.metadata.annotations.as_ref())?;
+            report
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("forbidden"))
+                .then_some(report)
+        },
+    )
+    .await
+    .unwrap();
+    assert!(!report.ready);
+    let exits = runner.exits(&env.namespace, "deny-0");
+    assert!(
+        exits.iter().any(|e| e.code == Some(77)),
+        "the agent exits 77 when the API server forbids it: {exits:?}"
+    );
+
+    // The operator comes back: its first look says why the instance is down, then it puts
+    // the rule back and the agent recovers.
+    let said_why = tokio::spawn({
+        let api = env.api::<DatabaseCluster>();
+        async move {
+            await_condition(api, "deny", |db: Option<&DatabaseCluster>| {
+                db.and_then(|d| d.status.as_ref()).is_some_and(|s| {
+                    s.instances.iter().any(|i| {
+                        i.message
+                            .as_deref()
+                            .is_some_and(|m| m.contains("forbidden"))
+                    })
+                })
+            })
+            .await
+        }
+    });
+    env.start_operator();
+    let db = tokio::time::timeout(READY_TIMEOUT, said_why)
+        .await
+        .expect("status.instances never said the agent is forbidden")
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let (status, _, message) = condition(&db, "Ready").unwrap();
+    assert_eq!(status, "False");
+    assert!(message.contains("forbidden"), "{message}");
+    env.wait_ready("deny").await;
+}

@@ -1,0 +1,240 @@
+//! The instances of a DatabaseCluster as their agents report them (pure).
+//!
+//! Each database pod's `devctl-agent` writes what it observes of its engine into the pod's
+//! annotation [`STATUS_ANNOTATION`]; the operator reads those reports from its pod cache and
+//! turns them into `status.instances`, `readyReplicas` and `Ready`. A pod that Kubernetes
+//! calls Ready is not enough: on kwok it always is, and even on a kubelet the probe can lag
+//! the engine.
+
+use std::collections::BTreeMap;
+
+use devctl_api::database_cluster::{DatabaseCluster, InstanceSummary};
+use devctl_api::instance::{InstanceStatus, STATUS_ANNOTATION};
+use devctl_api::labels;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use kube::{Resource, ResourceExt};
+
+use crate::children::caches::OwnerKey;
+
+use super::resources::{self, stateful_set::CONFIG_HASH_ANNOTATION};
+
+/// The DatabaseCluster a database pod belongs to, from its labels (pods are owned by the
+/// StatefulSet, not by the cluster).
+pub fn pod_owner(pod: &Pod) -> Option<OwnerKey> {
+    let labels = pod.labels();
+    if labels.get(labels::NAME).map(String::as_str) != Some(resources::APP_NAME) {
+        return None;
+    }
+    Some(OwnerKey {
+        kind: DatabaseCluster::kind(&()).into_owned(),
+        namespace: pod.namespace()?,
+        name: labels.get(labels::INSTANCE)?.clone(),
+    })
+}
+
+/// Keeps of a cached pod only what the operator reads: identity, labels, the agent's report,
+/// the configuration hash, readiness, the IP and the containers' states. A pod's spec is most
+/// of its size and is the StatefulSet's business.
+pub fn trim_pod(pod: &mut Pod) {
+    let meta = pod.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|k, _| k == STATUS_ANNOTATION || k == CONFIG_HASH_ANNOTATION);
+    }
+    pod.spec = None;
+    if let Some(status) = pod.status.take() {
+        pod.status = Some(PodStatus {
+            conditions: status
+                .conditions
+                .map(|c| c.into_iter().filter(|c| c.type_ == "Ready").collect()),
+            container_statuses: status.container_statuses,
+            pod_ip: status.pod_ip,
+            phase: status.phase,
+            ..PodStatus::default()
+        });
+    }
+}
+
+/// The ordinal of a StatefulSet pod (`<name>-<ordinal>`).
+pub fn ordinal(pod_name: &str) -> Option<i32> {
+    pod_name.rsplit_once('-')?.1.parse().ok()
+}
+
+/// What the operator makes of its cluster's pods.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Instances {
+    pub summaries: Vec<InstanceSummary>,
+    /// Instances within `spec.replicas` that are ready.
+    pub ready: i32,
+    /// Every ready instance reports roles in line with the credentials Secret at
+    /// `resourceVersion` `credentials_version` (and at least one instance is ready).
+    pub credentials_applied: bool,
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The last reason the agent's container stopped, as the kubelet recorded it.
+fn termination_message(pod: &Pod) -> Option<String> {
+    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+    statuses.iter().find_map(|s| {
+        let terminated = s.last_state.as_ref()?.terminated.as_ref()?;
+        let message = terminated.message.as_deref().unwrap_or("").trim();
+        let line = message.lines().last().unwrap_or("");
+        Some(if line.is_empty() {
+            format!("the agent exited with code {}", terminated.exit_code)
+        } else {
+            line.to_string()
+        })
+    })
+}
+
+/// Summarises `pods` (the cluster's pods, in any order) against `replicas` and the
+/// credentials Secret's `resourceVersion`.
+pub fn observe(pods: &[&Pod], replicas: i32, credentials_version: Option<&str>) -> Instances {
+    let mut by_ordinal: BTreeMap<(i32, String), &Pod> = BTreeMap::new();
+    for pod in pods {
+        let name = pod.name_any();
+        by_ordinal.insert((ordinal(&name).unwrap_or(i32::MAX), name), pod);
+    }
+    let mut instances = Instances::default();
+    let mut every_ready_has_credentials = true;
+    for ((ordinal, name), pod) in by_ordinal {
+        let report = InstanceStatus::from_annotations(pod.metadata.annotations.as_ref());
+        let terminating = pod.metadata.deletion_timestamp.is_some();
+        let ready = !terminating && pod_ready(pod) && report.as_ref().is_some_and(|r| r.ready);
+        let message = match &report {
+            _ if terminating => Some("the pod is being deleted".to_string()),
+            Some(r) if r.last_error.is_some() => r.last_error.clone(),
+            Some(r) if !r.ready => Some("the engine does not accept connections yet".into()),
+            Some(_) if !pod_ready(pod) => Some("the pod is not Ready".into()),
+            Some(_) => None,
+            None => Some(
+                termination_message(pod)
+                    .unwrap_or_else(|| "waiting for the agent's first report".to_string()),
+            ),
+        };
+        if ready && ordinal < replicas {
+            instances.ready += 1;
+            if report
+                .as_ref()
+                .and_then(|r| r.credentials_version.as_deref())
+                != credentials_version
+            {
+                every_ready_has_credentials = false;
+            }
+        }
+        instances.summaries.push(InstanceSummary {
+            name,
+            role: report.as_ref().and_then(|r| r.role.clone()),
+            ready,
+            timeline: report.as_ref().and_then(|r| r.timeline),
+            lag_bytes: report.as_ref().and_then(|r| r.lag_bytes),
+            message,
+        });
+    }
+    instances.credentials_applied =
+        credentials_version.is_some() && instances.ready > 0 && every_ready_has_credentials;
+    instances
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, ready: bool, report: Option<serde_json::Value>) -> Pod {
+        let mut annotations = serde_json::Map::new();
+        if let Some(report) = report {
+            annotations.insert(STATUS_ANNOTATION.into(), json!(report.to_string()));
+        }
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": name, "namespace": "ns",
+                "labels": { "app.kubernetes.io/name": "databasecluster", "app.kubernetes.io/instance": "db" },
+                "annotations": annotations,
+            },
+            "spec": { "containers": [{ "name": "postgres", "image": "postgres:16.2" }] },
+            "status": {
+                "conditions": [
+                    { "type": "Ready", "status": if ready { "True" } else { "False" } },
+                    { "type": "PodScheduled", "status": "True" },
+                ],
+                "podIP": "10.0.0.1",
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_agents_that_report_ready_count_and_pod_readiness_alone_does_not() {
+        let pods = [
+            pod("db-1", true, Some(json!({ "ready": false }))),
+            pod(
+                "db-0",
+                true,
+                Some(
+                    json!({ "ready": true, "role": "primary", "timeline": 1, "credentialsVersion": "7" }),
+                ),
+            ),
+            pod("db-2", true, None),
+        ];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let instances = observe(&refs, 3, Some("7"));
+        assert_eq!(instances.ready, 1);
+        let names: Vec<&str> = instances
+            .summaries
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(names, ["db-0", "db-1", "db-2"]);
+        assert_eq!(instances.summaries[0].role.as_deref(), Some("primary"));
+        assert_eq!(instances.summaries[0].message, None);
+        assert_eq!(
+            instances.summaries[1].message.as_deref(),
+            Some("the engine does not accept connections yet")
+        );
+        assert_eq!(
+            instances.summaries[2].message.as_deref(),
+            Some("waiting for the agent's first report")
+        );
+        assert!(instances.credentials_applied);
+    }
+
+    #[test]
+    fn the_agents_last_error_is_the_message_and_old_credentials_are_not_applied() {
+        let pods = [pod(
+            "db-0",
+            true,
+            Some(json!({ "ready": true, "lastError": "boom", "credentialsVersion": "6" })),
+        )];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let instances = observe(&refs, 1, Some("7"));
+        assert_eq!(instances.summaries[0].message.as_deref(), Some("boom"));
+        assert!(!instances.credentials_applied);
+    }
+
+    #[test]
+    fn trimming_keeps_the_report_and_readiness_and_drops_the_spec() {
+        let mut p = pod("db-0", true, Some(json!({ "ready": true })));
+        trim_pod(&mut p);
+        assert!(p.spec.is_none());
+        assert!(pod_ready(&p));
+        assert_eq!(
+            p.status
+                .as_ref()
+                .unwrap()
+                .conditions
+                .as_ref()
+                .unwrap()
+                .len(),
+            1
+        );
+        assert!(InstanceStatus::from_annotations(p.metadata.annotations.as_ref()).is_some());
+        assert_eq!(pod_owner(&p).unwrap().name, "db");
+    }
+}

@@ -1,0 +1,593 @@
+//! The pod runner: database pods backed by processes (a fake agent script here, so these
+//! tests do not depend on the real `devctl-agent`) or by simulated reports.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use devctl_api::instance::{InstanceStatus, STATUS_ANNOTATION};
+use devctl_testenv::process::is_running;
+use devctl_testenv::{Cluster, ClusterOptions, PodBacking, eventually};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, ServiceAccount};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::config::Kubeconfig;
+use serde_json::json;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A stand-in for devctl-agent: records its environment, user and start/stop in the data
+/// directory, then waits (or exits 3 when `FAKE_AGENT_MODE=exit3`). On SIGTERM it takes half
+/// a second before it notes its stop and exits, so an agent started too early on the same
+/// claim would show up in `events` before that stop.
+const FAKE_AGENT: &str = r#"#!/bin/sh
+data="$DEVCTL_DATA_DIR"
+mkdir -p "$data"
+echo "start $$" >> "$data/events"
+if [ "$FAKE_AGENT_MODE" = exit3 ]; then
+  echo "giving up" >&2
+  exit 3
+fi
+env | sort > "$data/env.tmp" && mv "$data/env.tmp" "$data/env"
+id -u > "$data/uid"
+[ -e "$data/first-run" ] || echo "$$" > "$data/first-run"
+trap 'sleep 0.5; echo "stop $$" >> "$data/events"; kill $child 2>/dev/null; exit 0' TERM
+sleep 1000 &
+child=$!
+echo "$child" > "$data/sleep.pid"
+echo "fake agent $$ running"
+touch "$data/ready.$$"
+wait $child
+"#;
+
+/// The fake agent's path (written once per test binary, atomically).
+fn fake_agent() -> PathBuf {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let path = dir.join("fake-devctl-agent.sh");
+        let tmp = dir.join(format!("fake-devctl-agent.sh.{}", std::process::id()));
+        std::fs::write(&tmp, FAKE_AGENT).unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        path
+    })
+    .clone()
+}
+
+fn process_options() -> ClusterOptions {
+    ClusterOptions {
+        pods: PodBacking::Processes {
+            agent: fake_agent(),
+        },
+        nodes: 1,
+        ..ClusterOptions::default()
+    }
+}
+
+/// The process-backed cluster shared by this binary's tests.
+async fn process_cluster() -> &'static Cluster {
+    static CLUSTER: tokio::sync::OnceCell<Cluster> = tokio::sync::OnceCell::const_new();
+    let cluster = CLUSTER
+        .get_or_init(|| async { Cluster::start_with(process_options()).await.unwrap() })
+        .await;
+    println!("{}", cluster.describe());
+    cluster
+}
+
+/// A database StatefulSet shaped like the operator's (labels, volumes, env).
+fn statefulset(name: &str, replicas: i32, extra_env: serde_json::Value) -> StatefulSet {
+    let labels = json!({
+        "app.kubernetes.io/name": "databasecluster",
+        "app.kubernetes.io/component": "database",
+        "app.kubernetes.io/instance": name,
+    });
+    let field = |path: &str| json!({ "fieldRef": { "fieldPath": path } });
+    let mut env = vec![
+        json!({ "name": "POD_NAME", "valueFrom": field("metadata.name") }),
+        json!({ "name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace") }),
+        json!({ "name": "POD_UID", "valueFrom": field("metadata.uid") }),
+        json!({ "name": "POD_IP", "valueFrom": field("status.podIP") }),
+        json!({ "name": "DEVCTL_ENGINE", "value": "postgres" }),
+        json!({ "name": "DEVCTL_CLUSTER", "value": name }),
+        json!({ "name": "DEVCTL_DATA_DIR", "value": "/var/lib/postgresql/data/pgdata" }),
+        json!({ "name": "DEVCTL_CONFIG_DIR", "value": "/etc/devctl" }),
+        json!({ "name": "DEVCTL_RUN_DIR", "value": "/var/run/postgresql" }),
+        json!({ "name": "DEVCTL_PORT", "value": "5432" }),
+        json!({ "name": "DEVCTL_LISTEN_ADDRESS", "value": "*" }),
+        json!({ "name": "DEVCTL_HEALTH_PORT", "value": "8008" }),
+        json!({ "name": "DEVCTL_CREDENTIALS_SECRET", "value": format!("{name}-credentials") }),
+    ];
+    env.extend(extra_env.as_array().cloned().unwrap_or_default());
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": { "name": name, "labels": labels },
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "podManagementPolicy": "Parallel",
+            "selector": { "matchLabels": labels },
+            "template": {
+                "metadata": { "labels": labels },
+                "spec": {
+                    "serviceAccountName": format!("{name}-agent"),
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [{
+                        "name": "postgres",
+                        "image": "postgres:16.4",
+                        "command": ["/devctl/bin/devctl-agent"],
+                        "args": ["run"],
+                        "env": env,
+                        "volumeMounts": [
+                            { "name": "data", "mountPath": "/var/lib/postgresql/data" },
+                            { "name": "config", "mountPath": "/etc/devctl" },
+                            { "name": "run", "mountPath": "/var/run/postgresql" },
+                            { "name": "agent", "mountPath": "/devctl/bin" },
+                        ],
+                    }],
+                    "volumes": [
+                        { "name": "config", "configMap": { "name": format!("{name}-config") } },
+                        { "name": "run", "emptyDir": {} },
+                        { "name": "agent", "emptyDir": {} },
+                    ],
+                },
+            },
+            "volumeClaimTemplates": [{
+                "metadata": { "name": "data" },
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": { "requests": { "storage": "1Gi" } },
+                },
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+async fn create_service_account(client: &kube::Client, ns: &str, name: &str) {
+    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({ "metadata": { "name": name } })).unwrap();
+    api.create(&PostParams::default(), &sa).await.unwrap();
+}
+
+async fn create_inputs(client: &kube::Client, ns: &str, name: &str) {
+    let config: ConfigMap = serde_json::from_value(json!({
+        "metadata": { "name": format!("{name}-config") },
+        "data": { "postgresql.conf": "max_connections = 20\n" },
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &config)
+        .await
+        .unwrap();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {
+            "name": format!("{name}-credentials"),
+            "labels": { "app.kubernetes.io/name": "databasecluster" },
+        },
+        "stringData": { "username": "app", "password": "s3cret" },
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+}
+
+async fn apply(client: &kube::Client, ns: &str, sts: &StatefulSet) {
+    let name = sts.metadata.name.clone().unwrap();
+    Api::<StatefulSet>::namespaced(client.clone(), ns)
+        .patch(
+            &name,
+            &PatchParams::apply("pod-runner-test").force(),
+            &Patch::Apply(sts),
+        )
+        .await
+        .unwrap();
+}
+
+async fn pod_uid(client: &kube::Client, ns: &str, name: &str) -> Option<String> {
+    let pod = Api::<Pod>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .ok()??;
+    pod.metadata.uid
+}
+
+fn read_env(path: &Path) -> Option<BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(path).ok()?;
+    Some(
+        text.lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
+fn events(claim: &Path) -> Vec<String> {
+    std::fs::read_to_string(claim.join("pgdata/events"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The env the fake agent recorded once its run with `pid` is ready.
+async fn recorded_env(claim: &Path, pid: u32) -> BTreeMap<String, String> {
+    let data = claim.join("pgdata");
+    eventually(
+        &format!(
+            "the fake agent {pid} to record its environment in {}",
+            data.display()
+        ),
+        TIMEOUT,
+        || async { data.join(format!("ready.{pid}")).exists().then_some(()) },
+    )
+    .await
+    .unwrap();
+    read_env(&data.join("env")).unwrap()
+}
+
+#[tokio::test]
+async fn an_agent_runs_as_its_pod_would_and_its_claim_outlives_the_pod() {
+    let cluster = process_cluster().await;
+    let runner = cluster
+        .pod_runner()
+        .expect("a process-backed cluster has a runner");
+    assert!(runner.runs_processes());
+    let ns = cluster.create_namespace("runner").await.unwrap();
+    let client = cluster.client().await.unwrap();
+    create_inputs(&client, &ns, "db").await;
+    create_service_account(&client, &ns, "db-agent").await;
+    let expanded = json!([
+        { "name": "TEST_PASSWORD", "valueFrom": { "secretKeyRef": { "name": "db-credentials", "key": "password" } } },
+        { "name": "TEST_EXPANDED", "value": "$(POD_NAME).$(POD_NAMESPACE)" },
+    ]);
+    apply(&client, &ns, &statefulset("db", 1, expanded)).await;
+
+    let first = runner.wait_running(&ns, "db-0", TIMEOUT).await.unwrap();
+    let claim = runner
+        .claim_dir(&ns, "data-db-0")
+        .expect("the claim's directory");
+    assert!(claim.starts_with(runner.root()), "{}", claim.display());
+    let env = recorded_env(&claim, first).await;
+    let uid = pod_uid(&client, &ns, "db-0").await.unwrap();
+
+    // Paths under the mounts point into the runner's directories.
+    assert_eq!(
+        env["DEVCTL_DATA_DIR"],
+        claim.join("pgdata").display().to_string()
+    );
+    let config_dir = PathBuf::from(&env["DEVCTL_CONFIG_DIR"]);
+    assert!(config_dir.starts_with(runner.root()), "{env:?}");
+    assert_eq!(
+        std::fs::read_to_string(config_dir.join("postgresql.conf")).unwrap(),
+        "max_connections = 20\n"
+    );
+    let run_dir = PathBuf::from(&env["DEVCTL_RUN_DIR"]);
+    assert!(
+        run_dir.starts_with(runner.root()) && run_dir.is_dir(),
+        "{env:?}"
+    );
+    // Loopback and fresh ports.
+    assert_eq!(env["DEVCTL_LISTEN_ADDRESS"], "127.0.0.1");
+    assert_eq!(env["POD_IP"], "127.0.0.1");
+    assert_ne!(env["DEVCTL_PORT"], "5432");
+    assert_ne!(env["DEVCTL_HEALTH_PORT"], "8008");
+    assert_ne!(env["DEVCTL_PORT"], env["DEVCTL_HEALTH_PORT"]);
+    // The downward API, references and expansion.
+    assert_eq!(env["POD_NAME"], "db-0");
+    assert_eq!(env["POD_NAMESPACE"], ns);
+    assert_eq!(env["POD_UID"], uid);
+    assert_eq!(env["TEST_PASSWORD"], "s3cret");
+    assert_eq!(env["TEST_EXPANDED"], format!("db-0.{ns}"));
+    assert_eq!(env["DEVCTL_CREDENTIALS_SECRET"], "db-credentials");
+    if Path::new("/usr/lib/postgresql").is_dir() {
+        assert!(
+            env["DEVCTL_ENGINE_BIN_DIR"].starts_with("/usr/lib/postgresql/"),
+            "{env:?}"
+        );
+    }
+    // As the image's user when we are root.
+    let uid_seen = std::fs::read_to_string(claim.join("pgdata/uid")).unwrap();
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        let postgres = std::process::Command::new("id")
+            .args(["-u", "postgres"])
+            .output()
+            .unwrap();
+        assert_eq!(
+            uid_seen.trim(),
+            String::from_utf8_lossy(&postgres.stdout).trim()
+        );
+    }
+    // The kubeconfig authenticates as the pod's ServiceAccount.
+    let kubeconfig = Kubeconfig::read_from(&env["KUBECONFIG"]).unwrap();
+    let agent_client = devctl_testenv::kubeconfig::client(kubeconfig)
+        .await
+        .unwrap();
+    let review = Api::<SelfSubjectReview>::all(agent_client)
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .unwrap();
+    let user = review
+        .status
+        .and_then(|s| s.user_info)
+        .and_then(|u| u.username);
+    assert_eq!(
+        user.as_deref(),
+        Some(format!("system:serviceaccount:{ns}:db-agent").as_str())
+    );
+    // Output goes to the pod's log.
+    let log = runner.log_path(&ns, "db-0").unwrap();
+    assert!(log.starts_with(runner.logs_dir()));
+    eventually("the agent's output in its log", TIMEOUT, || async {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains(&format!("fake agent {first} running"))
+            .then_some(())
+    })
+    .await
+    .unwrap();
+
+    // Deleting the pod: the StatefulSet recreates it on the same claim; the old agent
+    // stops before the new one starts, and the data stays.
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .delete("db-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    let second = eventually("a new agent for the recreated db-0", TIMEOUT, || async {
+        runner.pid(&ns, "db-0").filter(|pid| *pid != first)
+    })
+    .await
+    .unwrap();
+    let new_uid = pod_uid(&client, &ns, "db-0").await.unwrap();
+    assert_ne!(new_uid, uid);
+    assert!(!is_running(first), "the first agent ({first}) still runs");
+    assert_eq!(runner.claim_dir(&ns, "data-db-0").unwrap(), claim);
+    let env = recorded_env(&claim, second).await;
+    assert_eq!(env["POD_UID"], new_uid);
+    assert_eq!(
+        std::fs::read_to_string(claim.join("pgdata/first-run"))
+            .unwrap()
+            .trim(),
+        first.to_string(),
+        "the data the first agent wrote is still there"
+    );
+    let events = events(&claim);
+    let position = |line: String| {
+        events
+            .iter()
+            .position(|e| *e == line)
+            .unwrap_or_else(|| panic!("no {line:?} in {events:?}"))
+    };
+    assert!(
+        position(format!("stop {first}")) < position(format!("start {second}")),
+        "the second agent started before the first stopped: {events:?}"
+    );
+    let exits = runner.exits(&ns, "db-0");
+    let stopped = exits
+        .iter()
+        .find(|e| e.pid == first)
+        .expect("the first agent's exit");
+    assert!(stopped.requested && stopped.pod_uid == uid, "{stopped:?}");
+    assert_eq!(
+        stopped.code,
+        Some(0),
+        "it exited from its TERM trap: {stopped:?}"
+    );
+
+    // Deleting the StatefulSet and the claim: the agent stops and the claim's data goes.
+    Api::<StatefulSet>::namespaced(client.clone(), &ns)
+        .delete("db", &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns)
+        .delete("data-db-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the deleted claim's directory to be removed",
+        TIMEOUT,
+        || async {
+            (!claim.exists() && runner.claim_dir(&ns, "data-db-0").is_none()).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        !is_running(second),
+        "the second agent ({second}) still runs"
+    );
+    assert_eq!(runner.pid(&ns, "db-0"), None);
+}
+
+#[tokio::test]
+async fn an_agent_that_exits_is_restarted_and_its_exits_are_recorded() {
+    let cluster = process_cluster().await;
+    let runner = cluster.pod_runner().unwrap();
+    let ns = cluster.create_namespace("crash").await.unwrap();
+    let client = cluster.client().await.unwrap();
+    create_inputs(&client, &ns, "crash").await;
+    create_service_account(&client, &ns, "crash-agent").await;
+    let mode = json!([{ "name": "FAKE_AGENT_MODE", "value": "exit3" }]);
+    apply(&client, &ns, &statefulset("crash", 1, mode)).await;
+
+    // Exit 3, restart after 1 s, exit 3, restart after 2 s...
+    let exits = eventually("two recorded exits of crash-0's agent", TIMEOUT, || async {
+        let exits = runner.exits(&ns, "crash-0");
+        (exits.len() >= 2).then_some(exits)
+    })
+    .await
+    .unwrap();
+    for exit in &exits[..2] {
+        assert_eq!(exit.code, Some(3), "{exit:?}");
+        assert_eq!(exit.signal, None);
+        assert!(!exit.requested, "{exit:?}");
+        assert_eq!(exit.last_line.as_deref(), Some("giving up"), "{exit:?}");
+    }
+    assert_ne!(exits[0].pid, exits[1].pid);
+    let gap = exits[1].at.duration_since(exits[0].at).unwrap_or_default();
+    assert!(
+        gap >= Duration::from_millis(900),
+        "restarted after {gap:?}, before the back-off"
+    );
+    let log = runner.log_path(&ns, "crash-0").unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("exited with code 3") && text.contains("restarting in"),
+        "{text}"
+    );
+
+    // Without its ServiceAccount (admission keeps a pod from being created without one, but
+    // it can go away later) the next start waits for it, and the log says why.
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
+    accounts
+        .delete("crash-agent", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the runner to note the missing ServiceAccount",
+        TIMEOUT,
+        || async {
+            std::fs::read_to_string(&log)
+                .ok()?
+                .contains("ServiceAccount")
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let before = runner.exits(&ns, "crash-0").len();
+    create_service_account(&client, &ns, "crash-agent").await;
+    eventually(
+        "the agent to run again once its ServiceAccount is back",
+        TIMEOUT,
+        || async { (runner.exits(&ns, "crash-0").len() > before).then_some(()) },
+    )
+    .await
+    .unwrap();
+
+    Api::<StatefulSet>::namespaced(client, &ns)
+        .delete("crash", &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn dropping_a_process_cluster_stops_its_agents_and_removes_their_directories() {
+    let cluster = Cluster::start_with(process_options()).await.unwrap();
+    let runner = cluster.pod_runner().unwrap();
+    let root = runner.root().to_path_buf();
+    let ns = cluster.create_namespace("drop").await.unwrap();
+    let client = cluster.client().await.unwrap();
+    create_inputs(&client, &ns, "db").await;
+    create_service_account(&client, &ns, "db-agent").await;
+    apply(&client, &ns, &statefulset("db", 1, json!([]))).await;
+    let agent = runner.wait_running(&ns, "db-0", TIMEOUT).await.unwrap();
+    let claim = runner.claim_dir(&ns, "data-db-0").unwrap();
+    recorded_env(&claim, agent).await;
+    let sleeper: u32 = std::fs::read_to_string(claim.join("pgdata/sleep.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(is_running(agent) && is_running(sleeper));
+
+    // Dropping joins the runner thread (up to its 10 s grace): not on the runtime's thread.
+    tokio::task::spawn_blocking(move || drop(cluster))
+        .await
+        .unwrap();
+    assert!(
+        !is_running(agent),
+        "the agent ({agent}) outlived its cluster"
+    );
+    assert!(
+        !is_running(sleeper),
+        "the agent's child ({sleeper}) outlived its cluster"
+    );
+    assert!(!root.exists(), "{} was not removed", root.display());
+}
+
+#[tokio::test]
+async fn simulated_pods_report_ready_with_ordinal_0_as_primary() {
+    let cluster = devctl_testenv::shared_cluster().await.unwrap();
+    let runner = cluster
+        .pod_runner()
+        .expect("the shared cluster simulates database pods");
+    assert!(!runner.runs_processes());
+    let ns = cluster.create_namespace("simulated").await.unwrap();
+    let client = cluster.client().await.unwrap();
+    create_inputs(&client, &ns, "sim").await;
+    create_service_account(&client, &ns, "sim-agent").await;
+    apply(&client, &ns, &statefulset("sim", 2, json!([]))).await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+
+    let reports = |version: String| {
+        let pods = pods.clone();
+        async move {
+            let mut reports = Vec::new();
+            for name in ["sim-0", "sim-1"] {
+                let pod = pods.get_opt(name).await.ok()??;
+                let report = InstanceStatus::from_annotations(pod.metadata.annotations.as_ref())?;
+                if report.credentials_version.as_deref() != Some(version.as_str()) {
+                    return None;
+                }
+                reports.push(report);
+            }
+            Some(reports)
+        }
+    };
+    let version = secrets
+        .get("sim-credentials")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let found = eventually(
+        &format!("ready reports ({STATUS_ANNOTATION}) on both pods"),
+        TIMEOUT,
+        || reports(version.clone()),
+    )
+    .await
+    .unwrap();
+    assert!(found.iter().all(|r| r.ready));
+    assert_eq!(found[0].role.as_deref(), Some("primary"));
+    assert_eq!(found[1].role.as_deref(), Some("replica"));
+    assert_eq!(found[0].engine_version.as_deref(), Some("16.4"));
+    assert_eq!(found[0].address.as_deref(), Some("127.0.0.1:5432"));
+    assert_eq!(found[0].timeline, Some(1));
+    assert!(found[0].heartbeat.is_some());
+    assert!(found[0].system_identifier.is_some());
+    assert_eq!(found[0].system_identifier, found[1].system_identifier);
+
+    // New credentials: every pod of the cluster reports the Secret's new version.
+    let changed = secrets
+        .patch(
+            "sim-credentials",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "stringData": { "password": "rotated" } })),
+        )
+        .await
+        .unwrap();
+    let version = changed.metadata.resource_version.unwrap();
+    eventually(
+        "both pods to report the new credentials version",
+        TIMEOUT,
+        || reports(version.clone()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(runner.pids(), Vec::<u32>::new());
+
+    Api::<StatefulSet>::namespaced(client, &ns)
+        .delete("sim", &DeleteParams::default())
+        .await
+        .unwrap();
+}
