@@ -228,7 +228,11 @@ impl Env {
     /// pod annotation or in the cluster's status.
     async fn assert_never_shown(&self, secret: &str) {
         let runner = self.cluster.pod_runner().unwrap();
-        for entry in std::fs::read_dir(runner.logs_dir()).unwrap() {
+        // The agents' and engines' logs, and the control plane's (API server, audit log, kwok).
+        let logs = std::fs::read_dir(runner.logs_dir())
+            .unwrap()
+            .chain(std::fs::read_dir(self.cluster.log_dir()).unwrap());
+        for entry in logs {
             let path = entry.unwrap().path();
             let text = std::fs::read_to_string(&path).unwrap_or_default();
             assert!(
@@ -509,11 +513,21 @@ async fn an_agent_denied_by_its_role_fails_loudly_and_the_cluster_says_why() {
     .await
     .unwrap();
     assert!(!report.ready);
-    let exits = runner.exits(&env.namespace, "deny-0");
-    assert!(
-        exits.iter().any(|e| e.code == Some(77)),
-        "the agent exits 77 when the API server forbids it: {exits:?}"
-    );
+    // It reports first, then exits.
+    let namespace = env.namespace.clone();
+    devctl_testenv::eventually(
+        "the agent to exit 77 (EX_NOPERM) when the API server forbids it",
+        READY_TIMEOUT,
+        || async {
+            runner
+                .exits(&namespace, "deny-0")
+                .iter()
+                .any(|e| e.code == Some(77))
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
 
     // The operator comes back: its first look says why the instance is down, then it puts
     // the rule back and the agent recovers.

@@ -166,7 +166,7 @@ async fn install_run_drive_and_uninstall() {
     let credentials = devctl_ok(&kubeconfig, &["db", "credentials", "orders", "-n", ns]);
     assert!(
         credentials.contains("********")
-            && credentials.contains("postgresql://postgres:********@orders-rw"),
+            && credentials.contains("postgresql://app:********@orders-rw"),
         "{credentials}"
     );
     let shown: serde_json::Value = serde_json::from_str(&devctl_ok(

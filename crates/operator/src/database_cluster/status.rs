@@ -319,6 +319,31 @@ mod tests {
     }
 
     #[test]
+    fn ready_pods_are_not_enough_the_agents_must_report_their_engines_ready() {
+        let s = sts(3, 3, true);
+        let mut seen = observed(Some(&s));
+        seen.instances = Instances {
+            ready: 2,
+            summaries: vec![devctl_api::database_cluster::InstanceSummary {
+                name: "my-postgres-2".into(),
+                message: Some("initdb failed: disk full".into()),
+                ..Default::default()
+            }],
+            credentials_applied: false,
+        };
+        let status = compute(&sample(), &seen, &now()).unwrap();
+        assert_eq!(status.ready_replicas, 2);
+        let ready = condition(&status, READY);
+        assert_eq!(ready.status, FALSE);
+        assert!(
+            ready.message.contains("my-postgres-2: initdb failed: disk full"),
+            "{}",
+            ready.message
+        );
+        assert_eq!(status.current_version, None);
+    }
+
+    #[test]
     fn a_converged_status_recomputes_to_itself() {
         let s = sts(3, 3, true);
         let mut db = sample();
