@@ -336,7 +336,9 @@ mod tests {
         let ready = condition(&status, READY);
         assert_eq!(ready.status, FALSE);
         assert!(
-            ready.message.contains("my-postgres-2: initdb failed: disk full"),
+            ready
+                .message
+                .contains("my-postgres-2: initdb failed: disk full"),
             "{}",
             ready.message
         );
