@@ -7,17 +7,20 @@ use std::time::{Duration, Instant};
 
 use devctl_api::instance::{InstanceStatus, env};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::process::Child;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 
-use crate::config::{Config, PodRef};
-use crate::credentials::Credentials;
-use crate::engine::{Engine, Probe, prepare_dir};
-use crate::error::{Error, Result, is_forbidden, one_line};
+use crate::cluster::{
+    ClusterView, PrimaryAddress, resolve_primary, watch_cluster, watch_error_is_forbidden,
+};
+use crate::config::{Config, EngineKind, PodRef, PrimaryFrom, extra_env};
+use crate::credentials::{Credentials, REPLICATION_USER, ReplicationCredentials, pgpass_line};
+use crate::engine::{Engine, Probe, prepare_dir, primary_conninfo, write_private};
+use crate::error::{Error, Result, one_line};
 use crate::health::{self, Health};
 use crate::process;
 use crate::report::{Reporter, WriteError};
@@ -32,6 +35,33 @@ pub const STOP_TIMEOUT: Duration = Duration::from_secs(50);
 pub const MAX_FAILURES: u32 = 5;
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const STABLE_UPTIME: Duration = Duration::from_secs(60);
+/// How often a waiting agent looks again (status.currentPrimary, the primary's report).
+const WAIT_INTERVAL: Duration = Duration::from_secs(2);
+/// The replication password file in the run directory (mode 0600).
+pub const REPLICATION_PASSFILE: &str = "replication.pgpass";
+
+/// How the engine runs: decided from `status.currentPrimary` (PostgreSQL) or always
+/// `Primary` (MySQL family).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Primary,
+    Replica,
+}
+
+/// The `lastError` of a replica named in `status.currentPrimary`.
+pub const PROMOTION_UNSUPPORTED: &str = "promotion is not supported yet";
+
+/// What one clone attempt came to.
+enum CloneStep {
+    Cloned,
+    Stopped,
+    /// The pod was replaced.
+    Stale(String),
+    /// Waiting for something (the replication Secret, the primary's report).
+    Wait(String),
+    /// `pg_basebackup` failed (retried with backoff).
+    Failed(String),
+}
 
 /// How the agent ended without an error (both exit 0).
 #[derive(Debug, PartialEq, Eq)]
@@ -52,12 +82,17 @@ struct SecretView {
     error: Option<(String, bool)>,
 }
 
-/// Watches the one Secret (field selector on its name: the agent's Role allows only that
-/// name, so it never lists all Secrets).
-fn watch_secret(client: kube::Client, config: &Config) -> watch::Receiver<SecretView> {
+/// Watches one Secret (field selector on its name: the agent's Role allows only that name,
+/// so it never lists all Secrets).
+fn watch_secret(
+    client: kube::Client,
+    namespace: &str,
+    name: &str,
+    what: &'static str,
+) -> watch::Receiver<SecretView> {
     let (tx, rx) = watch::channel(SecretView::default());
-    let api: Api<Secret> = Api::namespaced(client, &config.pod_namespace);
-    let fields = format!("metadata.name={}", config.credentials_secret);
+    let api: Api<Secret> = Api::namespaced(client, namespace);
+    let fields = format!("metadata.name={name}");
     tokio::spawn(async move {
         let mut stream = watcher(api, watcher::Config::default().fields(&fields))
             .default_backoff()
@@ -83,21 +118,24 @@ fn watch_secret(client: kube::Client, config: &Config) -> watch::Receiver<Secret
                     v.error = None;
                 }),
                 Err(e) => {
-                    let forbidden = match &e {
-                        watcher::Error::InitialListFailed(k)
-                        | watcher::Error::WatchStartFailed(k)
-                        | watcher::Error::WatchFailed(k) => is_forbidden(k),
-                        watcher::Error::WatchError(s) => s.code == 403,
-                        watcher::Error::NoResourceVersion => false,
-                    };
+                    let forbidden = watch_error_is_forbidden(&e);
                     let message = one_line(&e.to_string());
-                    tracing::warn!("watching the credentials Secret: {message}");
+                    tracing::warn!("watching the {what} Secret: {message}");
                     tx.send_modify(|v| v.error = Some((message, forbidden)));
                 }
             }
         }
     });
     rx
+}
+
+/// Waits for a change on an optional receiver (forever without one); `false` when its
+/// watch ended.
+async fn changed<T>(rx: &mut Option<watch::Receiver<T>>) -> bool {
+    match rx {
+        Some(rx) => rx.changed().await.is_ok(),
+        None => std::future::pending().await,
+    }
 }
 
 enum Exit {
@@ -128,6 +166,29 @@ struct Agent {
     engine_error: Option<String>,
     probe: Option<Probe>,
     ready: bool,
+    /// The cluster's pods (reading the primary's report).
+    pods: Api<Pod>,
+    /// PostgreSQL: the DatabaseCluster watch and the replication Secret's (when configured).
+    cluster: Option<watch::Receiver<ClusterView>>,
+    replication: Option<watch::Receiver<SecretView>>,
+    mode: Mode,
+    /// Waiting for `status.currentPrimary`, or a role change the agent cannot make.
+    role_problem: Option<String>,
+    /// The replication Secret: version last looked at, last valid content, problems.
+    replication_seen: Option<String>,
+    replication_desired: Option<ReplicationCredentials>,
+    replication_problem: Option<String>,
+    replication_invalid: Option<String>,
+    /// Primary: `<replication version>/<credentials version>` the replication role has.
+    replication_applied: Option<String>,
+    replication_apply_error: Option<String>,
+    /// Replica: the replication Secret version in the password file.
+    passfile_version: Option<String>,
+    /// Replica: where it streams from, the conninfo PostgreSQL has, and why it does not
+    /// stream.
+    primary_address: Option<PrimaryAddress>,
+    conninfo_applied: Option<String>,
+    replica_problem: Option<String>,
 }
 
 /// Runs the instance described by `config` until SIGTERM/SIGINT, a replaced pod, or an
@@ -148,8 +209,39 @@ pub async fn run(config: Config) -> Result<Outcome> {
         namespace: config.pod_namespace.clone(),
         uid: Some(config.pod_uid.clone()),
     };
+    let postgres = config.engine == EngineKind::Postgres;
+    let cluster = postgres.then(|| watch_cluster(client.clone(), &config));
+    let replication = match (&config.replication_secret, postgres) {
+        (Some(name), true) => Some(watch_secret(
+            client.clone(),
+            &config.pod_namespace,
+            name,
+            "replication",
+        )),
+        _ => None,
+    };
     let mut agent = Agent {
-        secrets: watch_secret(client.clone(), &config),
+        secrets: watch_secret(
+            client.clone(),
+            &config.pod_namespace,
+            &config.credentials_secret,
+            "credentials",
+        ),
+        pods: Api::namespaced(client.clone(), &config.pod_namespace),
+        cluster,
+        replication,
+        mode: Mode::Primary,
+        role_problem: None,
+        replication_seen: None,
+        replication_desired: None,
+        replication_problem: None,
+        replication_invalid: None,
+        replication_applied: None,
+        replication_apply_error: None,
+        passfile_version: None,
+        primary_address: None,
+        conninfo_applied: None,
+        replica_problem: None,
         reporter: Reporter::new(client, pod),
         reported_once: false,
         config,
@@ -197,11 +289,273 @@ impl Agent {
         self.secret_problem = None;
         self.seen_version = Some(credentials.version.clone());
         self.desired = Some(credentials);
-        let fresh = !self.engine.is_bootstrapped();
-        if fresh {
-            self.engine.bootstrap().await?;
-        }
+        let fresh = if self.cluster.is_some() {
+            match self.prepare_postgres().await? {
+                Ok(fresh) => fresh,
+                Err(outcome) => return Ok(outcome),
+            }
+        } else {
+            let fresh = !self.engine.is_bootstrapped();
+            if fresh {
+                self.engine.bootstrap().await?;
+            }
+            fresh
+        };
         self.supervise(fresh).await
+    }
+
+    /// PostgreSQL: waits for `status.currentPrimary`, then bootstraps (this pod is the
+    /// primary) or clones the primary (another pod is) into an empty data directory,
+    /// retrying a failed clone with backoff. Returns whether the data was just initialised.
+    async fn prepare_postgres(&mut self) -> Result<Result<bool, Outcome>> {
+        let cluster_name = self.config.cluster.clone();
+        let me = self.config.pod_name.clone();
+        let mut backoff = Duration::from_secs(1);
+        loop {
+            self.refresh_replication_secret()?;
+            let view = match &mut self.cluster {
+                Some(rx) => rx.borrow_and_update().clone(),
+                None => return Ok(Ok(false)),
+            };
+            let mut retry_in = WAIT_INTERVAL;
+            let problem = if let Some((message, forbidden)) = view.error {
+                let message = format!("watching DatabaseCluster {cluster_name}: {message}");
+                if forbidden {
+                    return Err(Error::Forbidden(message));
+                }
+                Some(message)
+            } else if !view.listed {
+                None
+            } else if !view.exists {
+                Some(format!("DatabaseCluster {cluster_name} not found"))
+            } else {
+                let bootstrapped = self.engine.is_bootstrapped();
+                let standby = self.engine.is_standby();
+                match view.current_primary {
+                    None => Some("waiting for status.currentPrimary".to_string()),
+                    Some(primary) if primary == me => {
+                        if bootstrapped && standby {
+                            tracing::warn!(
+                                "status.currentPrimary names this pod, but its data is a standby's; promotion is not supported yet"
+                            );
+                            self.mode = Mode::Replica;
+                            self.role_problem = Some(PROMOTION_UNSUPPORTED.into());
+                            return Ok(Ok(false));
+                        }
+                        self.mode = Mode::Primary;
+                        self.role_problem = None;
+                        if bootstrapped {
+                            return Ok(Ok(false));
+                        }
+                        tracing::info!("this pod is status.currentPrimary: bootstrapping");
+                        self.engine.bootstrap().await?;
+                        return Ok(Ok(true));
+                    }
+                    Some(primary) => {
+                        if bootstrapped && !standby {
+                            Some(format!(
+                                "this instance holds a primary's data but status.currentPrimary names {primary}; demotion is not supported yet"
+                            ))
+                        } else if bootstrapped {
+                            tracing::info!(%primary, "resuming as a replica on the existing data");
+                            self.mode = Mode::Replica;
+                            self.role_problem = None;
+                            return Ok(Ok(false));
+                        } else {
+                            match self.try_clone(&primary).await? {
+                                CloneStep::Cloned => {
+                                    self.mode = Mode::Replica;
+                                    self.role_problem = None;
+                                    return Ok(Ok(false));
+                                }
+                                CloneStep::Stopped => return Ok(Err(Outcome::Stopped)),
+                                CloneStep::Stale(why) => return Ok(Err(Outcome::Stale(why))),
+                                CloneStep::Wait(why) => Some(why),
+                                CloneStep::Failed(why) => {
+                                    retry_in = backoff;
+                                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                                    Some(format!("{why}; retrying in {}s", retry_in.as_secs()))
+                                }
+                            }
+                        }
+                    }
+                }
+            };
+            if let Some(problem) = &problem
+                && self.role_problem.as_ref() != Some(problem)
+            {
+                tracing::warn!("{problem}");
+            }
+            self.role_problem = problem;
+            if let Some(outcome) = self.report().await? {
+                return Ok(Err(outcome));
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(retry_in) => {}
+                ok = changed(&mut self.cluster) => if !ok {
+                    return Err(Error::Internal("the DatabaseCluster watch ended".into()));
+                },
+                ok = changed(&mut self.replication) => if !ok {
+                    return Err(Error::Internal("the replication Secret watch ended".into()));
+                },
+                _ = self.sigterm.recv() => return Ok(Err(Outcome::Stopped)),
+                _ = self.sigint.recv() => return Ok(Err(Outcome::Stopped)),
+            }
+        }
+    }
+
+    /// One attempt to clone `primary` into the empty data directory.
+    async fn try_clone(&mut self, primary: &str) -> Result<CloneStep> {
+        let Some(secret) = self.config.replication_secret.clone() else {
+            return Err(Error::Usage(format!(
+                "missing environment variable {} (a replica needs the replication Secret)",
+                extra_env::REPLICATION_SECRET
+            )));
+        };
+        if self.replication_desired.is_none() {
+            return Ok(CloneStep::Wait(
+                self.replication_problem
+                    .clone()
+                    .or_else(|| self.replication_invalid.clone())
+                    .unwrap_or_else(|| format!("waiting for the replication Secret {secret}")),
+            ));
+        }
+        let address = match resolve_primary(&self.pods, &self.config, primary).await {
+            Ok(address) => address,
+            Err(why) => return Ok(CloneStep::Wait(why)),
+        };
+        if let Err(e) = self.write_passfile() {
+            return Ok(CloneStep::Failed(e));
+        }
+        let user = self.replication_user();
+        let message = format!("cloning the primary {primary} from {address}");
+        tracing::info!("{message}");
+        self.role_problem = Some(message);
+        if let Some(Outcome::Stale(why)) = self.report().await? {
+            return Ok(CloneStep::Stale(why));
+        }
+        let passfile = self.passfile();
+        let result = tokio::select! {
+            result = self.engine.clone_from(&address.host, address.port, &user, &passfile) => result,
+            _ = self.sigterm.recv() => return Ok(CloneStep::Stopped),
+            _ = self.sigint.recv() => return Ok(CloneStep::Stopped),
+        };
+        match result {
+            Ok(()) => {
+                tracing::info!(%primary, %address, "cloned the primary");
+                self.primary_address = Some(address);
+                Ok(CloneStep::Cloned)
+            }
+            Err(e) => {
+                tracing::error!("{e}");
+                Ok(CloneStep::Failed(e))
+            }
+        }
+    }
+
+    fn passfile(&self) -> std::path::PathBuf {
+        self.config.run_dir.join(REPLICATION_PASSFILE)
+    }
+
+    fn replication_user(&self) -> String {
+        self.replication_desired
+            .as_ref()
+            .map(|r| r.username.clone())
+            .unwrap_or_else(|| REPLICATION_USER.to_string())
+    }
+
+    /// Writes the replication password file (0600) when the Secret's version changed.
+    fn write_passfile(&mut self) -> Result<(), String> {
+        let Some(replication) = &self.replication_desired else {
+            return Ok(());
+        };
+        if self.passfile_version.as_deref() == Some(replication.version.as_str())
+            && self.passfile().is_file()
+        {
+            return Ok(());
+        }
+        let line = pgpass_line(&replication.username, &replication.password);
+        write_private(&self.passfile(), line.as_bytes())?;
+        self.passfile_version = Some(replication.version.clone());
+        Ok(())
+    }
+
+    /// Takes in the replication Secret's latest state (forbidden is fatal before the engine
+    /// runs, only reported after).
+    fn refresh_replication_secret(&mut self) -> Result<()> {
+        let Some(rx) = &mut self.replication else {
+            return Ok(());
+        };
+        let view = rx.borrow_and_update().clone();
+        let name = self.config.replication_secret.clone().unwrap_or_default();
+        self.replication_problem = if let Some((message, forbidden)) = &view.error {
+            let message = format!("watching replication Secret {name}: {message}");
+            if *forbidden && self.probe.is_none() {
+                return Err(Error::Forbidden(message));
+            }
+            Some(message)
+        } else if view.listed && view.secret.is_none() {
+            Some(format!("replication Secret {name} not found"))
+        } else {
+            None
+        };
+        if let Some(secret) = &view.secret {
+            let version = secret.metadata.resource_version.clone();
+            if version != self.replication_seen {
+                self.replication_seen = version;
+                match ReplicationCredentials::from_secret(secret) {
+                    Ok(c) => {
+                        self.replication_desired = Some(c);
+                        self.replication_invalid = None;
+                    }
+                    Err(e) => {
+                        let message = format!("{}; keeping the previous password", e.one_line());
+                        tracing::error!("{message}");
+                        self.replication_invalid = Some(message);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The primary's address without asking anyone: the Service's with `service`, the last
+    /// known otherwise.
+    fn known_primary_address(&self) -> Option<PrimaryAddress> {
+        match &self.config.primary_from {
+            PrimaryFrom::Service { host } => Some(PrimaryAddress {
+                host: host.clone(),
+                port: self.config.port,
+            }),
+            PrimaryFrom::Annotation => self.primary_address.clone(),
+        }
+    }
+
+    fn conninfo_for(&self, address: &PrimaryAddress) -> String {
+        primary_conninfo(
+            &address.host,
+            address.port,
+            &self.replication_user(),
+            &self.passfile(),
+            &self.config.pod_name,
+        )
+    }
+
+    /// Before (re)starting a replica: the password file and the standby settings.
+    fn prepare_replica_start(&mut self) -> Result<()> {
+        if let Err(e) = self.write_passfile() {
+            return Err(Error::DataDir(e));
+        }
+        let conninfo = self
+            .known_primary_address()
+            .map(|address| self.conninfo_for(&address));
+        self.engine
+            .write_standby_settings(conninfo.as_deref())
+            .map_err(Error::DataDir)?;
+        if conninfo.is_some() {
+            self.conninfo_applied = conninfo;
+        }
+        Ok(())
     }
 
     /// Waits until the credentials Secret exists and is valid (exit 65 when it is not,
@@ -273,6 +627,9 @@ impl Agent {
         let mut failures = 0u32;
         let mut backoff = Duration::from_secs(1);
         loop {
+            if self.mode == Mode::Replica {
+                self.prepare_replica_start()?;
+            }
             let mut child = self.start_engine()?;
             let started = Instant::now();
             let exit = self.watch_engine(&mut child, &mut fresh).await;
@@ -393,6 +750,18 @@ impl Agent {
                     }
                     next_probe = tokio::time::Instant::now();
                 }
+                ok = changed(&mut self.cluster) => {
+                    if !ok {
+                        return Err(Error::Internal("the DatabaseCluster watch ended".into()));
+                    }
+                    next_probe = tokio::time::Instant::now();
+                }
+                ok = changed(&mut self.replication) => {
+                    if !ok {
+                        return Err(Error::Internal("the replication Secret watch ended".into()));
+                    }
+                    next_probe = tokio::time::Instant::now();
+                }
                 _ = reaper.tick() => process::reap_orphans(),
                 _ = tokio::time::sleep_until(next_probe) => {
                     self.tick(fresh, &mut was_ready).await;
@@ -435,6 +804,16 @@ impl Agent {
             }
         }
 
+        if let Err(e) = self.refresh_replication_secret() {
+            self.replication_problem = Some(e.one_line());
+        }
+        self.check_role();
+        let resolve_problem = if self.mode == Mode::Replica {
+            self.refresh_primary_address().await
+        } else {
+            None
+        };
+
         match self.engine.probe().await {
             Ok(probe) => {
                 *was_ready = true;
@@ -445,6 +824,11 @@ impl Agent {
                         tracing::warn!("restricting root to the socket: {e}");
                     }
                     *fresh = false;
+                }
+                if self.mode == Mode::Replica {
+                    self.tick_replica(probe, resolve_problem).await;
+                    self.health.set_ready(self.ready);
+                    return;
                 }
                 let primary = probe.role == devctl_api::instance::ROLE_PRIMARY;
                 if primary
@@ -469,6 +853,9 @@ impl Agent {
                         }
                     }
                 }
+                if primary && self.applied.is_some() {
+                    self.apply_replication_role().await;
+                }
                 self.ready = self.applied.is_some() || !primary;
                 self.probe = Some(probe);
             }
@@ -483,6 +870,134 @@ impl Agent {
             }
         }
         self.health.set_ready(self.ready);
+    }
+
+    /// Compares this instance's mode with `status.currentPrimary`: role changes are not
+    /// supported yet, only reported.
+    fn check_role(&mut self) {
+        let Some(rx) = &mut self.cluster else {
+            return;
+        };
+        let current = rx.borrow_and_update().current_primary.clone();
+        let me = self.config.pod_name.as_str();
+        let problem = match (self.mode, current.as_deref()) {
+            (Mode::Primary, Some(other)) if other != me => Some(format!(
+                "status.currentPrimary names {other}; demotion is not supported yet"
+            )),
+            (Mode::Replica, Some(other)) if other == me => Some(PROMOTION_UNSUPPORTED.to_string()),
+            _ => None,
+        };
+        if problem.is_some() && problem != self.role_problem {
+            tracing::warn!(
+                current_primary = ?current,
+                "status.currentPrimary changed to name {}; {}",
+                current.as_deref().unwrap_or("?"),
+                problem.as_deref().unwrap_or_default()
+            );
+        }
+        self.role_problem = problem;
+    }
+
+    /// Replica, `annotation`: the primary's address from its report (kept when the report
+    /// is not ready, e.g. while the primary restarts). Returns why it is unknown, if so.
+    async fn refresh_primary_address(&mut self) -> Option<String> {
+        if let Err(e) = self.write_passfile() {
+            return Some(e);
+        }
+        if !matches!(self.config.primary_from, PrimaryFrom::Annotation) {
+            return None;
+        }
+        let current = self
+            .cluster
+            .as_ref()
+            .and_then(|rx| rx.borrow().current_primary.clone());
+        // Named ourselves (a promotion we do not make): keep streaming from where we do.
+        // (`None`: no problem to report.)
+        let primary = current.filter(|p| *p != self.config.pod_name)?;
+        match resolve_primary(&self.pods, &self.config, &primary).await {
+            Ok(address) => {
+                if self.primary_address.as_ref() != Some(&address) {
+                    tracing::info!(%primary, %address, "the primary's address");
+                }
+                self.primary_address = Some(address);
+                None
+            }
+            Err(why) => Some(why),
+        }
+    }
+
+    /// A replica's probe: a changed primary address is applied (`ALTER SYSTEM` and a
+    /// reload), and the replica is ready only while it streams.
+    async fn tick_replica(&mut self, probe: Probe, resolve_problem: Option<String>) {
+        let mut conninfo_error = None;
+        if let Some(address) = self.known_primary_address() {
+            let conninfo = self.conninfo_for(&address);
+            if self.conninfo_applied.as_deref() != Some(conninfo.as_str()) {
+                match self.engine.set_primary_conninfo(&conninfo).await {
+                    Ok(()) => {
+                        tracing::info!(%address, "primary_conninfo set; configuration reloaded");
+                        self.conninfo_applied = Some(conninfo);
+                    }
+                    Err(e) => {
+                        tracing::error!("setting primary_conninfo: {e}");
+                        conninfo_error = Some(format!("setting primary_conninfo: {e}"));
+                    }
+                }
+            }
+        }
+        self.ready = probe.is_streaming();
+        self.replica_problem = if self.ready {
+            None
+        } else {
+            let from = self
+                .known_primary_address()
+                .map(|a| format!(" at {a}"))
+                .unwrap_or_default();
+            let receiver = probe.wal_receiver.as_deref().unwrap_or("not running");
+            let mut message =
+                format!("not streaming from the primary{from} (WAL receiver: {receiver})");
+            if probe.role != devctl_api::instance::ROLE_REPLICA {
+                message = format!(
+                    "the engine is not in recovery although this instance is a replica; {message}"
+                );
+            }
+            if let Some(why) = resolve_problem {
+                message = format!("{message}; {why}");
+            }
+            Some(message)
+        }
+        .or(conninfo_error);
+        self.probe = Some(probe);
+    }
+
+    /// Primary: the replication role in line with the replication Secret, once the app
+    /// role and database exist (the role may connect to no database).
+    async fn apply_replication_role(&mut self) {
+        let (Some(replication), Some(app)) =
+            (self.replication_desired.clone(), self.desired.clone())
+        else {
+            return;
+        };
+        let key = format!("{}/{}", replication.version, app.version);
+        if self.replication_applied.as_deref() == Some(key.as_str()) {
+            return;
+        }
+        match self.engine.apply_replication_role(&replication, &app).await {
+            Ok(()) => {
+                tracing::info!(
+                    version = %replication.version,
+                    user = %replication.username,
+                    "applied the replication Secret"
+                );
+                self.replication_applied = Some(key);
+                self.replication_apply_error = None;
+            }
+            Err(e) => {
+                let message = format!("applying the replication role: {e}");
+                tracing::error!("{message}");
+                self.replication_apply_error = Some(message);
+            }
+        }
     }
 
     fn status(&self) -> InstanceStatus {
@@ -502,9 +1017,24 @@ impl Agent {
                 .secret_problem
                 .clone()
                 .or_else(|| self.invalid_error.clone())
+                .or_else(|| self.engine_error.clone())
+                .or_else(|| self.role_problem.clone())
                 .or_else(|| self.apply_error.clone())
-                .or_else(|| self.engine_error.clone()),
-            credentials_version: self.applied.clone(),
+                .or_else(|| self.replica_problem.clone())
+                .or_else(|| self.replication_problem.clone())
+                .or_else(|| self.replication_invalid.clone())
+                .or_else(|| self.replication_apply_error.clone()),
+            credentials_version: match self.mode {
+                Mode::Primary => self.applied.clone(),
+                // Replicas do not apply credentials: the roles replicate from the primary
+                // within seconds, so a replica that runs reports the Secret version it has
+                // seen (simpler than waiting for its replay LSN to pass the primary's
+                // apply, and what the operator needs to clear `CredentialsRegenerated`).
+                Mode::Replica if self.probe.is_some() => {
+                    self.desired.as_ref().map(|d| d.version.clone())
+                }
+                Mode::Replica => None,
+            },
         }
     }
 

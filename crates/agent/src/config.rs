@@ -23,6 +23,23 @@ impl EngineKind {
     }
 }
 
+/// The replication-related environment variables (defined with the rest of the contract in
+/// [`devctl_api::instance::env`]). `REPLICATION_SECRET` is optional on a primary (no
+/// replication role is managed without it) and required on a replica that has to clone.
+pub mod extra_env {
+    pub use devctl_api::instance::env::{PRIMARY_FROM, PRIMARY_SERVICE_HOST, REPLICATION_SECRET};
+}
+
+/// Where a replica takes the primary's address from ([`extra_env::PRIMARY_FROM`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PrimaryFrom {
+    /// `host:DEVCTL_PORT`, `host` being the `-rw` Service's DNS name (or
+    /// [`extra_env::PRIMARY_SERVICE_HOST`]).
+    Service { host: String },
+    /// The `address` of the primary pod's `db.devctl.io/instance-status` report.
+    Annotation,
+}
+
 /// Everything the agent is told by its environment.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -40,6 +57,8 @@ pub struct Config {
     pub listen_address: String,
     pub health_port: u16,
     pub engine_bin_dir: Option<PathBuf>,
+    pub replication_secret: Option<String>,
+    pub primary_from: PrimaryFrom,
 }
 
 /// The pod identity, when the environment names it (used to report even a bad
@@ -125,12 +144,46 @@ impl Config {
             None => None,
             Some(_) => Some(path(env::ENGINE_BIN_DIR)?),
         };
+        let cluster = name_like(env::CLUSTER)?;
+        let pod_namespace = name_like(env::POD_NAMESPACE)?;
+        let optional = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let replication_secret = match optional(extra_env::REPLICATION_SECRET) {
+            None => None,
+            Some(_) => Some(name_like(extra_env::REPLICATION_SECRET)?),
+        };
+        let primary_from = match optional(extra_env::PRIMARY_FROM).as_deref().map(str::trim) {
+            None | Some("service") => PrimaryFrom::Service {
+                host: match optional(extra_env::PRIMARY_SERVICE_HOST) {
+                    Some(host) => {
+                        let host = host.trim().to_string();
+                        if !host
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | ':'))
+                        {
+                            return Err(Error::Usage(format!(
+                                "environment variable {} must be a host name, got {host:?}",
+                                extra_env::PRIMARY_SERVICE_HOST
+                            )));
+                        }
+                        host
+                    }
+                    None => format!("{cluster}-rw.{pod_namespace}.svc"),
+                },
+            },
+            Some("annotation") => PrimaryFrom::Annotation,
+            Some(other) => {
+                return Err(Error::Usage(format!(
+                    "environment variable {} must be service or annotation, got {other:?}",
+                    extra_env::PRIMARY_FROM
+                )));
+            }
+        };
         Ok(Config {
             engine,
-            cluster: name_like(env::CLUSTER)?,
+            cluster,
             credentials_secret: name_like(env::CREDENTIALS_SECRET)?,
             pod_name: name_like(env::POD_NAME)?,
-            pod_namespace: name_like(env::POD_NAMESPACE)?,
+            pod_namespace,
             pod_uid: required(env::POD_UID)?,
             pod_ip: required(env::POD_IP)?,
             data_dir: path(env::DATA_DIR)?,
@@ -140,6 +193,8 @@ impl Config {
             listen_address: required(env::LISTEN_ADDRESS)?,
             health_port,
             engine_bin_dir,
+            replication_secret,
+            primary_from,
         })
     }
 
@@ -202,6 +257,35 @@ mod tests {
         assert_eq!(config.health_port, DEFAULT_HEALTH_PORT);
         assert_eq!(config.address(), "10.0.0.1:5432");
         assert!(config.engine_bin_dir.is_none());
+        assert_eq!(config.replication_secret, None);
+        assert_eq!(
+            config.primary_from,
+            PrimaryFrom::Service {
+                host: "db-rw.ns.svc".into()
+            }
+        );
+    }
+
+    #[test]
+    fn reads_the_replication_settings() {
+        let mut vars = full();
+        vars.insert(extra_env::REPLICATION_SECRET, "db-replication");
+        vars.insert(extra_env::PRIMARY_FROM, "annotation");
+        let config = parse(&vars).unwrap();
+        assert_eq!(config.replication_secret.as_deref(), Some("db-replication"));
+        assert_eq!(config.primary_from, PrimaryFrom::Annotation);
+        vars.insert(extra_env::PRIMARY_FROM, "service");
+        vars.insert(extra_env::PRIMARY_SERVICE_HOST, "db-rw.ns.svc.example");
+        assert_eq!(
+            parse(&vars).unwrap().primary_from,
+            PrimaryFrom::Service {
+                host: "db-rw.ns.svc.example".into()
+            }
+        );
+        vars.insert(extra_env::PRIMARY_FROM, "dns");
+        let e = parse(&vars).unwrap_err();
+        assert!(e.to_string().contains("DEVCTL_PRIMARY_FROM"), "{e}");
+        assert_eq!(e.exit_code(), 64);
     }
 
     #[test]

@@ -104,6 +104,63 @@ impl Credentials {
     }
 }
 
+/// The replication role's default name.
+pub const REPLICATION_USER: &str = "streaming_replica";
+
+/// What the agent takes from the replication Secret (`username`, default
+/// [`REPLICATION_USER`]; `password`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicationCredentials {
+    pub username: String,
+    pub password: Password,
+    /// The Secret's `metadata.resourceVersion`.
+    pub version: String,
+}
+
+impl ReplicationCredentials {
+    pub fn from_secret(secret: &Secret) -> Result<Self> {
+        let name = secret.metadata.name.clone().unwrap_or_default();
+        let data = secret.data.clone().unwrap_or_default();
+        let username = match data.get("username") {
+            None => REPLICATION_USER.to_string(),
+            Some(value) => match std::str::from_utf8(&value.0) {
+                Ok(v) if is_identifier(v) && v != "postgres" => v.to_string(),
+                _ => {
+                    return Err(Error::Credentials(format!(
+                        "replication Secret {name}: key username must be 1-63 characters of [A-Za-z0-9_] not starting with a digit, and not postgres"
+                    )));
+                }
+            },
+        };
+        let password = match data.get("password") {
+            Some(bytes) => Password::parse(&name, &bytes.0).map_err(|e| {
+                Error::Credentials(e.to_string().replacen(
+                    "credentials Secret",
+                    "replication Secret",
+                    1,
+                ))
+            })?,
+            None => {
+                return Err(Error::Credentials(format!(
+                    "replication Secret {name}: key password is missing"
+                )));
+            }
+        };
+        Ok(ReplicationCredentials {
+            username,
+            password,
+            version: secret.metadata.resource_version.clone().unwrap_or_default(),
+        })
+    }
+}
+
+/// One line of a libpq password file matching any host, port and database for `user`
+/// (`:` and `\` escaped as libpq wants).
+pub fn pgpass_line(user: &str, password: &Password) -> String {
+    let escape = |s: &str| s.replace('\\', "\\\\").replace(':', "\\:");
+    format!("*:*:*:{}:{}\n", escape(user), escape(password.expose()))
+}
+
 /// A plain SQL identifier that needs no quoting rules beyond double quotes/backticks.
 pub fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
@@ -230,6 +287,40 @@ c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0";
         }
         let ok = Password::parse("s", b"correct horse").unwrap();
         assert_eq!(format!("{ok:?}"), "Password(<redacted>)");
+    }
+
+    #[test]
+    fn escapes_the_password_file() {
+        assert_eq!(
+            pgpass_line("streaming_replica", &Password(r"a:b\c".into())),
+            "*:*:*:streaming_replica:a\\:b\\\\c\n"
+        );
+    }
+
+    #[test]
+    fn reads_the_replication_secret() {
+        let mut secret = Secret::default();
+        secret.metadata.name = Some("db-replication".into());
+        secret.metadata.resource_version = Some("9".into());
+        secret.data = Some(BTreeMap::from([(
+            "password".to_string(),
+            ByteString(b"pw".to_vec()),
+        )]));
+        let c = ReplicationCredentials::from_secret(&secret).unwrap();
+        assert_eq!(
+            (c.username.as_str(), c.version.as_str()),
+            (REPLICATION_USER, "9")
+        );
+        secret
+            .data
+            .as_mut()
+            .unwrap()
+            .insert("password".into(), ByteString(vec![]));
+        let e = ReplicationCredentials::from_secret(&secret).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "replication Secret db-replication: key password is empty"
+        );
     }
 
     #[test]

@@ -14,7 +14,9 @@ use devctl_api::instance::{ROLE_PRIMARY, ROLE_REPLICA};
 use tokio::process::Command;
 
 use crate::config::{Config, EngineKind, require_file};
-use crate::credentials::{Credentials, mysql_native_hash, scram_sha256_verifier};
+use crate::credentials::{
+    Credentials, ReplicationCredentials, mysql_native_hash, scram_sha256_verifier,
+};
 use crate::error::{Error, Result};
 use crate::process;
 
@@ -57,6 +59,78 @@ pub struct Probe {
     pub replayed_lsn: Option<String>,
     pub lag_bytes: Option<i64>,
     pub engine_version: Option<String>,
+    /// PostgreSQL replicas: `pg_stat_wal_receiver.status` (`streaming`, ...), `None` while
+    /// no WAL receiver runs.
+    pub wal_receiver: Option<String>,
+}
+
+impl Probe {
+    /// A replica that streams from its primary (and answered this probe, so it accepts
+    /// read connections).
+    pub fn is_streaming(&self) -> bool {
+        self.role == ROLE_REPLICA && self.wal_receiver.as_deref() == Some("streaming")
+    }
+}
+
+/// PostgreSQL's marker file of a standby.
+pub const STANDBY_SIGNAL: &str = "standby.signal";
+/// The file `ALTER SYSTEM` writes, in the data directory.
+pub const AUTO_CONF: &str = "postgresql.auto.conf";
+/// Settings the agent owns in [`AUTO_CONF`] on a replica.
+const STANDBY_SETTINGS: [&str; 2] = ["primary_conninfo", "recovery_target_timeline"];
+/// A clone may take long on big databases; this only bounds a hung `pg_basebackup`.
+const CLONE_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
+
+/// A libpq connection-string value, always quoted.
+fn conninfo_value(value: &str) -> String {
+    format!("'{}'", value.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// A string setting's value as PostgreSQL's configuration files (and SQL literals with
+/// `standard_conforming_strings`) quote it.
+fn quote_setting(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+/// `primary_conninfo` for a replica streaming from `host:port` as `user`, the password
+/// being in `passfile` (never in the string itself).
+pub fn primary_conninfo(
+    host: &str,
+    port: u16,
+    user: &str,
+    passfile: &Path,
+    application_name: &str,
+) -> String {
+    format!(
+        "host={} port={port} user={} passfile={} application_name={} connect_timeout=5",
+        conninfo_value(host),
+        conninfo_value(user),
+        conninfo_value(&passfile.display().to_string()),
+        conninfo_value(application_name)
+    )
+}
+
+/// `postgresql.auto.conf` with the agent's standby settings replaced (other lines kept;
+/// `primary_conninfo` too when `conninfo` is `None`).
+pub fn with_standby_settings(current: &str, conninfo: Option<&str>) -> String {
+    let mut out: String = current
+        .lines()
+        .filter(|line| {
+            let key = line.split('=').next().unwrap_or_default().trim();
+            // Without a new conninfo the previous one stays (a restart while the primary's
+            // address is unknown keeps streaming from where it did).
+            !STANDBY_SETTINGS.contains(&key) || (conninfo.is_none() && key == "primary_conninfo")
+        })
+        .map(|line| format!("{line}\n"))
+        .collect();
+    if let Some(conninfo) = conninfo {
+        out.push_str(&format!(
+            "primary_conninfo = {}\n",
+            quote_setting(&conninfo.replace('\\', "\\\\"))
+        ));
+    }
+    out.push_str("recovery_target_timeline = 'latest'\n");
+    out
 }
 
 /// One engine instance as configured by the environment.
@@ -369,6 +443,9 @@ impl Engine {
     }
 
     /// Creates (or updates) the application role/user and its database from `credentials`.
+    /// PostgreSQL's app role is a member of `pg_monitor` (read-only statistics and settings):
+    /// the team that owns the database sees replication and activity (`pg_stat_replication`,
+    /// `pg_stat_activity`) without superuser rights.
     pub async fn apply_credentials(&self, credentials: &Credentials) -> Result<(), String> {
         let user = &credentials.username;
         let db = &credentials.dbname;
@@ -381,6 +458,7 @@ impl Engine {
                      SET log_min_duration_statement = -1;\n\
                      SELECT 'CREATE ROLE \"{user}\"' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{user}')\\gexec\n\
                      ALTER ROLE \"{user}\" WITH LOGIN NOSUPERUSER NOCREATEROLE NOREPLICATION PASSWORD '{verifier}';\n\
+                     GRANT pg_monitor TO \"{user}\";\n\
                      SELECT 'CREATE DATABASE \"{db}\" OWNER \"{user}\"' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '{db}')\\gexec\n"
                 )
             }
@@ -402,6 +480,147 @@ impl Engine {
         self.admin_sql(&sql).await.map(|_| ())
     }
 
+    /// PostgreSQL: creates (or updates) the replication role from `replication` and makes
+    /// sure it can read no database: `CONNECT` on the app database goes to its owner only,
+    /// and no database is connectable by `PUBLIC` (the superuser connects regardless).
+    /// Physical replication connections need no `CONNECT` privilege.
+    pub async fn apply_replication_role(
+        &self,
+        replication: &ReplicationCredentials,
+        app: &Credentials,
+    ) -> Result<(), String> {
+        let Binaries::Postgres { .. } = &self.bins else {
+            return Ok(());
+        };
+        let user = &replication.username;
+        let (app_user, app_db) = (&app.username, &app.dbname);
+        if user == app_user {
+            return Err(format!(
+                "the replication Secret names the app role {user}; refusing to make it a replication role"
+            ));
+        }
+        // Identifiers are checked ([A-Za-z0-9_]); the verifier is base64.
+        let verifier = scram_sha256_verifier(&replication.password);
+        let sql = format!(
+            "SET log_statement = 'none';\n\
+             SET log_min_duration_statement = -1;\n\
+             SELECT 'CREATE ROLE \"{user}\" WITH REPLICATION LOGIN' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{user}')\\gexec\n\
+             ALTER ROLE \"{user}\" WITH REPLICATION LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS PASSWORD '{verifier}';\n\
+             SELECT format('REVOKE CONNECT, TEMPORARY ON DATABASE %I FROM PUBLIC', datname) FROM pg_database WHERE datallowconn\\gexec\n\
+             SELECT 'GRANT CONNECT, TEMPORARY ON DATABASE \"{app_db}\" TO \"{app_user}\"' WHERE EXISTS (SELECT FROM pg_database WHERE datname = '{app_db}')\\gexec\n"
+        );
+        self.admin_sql(&sql).await.map(|_| ())
+    }
+
+    /// Whether the data directory is a standby's (`standby.signal`).
+    pub fn is_standby(&self) -> bool {
+        self.config.data_dir.join(STANDBY_SIGNAL).is_file()
+    }
+
+    /// Before starting a replica: `standby.signal`, and `primary_conninfo` (when known) and
+    /// `recovery_target_timeline = 'latest'` in `postgresql.auto.conf`.
+    pub fn write_standby_settings(&self, conninfo: Option<&str>) -> Result<(), String> {
+        let data = &self.config.data_dir;
+        let signal = data.join(STANDBY_SIGNAL);
+        if !signal.is_file() {
+            std::fs::write(&signal, b"")
+                .map_err(|e| format!("cannot write {}: {e}", signal.display()))?;
+        }
+        let path = data.join(AUTO_CONF);
+        let current = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        };
+        write_private(&path, with_standby_settings(&current, conninfo).as_bytes())
+    }
+
+    /// On a running replica: a new `primary_conninfo` through `ALTER SYSTEM` and a reload
+    /// (PostgreSQL 13+ restarts its WAL receiver with it).
+    pub async fn set_primary_conninfo(&self, conninfo: &str) -> Result<(), String> {
+        let sql = format!(
+            "ALTER SYSTEM SET primary_conninfo = {};\nSELECT pg_reload_conf();\n",
+            quote_setting(conninfo)
+        );
+        self.admin_sql(&sql).await.map(|_| ())
+    }
+
+    /// PostgreSQL: clones the primary at `host:port` into an empty data directory with
+    /// `pg_basebackup` (as `user`, the password read from `passfile` through `PGPASSFILE`),
+    /// into a temporary sibling directory renamed into place once complete (with
+    /// `standby.signal`), so an interrupted clone never looks like data.
+    pub async fn clone_from(
+        &self,
+        host: &str,
+        port: u16,
+        user: &str,
+        passfile: &Path,
+    ) -> Result<(), String> {
+        let Binaries::Postgres { dir } = &self.bins else {
+            return Err("cloning is only supported for PostgreSQL".into());
+        };
+        let program = dir.join("pg_basebackup");
+        if !is_executable(&program) {
+            return Err(format!("{} not found", program.display()));
+        }
+        let data = &self.config.data_dir;
+        let temporary = clone_dir(data);
+        if temporary.exists() {
+            tracing::info!(dir = %temporary.display(), "removing an interrupted clone");
+            std::fs::remove_dir_all(&temporary)
+                .map_err(|e| format!("cannot remove {}: {e}", temporary.display()))?;
+        }
+        let args = vec![
+            "-D".to_string(),
+            temporary.display().to_string(),
+            "-h".into(),
+            host.to_string(),
+            "-p".into(),
+            port.to_string(),
+            "-U".into(),
+            user.to_string(),
+            "-X".into(),
+            "stream".into(),
+            "--checkpoint=fast".into(),
+            "--no-password".into(),
+        ];
+        tracing::info!(command = %program.display(), args = ?args, "cloning the primary");
+        let envs = [
+            ("PGPASSFILE", passfile.display().to_string()),
+            ("PGCONNECT_TIMEOUT", "10".to_string()),
+            ("PGAPPNAME", format!("{}-clone", self.config.pod_name)),
+        ];
+        let cwd = data.parent().unwrap_or(data);
+        let output = process::run(&program, &args, &envs, cwd, b"", CLONE_TIMEOUT).await;
+        let failed = |why: String| {
+            let _ = std::fs::remove_dir_all(&temporary);
+            Err(format!("pg_basebackup from {host}:{port} failed: {why}"))
+        };
+        let output = match output {
+            Ok(output) => output,
+            Err(e) => return failed(e),
+        };
+        for line in output.stdout.lines().chain(output.stderr.lines()) {
+            tracing::info!(target: "clone", "{line}");
+        }
+        if !output.status.success() {
+            return failed(output.error_line());
+        }
+        if let Err(e) = std::fs::write(temporary.join(STANDBY_SIGNAL), b"") {
+            return failed(format!("cannot write {STANDBY_SIGNAL}: {e}"));
+        }
+        // The data directory exists (empty, mode 0700); rename(2) replaces an empty one.
+        if let Err(e) = std::fs::rename(&temporary, data) {
+            return failed(format!(
+                "cannot move the clone into {} (is it empty?): {e}",
+                data.display()
+            ));
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(data, std::fs::Permissions::from_mode(0o700));
+        Ok(())
+    }
+
     /// For MySQL 8 after `--initialize-insecure`: root only over the socket (best effort).
     pub async fn secure_root(&self) -> Result<(), String> {
         match &self.bins {
@@ -421,10 +640,12 @@ impl Engine {
                     .admin_sql(
                         "SELECT pg_is_in_recovery(), \
                          (SELECT system_identifier FROM pg_control_system()), \
-                         (SELECT timeline_id FROM pg_control_checkpoint()), \
+                         COALESCE((SELECT received_tli FROM pg_stat_wal_receiver), \
+                                  (SELECT timeline_id FROM pg_control_checkpoint())), \
                          current_setting('server_version'), \
                          pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn(), \
-                         pg_wal_lsn_diff(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn());\n",
+                         pg_wal_lsn_diff(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()), \
+                         (SELECT status FROM pg_stat_wal_receiver);\n",
                     )
                     .await?;
                 parse_postgres_probe(&out)
@@ -460,7 +681,7 @@ impl Engine {
 fn parse_postgres_probe(out: &str) -> Result<Probe, String> {
     let line = out.lines().next().unwrap_or_default();
     let f: Vec<&str> = line.split('|').collect();
-    if f.len() != 7 {
+    if f.len() != 8 {
         return Err(format!("unexpected probe output {line:?}"));
     }
     let opt = |s: &str| (!s.is_empty()).then(|| s.to_string());
@@ -482,6 +703,7 @@ fn parse_postgres_probe(out: &str) -> Result<Probe, String> {
         } else {
             None
         },
+        wal_receiver: if in_recovery { opt(f[7]) } else { None },
     })
 }
 
@@ -600,6 +822,37 @@ pub fn prepare_dir(dir: &Path, what: &str, variable: &str) -> Result<()> {
     }
 }
 
+/// The temporary sibling directory a clone is written to.
+pub fn clone_dir(data: &Path) -> PathBuf {
+    let name = data
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "data".into());
+    data.with_file_name(format!(".{name}.clone"))
+}
+
+/// Writes `content` to `path` (mode 0600) through a temporary file and a rename.
+pub fn write_private(path: &Path, content: &[u8]) -> Result<(), String> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let temporary = path.with_extension("devctl-tmp");
+    let result = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temporary)?;
+        file.write_all(content)?;
+        file.sync_all()?;
+        std::fs::rename(&temporary, path)
+    })();
+    result.map_err(|e| {
+        let _ = std::fs::remove_file(&temporary);
+        format!("cannot write {}: {e}", path.display())
+    })
+}
+
 /// Removes everything inside `dir` (after a failed bootstrap).
 fn clear_dir(dir: &Path) {
     if let Ok(entries) = std::fs::read_dir(dir) {
@@ -619,6 +872,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn writes_the_standby_settings() {
+        let conninfo = primary_conninfo(
+            "10.0.0.1",
+            5432,
+            "streaming_replica",
+            Path::new("/run/it's/replication.pgpass"),
+            "db-1",
+        );
+        assert_eq!(
+            conninfo,
+            r"host='10.0.0.1' port=5432 user='streaming_replica' passfile='/run/it\'s/replication.pgpass' application_name='db-1' connect_timeout=5"
+        );
+        let current = "# Do not edit this file manually!\nwork_mem = '4MB'\nprimary_conninfo = 'host=old'\nrecovery_target_timeline = 'latest'\n";
+        let written = with_standby_settings(current, Some(&conninfo));
+        assert_eq!(
+            written,
+            "# Do not edit this file manually!\nwork_mem = '4MB'\n\
+             primary_conninfo = 'host=''10.0.0.1'' port=5432 user=''streaming_replica'' passfile=''/run/it\\\\''s/replication.pgpass'' application_name=''db-1'' connect_timeout=5'\n\
+             recovery_target_timeline = 'latest'\n"
+        );
+        assert_eq!(with_standby_settings(&written, Some(&conninfo)), written);
+        assert_eq!(
+            with_standby_settings("", None),
+            "recovery_target_timeline = 'latest'\n"
+        );
+        assert_eq!(with_standby_settings(&written, None), written);
+    }
+
+    #[test]
     fn keeps_the_version_number() {
         assert_eq!(version_number("15.18 (Debian 15.18-0+deb12u1)"), "15.18");
         assert_eq!(version_number("10.11.19-MariaDB-0+deb12u1"), "10.11.19");
@@ -627,15 +909,20 @@ mod tests {
 
     #[test]
     fn parses_a_primary_probe() {
-        let p = parse_postgres_probe("f|7400000000000000001|1|15.18 (Debian)|||\n").unwrap();
+        let p = parse_postgres_probe("f|7400000000000000001|1|15.18 (Debian)||||\n").unwrap();
         assert_eq!(p.role, ROLE_PRIMARY);
         assert_eq!(p.system_identifier.as_deref(), Some("7400000000000000001"));
         assert_eq!(p.timeline, Some(1));
         assert_eq!(p.engine_version.as_deref(), Some("15.18"));
+        assert!(!p.is_streaming());
         assert_eq!((p.received_lsn, p.lag_bytes), (None, None));
-        let r = parse_postgres_probe("t|7|2|15.18|0/3000060|0/3000000|96\n").unwrap();
+        let r = parse_postgres_probe("t|7|2|15.18|0/3000060|0/3000000|96|streaming\n").unwrap();
         assert_eq!(r.role, ROLE_REPLICA);
         assert_eq!(r.lag_bytes, Some(96));
+        assert!(r.is_streaming());
+        let r = parse_postgres_probe("t|7|2|15.18|0/3000060|0/3000000|96|\n").unwrap();
+        assert_eq!(r.wal_receiver, None);
+        assert!(!r.is_streaming());
         assert!(parse_postgres_probe("garbage").is_err());
     }
 }

@@ -16,12 +16,12 @@
 //! | code | meaning |
 //! |------|---------|
 //! | 0  | clean shutdown on SIGTERM/SIGINT, or the pod was deleted/replaced by a newer one of the same name (this process is stale; the engine is stopped) |
-//! | 64 | missing or malformed environment variable or argument |
+//! | 64 | missing or malformed environment variable or argument (also: a replica to clone without `DEVCTL_REPLICATION_SECRET`) |
 //! | 65 | unusable credentials Secret at startup (password missing, empty, not UTF-8, control characters or NUL, longer than 1024 bytes; malformed `username`/`dbname`) |
 //! | 69 | engine binaries not found, bootstrap failed, the engine would not stop, or it exited 5 times in a row |
 //! | 70 | internal error (e.g. no Kubernetes client configuration, health port in use) |
 //! | 73 | data or run directory cannot be created or written |
-//! | 77 | forbidden by the API server (watching the Secret, or the first report) |
+//! | 77 | forbidden by the API server (watching a Secret or the DatabaseCluster before the engine runs, or the first report) |
 //! | 78 | a rendered configuration file is missing from `DEVCTL_CONFIG_DIR` |
 //!
 //! On any of these errors the agent prints one line `devctl-agent: <reason>` on stderr and,
@@ -56,11 +56,44 @@
 //!   mysql_native_password AS '<hash>'`. Best effort: untested here (MySQL 8.4 disables
 //!   `mysql_native_password` by default).
 //!
+//! # PostgreSQL streaming replication
+//! A PostgreSQL agent takes its role from `status.currentPrimary` of its DatabaseCluster
+//! (watched by name, read as plain JSON), never from what a pod says of itself:
+//! - unset: it waits (`lastError: waiting for status.currentPrimary`), initialising nothing;
+//! - this pod: bootstrap as above, run as the primary, and keep the replication role of
+//!   `DEVCTL_REPLICATION_SECRET` (`username`, default `streaming_replica`; `password`) in
+//!   line like `app` (`CREATE ROLE … WITH REPLICATION LOGIN`, `ALTER ROLE … PASSWORD
+//!   '<SCRAM verifier>'`), with `REVOKE CONNECT, TEMPORARY ON DATABASE <each> FROM PUBLIC`
+//!   and `GRANT CONNECT, TEMPORARY ON DATABASE app TO app`: the replication role streams but
+//!   reads no database;
+//! - another pod, empty data directory: once the primary's report says `ready`, clone it
+//!   with `pg_basebackup -D <sibling .data.clone> -h <host> -p <port> -U streaming_replica
+//!   -X stream --checkpoint=fast --no-password`, the password in `$RUN_DIR/replication.pgpass`
+//!   (0600, through `PGPASSFILE`), then `standby.signal` and a rename into place; failures
+//!   are retried with backoff (1 s to 30 s), never a crash loop;
+//! - another pod, standby data: run as a replica (no re-clone); `primary_conninfo` (`host
+//!   port user passfile application_name=<POD_NAME>`) and `recovery_target_timeline =
+//!   'latest'` are written to `postgresql.auto.conf` before each start, and a changed
+//!   primary address is applied with `ALTER SYSTEM` and `pg_reload_conf()`.
+//!
+//! The primary's address is the `-rw` Service's (`DEVCTL_PRIMARY_FROM=service`, default;
+//! host `DEVCTL_PRIMARY_SERVICE_HOST` or `<cluster>-rw.<namespace>.svc`, port
+//! `DEVCTL_PORT`) or the `address` of the primary pod's report (`annotation`, the test
+//! runner). A replica is `ready` only while `pg_stat_wal_receiver.status` is `streaming`;
+//! it reports `receivedLSN`, `replayedLSN`, `lagBytes` (received − replayed: primaries
+//! report no current LSN) and `timeline` (`received_tli`), applies no credentials (the roles
+//! replicate) and reports the credentials Secret version it has seen. Promotion, demotion
+//! and fencing are not implemented: a replica named `currentPrimary` keeps streaming and
+//! reports `lastError: promotion is not supported yet`; a primary no longer named keeps
+//! running and reports that demotion is not supported; a pod with a primary's data that is
+//! not named waits without starting. MariaDB/MySQL ignore `status.currentPrimary`.
+//!
 //! The engine gets `PR_SET_PDEATHSIG` (SIGKILL) so it never outlives the agent; the binary
 //! runs a current-thread runtime so the forking thread lives as long as the process. When
 //! the agent is PID 1 it also reaps orphaned zombies.
 
 pub mod agent;
+pub mod cluster;
 pub mod config;
 pub mod credentials;
 pub mod engine;

@@ -128,10 +128,11 @@ pub async fn run(
     let mut command = Command::new(program);
     command
         .args(args)
-        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
         .env_remove("PGPASSWORD")
         .env_remove("PGPASSFILE")
         .env_remove("MYSQL_PWD")
+        // After the removals: a caller's PGPASSFILE (a 0600 file) is deliberate.
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
         .current_dir(cwd)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use devctl_api::database_cluster::DatabaseClusterSpec;
+use devctl_api::database_cluster::{DatabaseCluster, DatabaseClusterSpec};
 use devctl_api::instance::{InstanceStatus, STATUS_ANNOTATION, env};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
@@ -83,16 +83,72 @@ struct Instance {
     runs: u32,
 }
 
+/// A namespace with the DatabaseCluster `db` (CRDs installed), whose
+/// `status.currentPrimary` is `current_primary` when given.
+async fn namespace_with_cluster(
+    prefix: &str,
+    current_primary: Option<&str>,
+) -> (kube::Client, String) {
+    let cluster = devctl_testenv::shared_cluster().await.unwrap();
+    cluster.install_crds(&devctl_api::crds()).await.unwrap();
+    let client = cluster.client().await.unwrap();
+    let namespace = cluster.create_namespace(prefix).await.unwrap();
+    let api: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
+    let object: DatabaseCluster = serde_json::from_value(json!({
+        "apiVersion": "db.devctl.io/v1beta1", "kind": "DatabaseCluster",
+        "metadata": { "name": "db" },
+        "spec": {
+            "engine": "postgres", "version": "16.2", "replicas": 2,
+            "storage": { "size": "1Gi" }
+        }
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &object).await.unwrap();
+    if let Some(primary) = current_primary {
+        set_current_primary(&client, &namespace, primary).await;
+    }
+    (client, namespace)
+}
+
+/// Writes `status.currentPrimary` (what the operator does) and checks it was kept.
+async fn set_current_primary(client: &kube::Client, namespace: &str, primary: &str) {
+    let api: Api<DatabaseCluster> = Api::namespaced(client.clone(), namespace);
+    let patched = api
+        .patch_status(
+            "db",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": { "currentPrimary": primary } })),
+        )
+        .await
+        .unwrap();
+    let written = serde_json::to_value(&patched).unwrap();
+    assert_eq!(
+        written["status"]["currentPrimary"], primary,
+        "the API server dropped status.currentPrimary (is the CRD current?)"
+    );
+}
+
 impl Instance {
-    /// Creates the namespace, the pod (without annotations unless `annotations`) and the
-    /// directories; the Secret is up to the test.
+    /// Creates the namespace (with the DatabaseCluster `db` naming `db-0` its primary), the
+    /// pod (without annotations unless `annotations`) and the directories; the Secret is up
+    /// to the test.
     async fn new(engine: &'static str, annotations: Option<BTreeMap<String, String>>) -> Self {
+        let (client, namespace) = namespace_with_cluster("agent", Some("db-0")).await;
+        Self::in_namespace(client, namespace, "db-0", engine, annotations).await
+    }
+
+    /// The pod `pod` in `namespace` and the directories of its instance.
+    async fn in_namespace(
+        client: kube::Client,
+        namespace: String,
+        pod_name: &str,
+        engine: &'static str,
+        annotations: Option<BTreeMap<String, String>>,
+    ) -> Self {
         let cluster = devctl_testenv::shared_cluster().await.unwrap();
-        let client = cluster.client().await.unwrap();
-        let namespace = cluster.create_namespace("agent").await.unwrap();
         let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
         let pod: Pod = serde_json::from_value(json!({
-            "metadata": { "name": "db-0", "annotations": annotations },
+            "metadata": { "name": pod_name, "annotations": annotations },
             "spec": {
                 "nodeName": cluster.nodes()[0],
                 "containers": [{ "name": "database", "image": "devctl/database:test" }]
@@ -137,7 +193,7 @@ impl Instance {
             engine,
             user,
             namespace,
-            pod: "db-0".into(),
+            pod: pod_name.into(),
             pod_uid: pod.metadata.uid.unwrap(),
             secret: "db-credentials".into(),
             port: free_port(),
@@ -853,4 +909,299 @@ async fn the_api_server_refuses_a_report_for_another_pod_uid() {
         InstanceStatus::from_annotations(Some(&annotations)),
         Some(report)
     );
+}
+
+const REPLICATION_SECRET: &str = "DEVCTL_REPLICATION_SECRET";
+const PRIMARY_FROM: &str = "DEVCTL_PRIMARY_FROM";
+
+impl Instance {
+    /// `sql` as the superuser over the instance's private socket (peer authentication maps
+    /// any OS user to `postgres`) on database `db`.
+    async fn admin_sql(&self, db: &str, sql: &str) -> Result<String, String> {
+        let output = Command::new(postgres_bin_dir().join("psql"))
+            .args([
+                "-X",
+                "-q",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-U",
+                "postgres",
+            ])
+            .arg("-h")
+            .arg(self.home().join("run"))
+            .args(["-p", &self.port.to_string(), "-d", db, "-c", sql])
+            .env("PGCONNECT_TIMEOUT", "5")
+            .output()
+            .await
+            .unwrap();
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).to_string())
+        }
+    }
+
+    /// A TCP login as `user` on `db` (password in a 0600 passfile).
+    async fn login_as(&self, user: &str, db: &str, password: &str) -> Result<String, String> {
+        let passfile = self.dir.path().join(format!("pgpass-{}", rand_suffix()));
+        private_file(
+            &passfile,
+            &format!("127.0.0.1:{}:{db}:{user}:{password}\n", self.port),
+        );
+        let output = Command::new(postgres_bin_dir().join("psql"))
+            .args([
+                "-X",
+                "-w",
+                "-A",
+                "-t",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                user,
+                "-d",
+                db,
+            ])
+            .args(["-p", &self.port.to_string(), "-c", "SELECT current_user"])
+            .env("PGPASSFILE", &passfile)
+            .env_remove("PGPASSWORD")
+            .env("PGCONNECT_TIMEOUT", "5")
+            .output()
+            .await
+            .unwrap();
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).to_string())
+        }
+    }
+
+    /// Creates or replaces the replication Secret; returns its resourceVersion.
+    async fn set_replication_password(&self, name: &str, password: &str) -> String {
+        let secret: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": { "name": name },
+            "stringData": { "username": "streaming_replica", "password": password }
+        }))
+        .unwrap();
+        let params = PatchParams::apply("agent-test").force();
+        let applied = self
+            .secrets()
+            .await
+            .patch(name, &params, &Patch::Apply(&secret))
+            .await
+            .unwrap();
+        applied.metadata.resource_version.unwrap()
+    }
+
+    fn replication_env(&self, secret: &str) -> BTreeMap<&'static str, String> {
+        let mut env = self.env();
+        env.insert(REPLICATION_SECRET, secret.to_string());
+        env.insert(PRIMARY_FROM, "annotation".to_string());
+        env
+    }
+}
+
+/// Polls `check` every 200 ms until it returns `Some`, for at most [`TIMEOUT`].
+async fn eventually<T, F: Future<Output = Option<T>>>(
+    what: &str,
+    mut check: impl FnMut() -> F,
+) -> T {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {TIMEOUT:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn postgres_replica_waits_for_current_primary_clones_streams_and_resumes() {
+    use std::os::unix::fs::MetadataExt;
+    let (client, namespace) = namespace_with_cluster("replication", None).await;
+    let mut primary =
+        Instance::in_namespace(client.clone(), namespace.clone(), "db-0", "postgres", None).await;
+    let mut replica =
+        Instance::in_namespace(client.clone(), namespace.clone(), "db-1", "postgres", None).await;
+    let (app_password, replication_password) = ("app-Password-1", "replication-Password-1");
+    let secrets = [app_password, replication_password];
+    let version = primary.set_password(app_password).await;
+    primary
+        .set_replication_password("db-replication", replication_password)
+        .await;
+
+    // No status.currentPrimary yet: both wait and neither initialises anything.
+    let env = primary.replication_env("db-replication");
+    let mut primary_agent = primary.start_with(env);
+    let env = replica.replication_env("db-replication");
+    let mut replica_agent = replica.start_with(env);
+    for (instance, agent) in [
+        (&primary, &mut primary_agent),
+        (&replica, &mut replica_agent),
+    ] {
+        instance
+            .wait_for_report("the wait for status.currentPrimary", agent, |s| {
+                !s.ready && s.last_error.as_deref() == Some("waiting for status.currentPrimary")
+            })
+            .await;
+        assert!(!instance.data_dir().join("PG_VERSION").exists());
+    }
+
+    // db-0 is the primary: it bootstraps; db-1 clones it and streams.
+    set_current_primary(&client, &namespace, "db-0").await;
+    let status = primary
+        .wait_for_report("the primary to be ready", &mut primary_agent, |s| {
+            s.ready && s.credentials_version.as_deref() == Some(version.as_str())
+        })
+        .await;
+    assert_eq!(status.role.as_deref(), Some("primary"));
+    let system_identifier = status.system_identifier.unwrap();
+    let status = replica
+        .wait_for_report("the replica to stream", &mut replica_agent, |s| s.ready)
+        .await;
+    assert_eq!(status.role.as_deref(), Some("replica"));
+    assert_eq!(
+        status.system_identifier.as_deref(),
+        Some(system_identifier.as_str())
+    );
+    assert_eq!(status.timeline, Some(1));
+    assert!(
+        status.received_lsn.is_some() && status.replayed_lsn.is_some(),
+        "{status:?}"
+    );
+    assert!(status.lag_bytes.is_some_and(|l| l >= 0), "{status:?}");
+    assert_eq!(status.last_error, None);
+    // Replicas report the Secret version they have seen (the roles replicate).
+    assert_eq!(
+        status.credentials_version.as_deref(),
+        Some(version.as_str())
+    );
+    assert!(replica_agent.stdout_contains("cloning the primary db-0"));
+    assert!(replica.data_dir().join("standby.signal").is_file());
+    assert!(!engine_clone_dir(&replica.data_dir()).exists());
+    let passfile = replica.home().join("run/replication.pgpass");
+    let mode = std::fs::metadata(&passfile).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    let senders = primary
+        .admin_sql(
+            "postgres",
+            "SELECT application_name, state FROM pg_stat_replication",
+        )
+        .await
+        .unwrap();
+    assert_eq!(senders, "db-1|streaming");
+
+    // Rows written on the primary reach the replica; the replica refuses writes.
+    primary
+        .admin_sql(
+            "app",
+            "CREATE TABLE t (x int); INSERT INTO t SELECT generate_series(1, 100)",
+        )
+        .await
+        .unwrap();
+    eventually("the rows on the replica", || async {
+        (replica
+            .admin_sql("app", "SELECT count(*) FROM t")
+            .await
+            .ok()?
+            == "100")
+            .then_some(())
+    })
+    .await;
+    let refused = replica
+        .admin_sql("app", "INSERT INTO t VALUES (0)")
+        .await
+        .unwrap_err();
+    assert!(refused.contains("read-only transaction"), "{refused}");
+
+    // The replication role streams but reads no database; app still logs in everywhere.
+    for db in ["app", "postgres"] {
+        let e = primary
+            .login_as("streaming_replica", db, replication_password)
+            .await
+            .unwrap_err();
+        assert!(e.contains("permission denied for database"), "{db}: {e}");
+    }
+    assert_eq!(primary.login(app_password).await, Ok("app".to_string()));
+    assert_eq!(replica.login(app_password).await, Ok("app".to_string()));
+
+    // The replica restarted on its data resumes streaming: no new clone, same data.
+    let inode = std::fs::metadata(replica.data_dir()).unwrap().ino();
+    assert_eq!(
+        replica.terminate_and_check(&mut replica_agent).await,
+        0,
+        "{}",
+        replica_agent.logs()
+    );
+    replica_agent.assert_no_secrets(&secrets);
+    let env = replica.replication_env("db-replication");
+    let mut replica_agent = replica.start_with(env);
+    let status = replica
+        .wait_for_report("the restarted replica to stream", &mut replica_agent, |s| {
+            s.ready && s.heartbeat.is_some()
+        })
+        .await;
+    assert_eq!(
+        status.system_identifier.as_deref(),
+        Some(system_identifier.as_str())
+    );
+    assert!(
+        !replica_agent.stdout_contains("cloning"),
+        "{}",
+        replica_agent.logs()
+    );
+    assert!(replica_agent.stdout_contains("resuming as a replica"));
+    assert_eq!(std::fs::metadata(replica.data_dir()).unwrap().ino(), inode);
+    primary
+        .admin_sql("app", "INSERT INTO t VALUES (101)")
+        .await
+        .unwrap();
+    eventually("the new row on the restarted replica", || async {
+        (replica
+            .admin_sql("app", "SELECT count(*) FROM t")
+            .await
+            .ok()?
+            == "101")
+            .then_some(())
+    })
+    .await;
+
+    // A promotion is not made, only reported; the replica keeps streaming.
+    set_current_primary(&client, &namespace, "db-1").await;
+    replica
+        .wait_for_report(
+            "the unsupported promotion to be reported",
+            &mut replica_agent,
+            |s| s.ready && s.last_error.as_deref() == Some("promotion is not supported yet"),
+        )
+        .await;
+
+    assert_eq!(
+        replica.terminate_and_check(&mut replica_agent).await,
+        0,
+        "{}",
+        replica_agent.logs()
+    );
+    assert_eq!(
+        primary.terminate_and_check(&mut primary_agent).await,
+        0,
+        "{}",
+        primary_agent.logs()
+    );
+    for (instance, agent) in [(&primary, &primary_agent), (&replica, &replica_agent)] {
+        agent.assert_no_secrets(&secrets);
+        assert_no_password_in(&instance.annotation().await.unwrap(), &secrets);
+    }
+}
+
+/// Where the agent clones to before renaming into place.
+fn engine_clone_dir(data: &Path) -> PathBuf {
+    devctl_agent::engine::clone_dir(data)
 }

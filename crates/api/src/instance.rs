@@ -40,6 +40,15 @@ pub mod env {
     pub const LISTEN_ADDRESS: &str = "DEVCTL_LISTEN_ADDRESS";
     /// Port of the agent's `/healthz` and `/readyz`.
     pub const HEALTH_PORT: &str = "DEVCTL_HEALTH_PORT";
+    /// The Secret (`username`, `password`) of the replication role.
+    pub const REPLICATION_SECRET: &str = "DEVCTL_REPLICATION_SECRET";
+    /// How a replica finds the primary's address: `service` (the `-rw` Service's DNS name,
+    /// on a real cluster) or `annotation` (the `address` in the primary pod's report, under
+    /// the test runner, where Service names do not resolve).
+    pub const PRIMARY_FROM: &str = "DEVCTL_PRIMARY_FROM";
+    /// Optional, with `service`: the primary's host name; default
+    /// `<DEVCTL_CLUSTER>-rw.<POD_NAMESPACE>.svc`.
+    pub const PRIMARY_SERVICE_HOST: &str = "DEVCTL_PRIMARY_SERVICE_HOST";
     /// Optional: the directory holding the engine's binaries (`postgres`, `initdb`, ...;
     /// `mariadbd`/`mysqld`, ...). Without it the agent searches `PATH`, then Debian's
     /// `/usr/lib/postgresql/*/bin`.
@@ -106,7 +115,12 @@ impl InstanceStatus {
     }
 }
 
-/// Roles reported in [`InstanceStatus::role`].
+/// Label the operator (its only writer) puts on every database pod: [`ROLE_PRIMARY`] on the pod
+/// named in `status.currentPrimary`, [`ROLE_REPLICA`] on the others. The `-rw` Service
+/// selects the primary by it, `-ro` the replicas.
+pub const ROLE_LABEL: &str = "db.devctl.io/role";
+
+/// Roles reported in [`InstanceStatus::role`] and set in [`ROLE_LABEL`].
 pub const ROLE_PRIMARY: &str = "primary";
 pub const ROLE_REPLICA: &str = "replica";
 

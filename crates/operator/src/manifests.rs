@@ -43,7 +43,8 @@ const OWN: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
 ///   delete (orphans such as the `-ro` Service after scaling to 1), get (the credentials
 ///   Secret is read before a password is ever generated);
 /// - PersistentVolumeClaims: watch and patch (volume expansion), never create or delete;
-/// - pods: watch (the agents' reports are annotations on their pods) and patch (role labels);
+/// - pods: watch (the agents' reports are annotations on their pods), patch (role labels) and
+///   delete (ordered replacement after a template change: the StatefulSet uses `OnDelete`);
 /// - the agents' ServiceAccount, Role and RoleBinding per cluster: owned like other
 ///   children (the operator holds every right those Roles grant);
 /// - events.k8s.io events: create and patch (the recorder folds repeats into series).
@@ -95,8 +96,13 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         group: "",
-        resources: &["persistentvolumeclaims", "pods"],
+        resources: &["persistentvolumeclaims"],
         verbs: &["get", "list", "watch", "patch"],
+    },
+    Rule {
+        group: "",
+        resources: &["pods"],
+        verbs: &["get", "list", "watch", "patch", "delete"],
     },
     Rule {
         group: "",

@@ -1563,6 +1563,9 @@ async fn prepare(
     env.insert(env::HEALTH_PORT.into(), health_port.to_string());
     env.insert(env::LISTEN_ADDRESS.into(), loopback.clone());
     env.insert(env::POD_IP.into(), loopback);
+    // Service names do not resolve here: replicas take the primary's address from its
+    // report.
+    env.insert(env::PRIMARY_FROM.into(), "annotation".into());
     match (plan.engine.as_str(), postgres_bin_dir()) {
         ("postgres", Some(bin)) => {
             env.insert(env::ENGINE_BIN_DIR.into(), bin.display().to_string());

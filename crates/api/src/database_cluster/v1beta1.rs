@@ -268,6 +268,11 @@ pub struct DatabaseClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_backup: Option<String>,
 
+    /// The pod of the primary instance: the first instance at bootstrap. Agents take their
+    /// role from this field, never from what a pod says of itself; only the operator writes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_primary: Option<String>,
+
     /// Each instance as its agent reports it, by pod name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]

@@ -19,6 +19,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::instances::{self, Instances, pod_owner};
+use super::pods::{self, PodAction};
 use super::resources::{self, Inputs, Names, secret};
 use super::status::{self, Observed};
 use crate::children::caches::OwnerKey;
@@ -26,6 +27,7 @@ use crate::children::{Caches, Change, Owner, applied};
 use crate::context::{Context, Settings};
 use crate::error::{Error, Result};
 use crate::reconciler::{key, now, publish, report, run_controller, write_status};
+use devctl_api::instance::ROLE_LABEL;
 
 /// The controller as a stream of finished reconciles.
 pub fn controller(
@@ -121,7 +123,11 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     )
     .await;
 
-    let converged = converged.map(|c| c.changes);
+    // Pods last: their labels and replacements follow the children just applied.
+    let converged = match converged {
+        Ok(c) => manage_pods(&db, ctx, &names).await.map(|()| c.changes),
+        Err(e) => Err(e),
+    };
     report(ctx, db.as_ref(), converged, |outcome| {
         let sts = ctx
             .caches
@@ -133,6 +139,7 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
             target_version: &target_version,
             target_image: &target_image,
             version_refused,
+            replication_refused: resources::stateful_set::replication_refused(&db),
             volumes_pending,
             credentials_regenerated,
             stateful_set_applied: applied(outcome, StatefulSet::KIND),
@@ -144,6 +151,89 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
         (status.is_some() && status != db.status).then(|| json!(status))
     })
     .await
+}
+
+/// The pod named in `status.currentPrimary` (the first instance until one is recorded).
+fn current_primary(db: &DatabaseCluster, names: &Names) -> String {
+    db.status
+        .as_ref()
+        .and_then(|s| s.current_primary.clone())
+        .unwrap_or_else(|| format!("{}-0", names.stateful_set()))
+}
+
+/// Labels each pod with its role and replaces at most one outdated pod ([`pods::plan`]).
+async fn manage_pods(db: &DatabaseCluster, ctx: &Context, names: &Names) -> Result<()> {
+    let cached = ctx.caches.filter::<Pod>(|pod| {
+        pod.metadata.namespace.as_deref() == Some(names.namespace.as_str())
+            && pod_owner(pod).is_some_and(|owner| owner.name == names.name)
+    });
+    let pods: Vec<&Pod> = cached.iter().map(|p| p.as_ref()).collect();
+    let sts = ctx
+        .caches
+        .get::<StatefulSet>(&names.namespace, &names.stateful_set());
+    let instances = observe_instances(db, ctx, names);
+    let primary = current_primary(db, names);
+    let replicas = resources::stateful_set::instances(db);
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    for action in pods::plan(&pods, sts.as_deref(), &primary, replicas, instances.ready) {
+        match action {
+            PodAction::Label { pod, role } => {
+                let patch = json!({ "metadata": { "labels": { ROLE_LABEL: role } } });
+                match api
+                    .patch(&pod, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => {}
+                    // Gone meanwhile: its replacement is labelled on the next pass.
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(source) => {
+                        return Err(Error::Child {
+                            action: "label",
+                            kind: Pod::KIND,
+                            name: pod,
+                            source,
+                        });
+                    }
+                }
+            }
+            PodAction::Replace { pod, uid, primary } => {
+                let params = kube::api::DeleteParams {
+                    preconditions: Some(kube::api::Preconditions {
+                        uid: Some(uid),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                match api.delete(&pod, &params).await {
+                    Ok(_) => {
+                        let which = if primary { "the primary" } else { "a replica" };
+                        publish(
+                            ctx,
+                            db,
+                            EventType::Normal,
+                            "ReplacingInstance",
+                            // Per pod: the recorder folds events of one action into a series.
+                            &format!("Replace {pod}"),
+                            format!(
+                                "Replacing pod {pod} ({which}) with the new pod template; replicas go first, the primary last"
+                            ),
+                        )
+                        .await;
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                    Err(source) => {
+                        return Err(Error::Child {
+                            action: "delete",
+                            kind: Pod::KIND,
+                            name: pod,
+                            source,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The cluster's instances from the agents' reports on its pods.
@@ -178,7 +268,10 @@ async fn converge(
     sts: Option<&StatefulSet>,
 ) -> Result<Converged> {
     let owner_uid = db.uid().ok_or(Error::MissingField("metadata.uid"))?;
-    let credentials = credentials(ctx, names, &owner_uid, sts.is_some()).await?;
+    // Regenerated silently: the primary's agent applies it and the replicas read it.
+    let replication =
+        credentials(ctx, names, &names.replication_secret(), &owner_uid, false).await?;
+    let credentials = credentials(ctx, names, &names.secret(), &owner_uid, sts.is_some()).await?;
     let existing_claim_size = sts
         .and_then(|s| s.spec.volume_claim_templates.as_ref())
         .and_then(|t| t.first())
@@ -189,6 +282,7 @@ async fn converge(
         .map(|q| q.0.clone());
     let inputs = Inputs {
         password: &credentials.password,
+        replication_password: &replication.password,
         version: target_version,
         existing_claim_size: existing_claim_size.as_deref(),
         cluster_domain: &ctx.settings.cluster_domain,
@@ -220,9 +314,12 @@ struct Credentials {
 /// The password of the cluster's credentials Secret, or a new one. A Secret of that name
 /// that the cluster does not control is never read or touched. A Secret that is gone while
 /// the StatefulSet (and so the data) exists gets a new password, reported as regenerated.
+/// The password of the Secret `secret_name` (credentials or replication): the one it holds,
+/// or a new one when it is gone or empty (`regenerated` when the data already existed).
 async fn credentials(
     ctx: &Context,
     names: &Names,
+    secret_name: &str,
     owner_uid: &str,
     data_exists: bool,
 ) -> Result<Credentials> {
@@ -233,16 +330,16 @@ async fn credentials(
     };
     // Cache first, then the API: a Secret without devctl's labels is not in the cache, and a
     // cold or lagging cache must never cause a new password.
-    let live = match ctx.caches.get::<Secret>(&names.namespace, &names.secret()) {
+    let live = match ctx.caches.get::<Secret>(&names.namespace, secret_name) {
         Some(cached) => Some(cached),
         None => {
             let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
-            api.get_opt(&names.secret())
+            api.get_opt(secret_name)
                 .await
                 .map_err(|source| Error::Child {
                     action: "read",
                     kind: "Secret",
-                    name: names.secret(),
+                    name: secret_name.to_string(),
                     source,
                 })?
                 .map(Arc::new)
@@ -250,7 +347,7 @@ async fn credentials(
     };
     match live {
         Some(live) if !owned_by_us(&live) => Err(Error::CredentialsSecretNotOwned {
-            name: names.secret(),
+            name: secret_name.to_string(),
         }),
         Some(live) => match secret::existing_password(&live) {
             Some(password) => Ok(Credentials {
@@ -353,8 +450,9 @@ async fn publish_events(
     regenerated_secret: Option<&str>,
 ) {
     let previous_replicas = previous_sts.and_then(|s| s.spec.replicas);
+    let to = resources::stateful_set::instances(db);
     if let Some(from) = previous_replicas
-        && from != db.spec.replicas
+        && from != to
     {
         publish(
             ctx,
@@ -362,7 +460,7 @@ async fn publish_events(
             EventType::Normal,
             "Scaling",
             "Scale",
-            format!("Scaling from {from} to {} instances", db.spec.replicas),
+            format!("Scaling from {from} to {to} instances"),
         )
         .await;
     }
@@ -382,6 +480,24 @@ async fn publish_events(
             "VersionChangeRefused",
             "Upgrade",
             message.to_string(),
+        )
+        .await;
+    }
+    let already_unsupported = db
+        .status
+        .as_ref()
+        .and_then(|s| devctl_api::conditions::find(&s.conditions, devctl_api::conditions::DEGRADED))
+        .is_some_and(|c| c.reason == status::REPLICATION_UNSUPPORTED);
+    if let Some(message) = resources::stateful_set::replication_refused(db)
+        && !already_unsupported
+    {
+        publish(
+            ctx,
+            db,
+            EventType::Warning,
+            status::REPLICATION_UNSUPPORTED,
+            "Scale",
+            message,
         )
         .await;
     }

@@ -2,6 +2,7 @@
 
 pub mod controller;
 pub mod instances;
+pub mod pods;
 pub mod resources;
 pub mod status;
 

@@ -20,6 +20,8 @@ pub struct Observed<'a> {
     pub target_image: &'a str,
     /// Why a requested version change was refused.
     pub version_refused: Option<String>,
+    /// Why `spec.replicas` is not carried out (MySQL replication).
+    pub replication_refused: Option<String>,
     /// Volumes not yet at the requested size (`resized`/`total`), when a resize is under way.
     pub volumes_pending: Option<(usize, usize)>,
     /// The credentials Secret was recreated with a new password while the data existed.
@@ -37,6 +39,9 @@ pub struct Observed<'a> {
 /// Reason of `Degraded` while a regenerated password has not reached the database. It stays
 /// until the instances report the new password applied (the agent does that).
 pub const CREDENTIALS_REGENERATED: &str = "CredentialsRegenerated";
+
+/// Reason of `Degraded`/`Stalled` while a MySQL cluster asks for more than one instance.
+pub const REPLICATION_UNSUPPORTED: &str = "ReplicationUnsupported";
 
 /// Whether the StatefulSet runs the declared state: its own spec has the declared replicas
 /// and image, and its controller has rolled that out to every pod.
@@ -155,21 +160,28 @@ pub fn compute(
             )
         })
     };
+    // A part of the spec the operator refuses to carry out (and why).
+    let refused: Option<(&str, &String)> = observed
+        .version_refused
+        .as_ref()
+        .map(|m| ("VersionChangeRefused", m))
+        .or(observed
+            .replication_refused
+            .as_ref()
+            .map(|m| (REPLICATION_UNSUPPORTED, m)));
     // What keeps the declared state from being reached without a human.
-    let stalled: Option<(&str, &str)> = match (&observed.failure, &observed.version_refused) {
+    let stalled: Option<(&str, &str)> = match (&observed.failure, refused) {
         (Some(failure), _) if failure.permanent => Some((failure.reason, &failure.message)),
         (Some(_), _) => None,
-        (None, Some(message)) => Some(("VersionChangeRefused", message)),
+        (None, Some((reason, message))) => Some((reason, message)),
         (None, None) => None,
     };
 
     let mut desired = Vec::new();
-    desired.push(match (&observed.failure, &observed.version_refused) {
+    desired.push(match (&observed.failure, refused) {
         (Some(failure), _) => Desired::new(READY, FALSE, failure.reason, failure.message.clone()),
-        // The declared version will not be reached: not Ready, whatever the old one does.
-        (None, Some(message)) => {
-            Desired::new(READY, FALSE, "VersionChangeRefused", message.clone())
-        }
+        // The declared state will not be reached: not Ready, whatever runs now.
+        (None, Some((reason, message))) => Desired::new(READY, FALSE, reason, message.clone()),
         (None, None) if complete => Desired::new(READY, TRUE, "Ready", progress_message.clone()),
         (None, None) => Desired::new(READY, FALSE, progress_reason, progress_message.clone()),
     });
@@ -178,7 +190,7 @@ pub fn compute(
         || (conditions::find(&previous.conditions, DEGRADED)
             .is_some_and(|c| c.status == TRUE && c.reason == CREDENTIALS_REGENERATED)
             && !observed.instances.credentials_applied);
-    desired.push(match (&observed.failure, &observed.version_refused) {
+    desired.push(match (&observed.failure, refused) {
         (Some(failure), _) => Desired::new(DEGRADED, TRUE, failure.reason, failure.message.clone()),
         _ if regenerated => Desired::new(
             DEGRADED,
@@ -189,9 +201,7 @@ pub fn compute(
                 names.secret()
             ),
         ),
-        (None, Some(message)) => {
-            Desired::new(DEGRADED, TRUE, "VersionChangeRefused", message.clone())
-        }
+        (None, Some((reason, message))) => Desired::new(DEGRADED, TRUE, reason, message.clone()),
         (None, None) => Desired::new(DEGRADED, FALSE, "AsExpected", "no problems found"),
     });
     let in_progress = match &observed.failure {
@@ -229,6 +239,10 @@ pub fn compute(
         current_version,
         storage_size,
         last_backup: previous.last_backup,
+        // The first instance at bootstrap; only a failover or switchover moves it.
+        current_primary: previous
+            .current_primary
+            .or_else(|| Some(format!("{}-0", names.stateful_set()))),
         instances: observed.instances.summaries.clone(),
     })
 }
@@ -263,6 +277,7 @@ mod tests {
             target_version: "16.2",
             target_image: "postgres:16.2",
             version_refused: None,
+            replication_refused: None,
             volumes_pending: None,
             credentials_regenerated: false,
             stateful_set_applied: false,

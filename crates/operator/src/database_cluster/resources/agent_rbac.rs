@@ -46,7 +46,7 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
             {
                 "apiGroups": [""],
                 "resources": ["secrets"],
-                "resourceNames": [names.secret()],
+                "resourceNames": [names.secret(), names.replication_secret()],
                 "verbs": ["get", "list", "watch"],
             },
             {

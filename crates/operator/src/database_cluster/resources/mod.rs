@@ -62,6 +62,8 @@ pub const APP_NAME: &str = "databasecluster";
 pub struct Inputs<'a> {
     /// The password in the existing credentials Secret, or a freshly generated one.
     pub password: &'a str,
+    /// The same for the replication Secret.
+    pub replication_password: &'a str,
     /// The version to run: `spec.version`, or the running version when a change is refused.
     pub version: &'a str,
     /// The claim template size of the existing StatefulSet (immutable once created).
@@ -92,6 +94,10 @@ impl Names {
     }
     pub fn secret(&self) -> String {
         format!("{}-credentials", self.name)
+    }
+    /// The replication role's Secret (PostgreSQL).
+    pub fn replication_secret(&self) -> String {
+        format!("{}-replication", self.name)
     }
     pub fn headless_service(&self) -> String {
         format!("{}-headless", self.name)
@@ -153,6 +159,7 @@ pub fn desired(db: &DatabaseCluster, inputs: &Inputs<'_>) -> Result<Vec<Child>> 
         config_map::desired(db, &names, inputs)?,
         secret::desired(db, &names, inputs)?,
     ];
+    children.extend(secret::replication_desired(db, &names, inputs)?);
     children.extend(services::desired(db, &names, inputs)?);
     // The agents' rights exist before the pods that use them.
     children.extend(agent_rbac::desired(db, &names, inputs)?);
@@ -180,6 +187,7 @@ pub(crate) mod test_support {
     pub fn inputs() -> super::Inputs<'static> {
         super::Inputs {
             password: "s3cretpassword",
+            replication_password: "r3plicationpassword",
             version: "16.2",
             existing_claim_size: None,
             cluster_domain: "cluster.local",
@@ -202,6 +210,7 @@ mod tests {
             [
                 ("ConfigMap", "my-postgres-config"),
                 ("Secret", "my-postgres-credentials"),
+                ("Secret", "my-postgres-replication"),
                 ("Service", "my-postgres-headless"),
                 ("Service", "my-postgres-rw"),
                 ("Service", "my-postgres-ro"),

@@ -73,6 +73,33 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
     }))
 }
 
+/// The replication role's name (PostgreSQL).
+pub const REPLICATION_USER: &str = "streaming_replica";
+
+/// `<name>-replication`: the password replicas stream with (PostgreSQL only). Generated once
+/// like the credentials; the primary's agent keeps the role in line with it.
+pub fn replication_desired(
+    db: &DatabaseCluster,
+    names: &Names,
+    inputs: &Inputs<'_>,
+) -> Result<Option<Child>> {
+    if db.spec.engine != Engine::Postgres {
+        return Ok(None);
+    }
+    let name = names.replication_secret();
+    let encode = |s: &str| STANDARD.encode(s);
+    Ok(Some(Child::new::<Secret>(json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(db, names, &name, "replication-credentials", inputs.version)?,
+        "type": "Opaque",
+        "data": {
+            "username": encode(REPLICATION_USER),
+            "password": encode(inputs.replication_password),
+        }
+    }))?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

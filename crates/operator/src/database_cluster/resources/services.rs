@@ -1,5 +1,7 @@
-//! Services: headless (stable pod DNS), read-write (the primary), read-only (every instance,
-//! only when there are replicas).
+//! Services: headless (stable pod DNS), read-write (the primary), read-only (the replicas,
+//! only when there are any). The operator labels each pod with its role
+//! ([`ROLE_LABEL`]) from `status.currentPrimary`; the Services select by that label, so a
+//! change of primary moves both Services without touching them.
 
 use devctl_api::database_cluster::DatabaseCluster;
 use serde_json::json;
@@ -10,8 +12,7 @@ use k8s_openapi::api::core::v1::Service;
 use crate::children::Child;
 use crate::error::Result;
 
-/// Label the StatefulSet controller puts on each pod with the pod's name.
-const POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
+use devctl_api::instance::{ROLE_LABEL, ROLE_PRIMARY, ROLE_REPLICA};
 
 pub fn port_name(db: &DatabaseCluster) -> &'static str {
     db.spec.engine.as_str()
@@ -33,8 +34,9 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
         }))
     };
     let mut primary_selector = selector(db);
-    // Ordinal 0 is the primary until failover (its own issue) can move it.
-    primary_selector.insert(POD_NAME_LABEL.into(), format!("{}-0", names.stateful_set()));
+    primary_selector.insert(ROLE_LABEL.into(), ROLE_PRIMARY.into());
+    let mut replica_selector = selector(db);
+    replica_selector.insert(ROLE_LABEL.into(), ROLE_REPLICA.into());
 
     let mut services = vec![
         service(
@@ -57,7 +59,7 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
         services.push(service(
             names.read_only_service(),
             "read-only-service",
-            json!({ "type": "ClusterIP", "selector": selector(db), "ports": ports }),
+            json!({ "type": "ClusterIP", "selector": replica_selector, "ports": ports }),
         )?);
     }
     Ok(services)

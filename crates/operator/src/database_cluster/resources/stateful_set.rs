@@ -79,6 +79,9 @@ fn agent_env(
         value_env(env::ENGINE, db.spec.engine.as_str()),
         value_env(env::CLUSTER, names.name.clone()),
         value_env(env::CREDENTIALS_SECRET, names.secret()),
+        value_env(env::REPLICATION_SECRET, names.replication_secret()),
+        // Replicas find the primary through the `-rw` Service.
+        value_env(env::PRIMARY_FROM, "service"),
         field_env(env::POD_NAME, "metadata.name"),
         field_env(env::POD_NAMESPACE, "metadata.namespace"),
         field_env(env::POD_UID, "metadata.uid"),
@@ -106,6 +109,27 @@ fn token_volume() -> Value {
             ]
         }
     })
+}
+
+/// Why `spec.replicas` cannot be honoured, if it cannot: MySQL-family clusters run one
+/// instance until their replication lands (MariaDB's, the only one here, differs from MySQL
+/// 8's).
+pub fn replication_refused(db: &DatabaseCluster) -> Option<String> {
+    (db.spec.engine == Engine::Mysql && db.spec.replicas > 1).then(|| {
+        format!(
+            "spec.replicas {}: replication is not supported for engine mysql yet; running 1 instance",
+            db.spec.replicas
+        )
+    })
+}
+
+/// The instances to run: `spec.replicas`, or 1 while replication is refused.
+pub fn instances(db: &DatabaseCluster) -> i32 {
+    if replication_refused(db).is_some() {
+        1
+    } else {
+        db.spec.replicas
+    }
 }
 
 pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Result<Child> {
@@ -183,11 +207,13 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
         "kind": "StatefulSet",
         "metadata": metadata(db, names, &name, "database", inputs.version)?,
         "spec": {
-            "replicas": spec.replicas,
+            "replicas": instances(db),
             "serviceName": names.headless_service(),
             "selector": { "matchLabels": selector(db) },
             "podManagementPolicy": "OrderedReady",
-            "updateStrategy": { "type": "RollingUpdate" },
+            // The operator replaces pods itself: replicas first, the primary last, one at a
+            // time, each streaming again before the next.
+            "updateStrategy": { "type": "OnDelete" },
             "template": {
                 "metadata": {
                     "labels": labels(db, "database", inputs.version),

@@ -1,0 +1,212 @@
+//! The agent's view of its DatabaseCluster (`status.currentPrimary`, read as plain JSON so
+//! the agent does not depend on the typed status) and where the primary is.
+
+use devctl_api::instance::InstanceStatus;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::watch;
+
+use crate::config::{Config, PrimaryFrom};
+use crate::error::{is_forbidden, one_line};
+
+/// What the DatabaseCluster watch has seen.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterView {
+    /// The initial list completed.
+    pub listed: bool,
+    /// The cluster exists.
+    pub exists: bool,
+    /// `status.currentPrimary`, when set and non-empty.
+    pub current_primary: Option<String>,
+    /// The last watch error (message, forbidden) since the last successful event.
+    pub error: Option<(String, bool)>,
+}
+
+/// `db.devctl.io/v1beta1` `DatabaseCluster` (plural `databaseclusters`).
+pub fn database_cluster_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("db.devctl.io", "v1beta1", "DatabaseCluster"),
+        "databaseclusters",
+    )
+}
+
+/// `status.currentPrimary` of a DatabaseCluster object.
+pub fn current_primary(object: &DynamicObject) -> Option<String> {
+    object
+        .data
+        .get("status")?
+        .get("currentPrimary")?
+        .as_str()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+}
+
+/// Watches the one DatabaseCluster (field selector on its name: the agent's Role allows only
+/// that name).
+pub fn watch_cluster(client: kube::Client, config: &Config) -> watch::Receiver<ClusterView> {
+    let (tx, rx) = watch::channel(ClusterView::default());
+    let resource = database_cluster_resource();
+    let api: Api<DynamicObject> = Api::namespaced_with(client, &config.pod_namespace, &resource);
+    let fields = format!("metadata.name={}", config.cluster);
+    let set = move |view: &mut ClusterView, object: Option<&DynamicObject>| {
+        view.listed = true;
+        view.exists = object.is_some();
+        view.current_primary = object.and_then(current_primary);
+        view.error = None;
+    };
+    tokio::spawn(async move {
+        let mut stream = watcher(api, watcher::Config::default().fields(&fields))
+            .default_backoff()
+            .boxed();
+        let mut buffer: Option<DynamicObject> = None;
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(watcher::Event::Init) => buffer = None,
+                Ok(watcher::Event::InitApply(o)) => buffer = Some(o),
+                Ok(watcher::Event::InitDone) => {
+                    let object = buffer.take();
+                    tx.send_if_modified(|v| {
+                        let before = v.clone();
+                        set(v, object.as_ref());
+                        *v != before
+                    });
+                }
+                Ok(watcher::Event::Apply(o)) => {
+                    tx.send_if_modified(|v| {
+                        let before = v.clone();
+                        set(v, Some(&o));
+                        *v != before
+                    });
+                }
+                Ok(watcher::Event::Delete(_)) => tx.send_modify(|v| set(v, None)),
+                Err(e) => {
+                    let forbidden = watch_error_is_forbidden(&e);
+                    let message = one_line(&e.to_string());
+                    tracing::warn!("watching the DatabaseCluster: {message}");
+                    tx.send_modify(|v| v.error = Some((message, forbidden)));
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// Whether a watch error is the API server's 403.
+pub fn watch_error_is_forbidden(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(k)
+        | watcher::Error::WatchStartFailed(k)
+        | watcher::Error::WatchFailed(k) => is_forbidden(k),
+        watcher::Error::WatchError(s) => s.code == 403,
+        watcher::Error::NoResourceVersion => false,
+    }
+}
+
+/// Where a replica streams from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrimaryAddress {
+    pub host: String,
+    pub port: u16,
+}
+
+impl std::fmt::Display for PrimaryAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// `host:port` or `[v6]:port` as in a report's `address`.
+pub fn parse_address(address: &str) -> Option<PrimaryAddress> {
+    let (host, port) = address.trim().rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port = port.parse::<u16>().ok().filter(|p| *p > 0)?;
+    if host.is_empty()
+        || host
+            .chars()
+            .any(|c| c.is_whitespace() || c == '\'' || c == '\\')
+    {
+        return None;
+    }
+    Some(PrimaryAddress {
+        host: host.to_string(),
+        port,
+    })
+}
+
+/// The primary's address, or why it is not known yet (one line, for `lastError`).
+///
+/// Both modes wait for the primary pod's report to say `ready` (the pod may be read by
+/// name); with [`PrimaryFrom::Service`] the address is the `-rw` Service's, with
+/// [`PrimaryFrom::Annotation`] the report's `address` (that is the only difference).
+pub async fn resolve_primary(
+    pods: &Api<Pod>,
+    config: &Config,
+    primary: &str,
+) -> Result<PrimaryAddress, String> {
+    let pod = match pods.get_opt(primary).await {
+        Ok(Some(pod)) => pod,
+        Ok(None) => return Err(format!("waiting for the primary pod {primary} (not found)")),
+        Err(e) => {
+            return Err(format!(
+                "reading the primary pod {primary}: {}",
+                one_line(&e.to_string())
+            ));
+        }
+    };
+    let report = InstanceStatus::from_annotations(pod.metadata.annotations.as_ref());
+    let Some(report) = report.filter(|r| r.ready) else {
+        return Err(format!("waiting for the primary {primary} to report ready"));
+    };
+    match &config.primary_from {
+        PrimaryFrom::Service { host } => Ok(PrimaryAddress {
+            host: host.clone(),
+            port: config.port,
+        }),
+        PrimaryFrom::Annotation => report
+            .address
+            .as_deref()
+            .and_then(parse_address)
+            .ok_or_else(|| {
+                format!(
+                    "the primary {primary} reports no usable address ({:?})",
+                    report.address
+                )
+            }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_current_primary_from_json() {
+        let mut object = DynamicObject::new("db", &database_cluster_resource());
+        assert_eq!(current_primary(&object), None);
+        object.data = serde_json::json!({ "status": { "currentPrimary": "db-0" } });
+        assert_eq!(current_primary(&object).as_deref(), Some("db-0"));
+        object.data = serde_json::json!({ "status": { "currentPrimary": "" } });
+        assert_eq!(current_primary(&object), None);
+    }
+
+    #[test]
+    fn parses_report_addresses() {
+        let a = parse_address("127.0.0.1:5433").unwrap();
+        assert_eq!((a.host.as_str(), a.port), ("127.0.0.1", 5433));
+        assert_eq!(a.to_string(), "127.0.0.1:5433");
+        let a = parse_address("[fd00::1]:5432").unwrap();
+        assert_eq!((a.host.as_str(), a.port), ("fd00::1", 5432));
+        assert_eq!(a.to_string(), "[fd00::1]:5432");
+        assert_eq!(parse_address("nohost"), None);
+        assert_eq!(parse_address("h:0"), None);
+        assert_eq!(parse_address("a b:1"), None);
+    }
+}

@@ -1,0 +1,322 @@
+//! PostgreSQL streaming replication on process-backed pods: one primary, streaming replicas,
+//! role-aware Services, scaling, re-cloning and ordered rollouts — checked on the real
+//! databases through `devctl db shell`.
+
+mod support;
+
+use std::collections::BTreeSet;
+
+use devctl_api::database_cluster::DatabaseCluster;
+use devctl_api::instance::InstanceStatus;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use serde_json::json;
+use support::databases::{Env, READY_TIMEOUT, ready};
+
+/// The pods an EndpointSlice of `service` points at.
+async fn endpoints(env: &Env, service: &str) -> BTreeSet<String> {
+    let slices = env
+        .api::<EndpointSlice>()
+        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={service}")))
+        .await
+        .unwrap();
+    slices
+        .items
+        .iter()
+        .flat_map(|s| s.endpoints.iter().flatten())
+        .filter_map(|e| e.target_ref.as_ref()?.name.clone())
+        .collect()
+}
+
+fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+async fn wait_ready_with(env: &Env, name: &str, replicas: i32) -> DatabaseCluster {
+    env.wait_db(
+        name,
+        &format!("Ready with {replicas} instances"),
+        move |db| {
+            ready(db)
+                && db
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.ready_replicas == replicas)
+        },
+    )
+    .await
+}
+
+/// The application names streaming from the primary.
+async fn streaming(env: &Env, name: &str) -> BTreeSet<String> {
+    env.instance_sql_ok(
+        name,
+        &format!("{name}-0"),
+        "select application_name from pg_stat_replication where state = 'streaming' order by 1",
+    )
+    .await
+    .lines()
+    .map(str::to_string)
+    .collect()
+}
+
+/// Waits until `pod` has replayed the primary's rows (`count` of them in `t`).
+async fn wait_rows(env: &Env, name: &str, pod: &str, count: usize) {
+    let expected = count.to_string();
+    devctl_testenv::eventually(
+        &format!("{pod} to hold {count} rows"),
+        READY_TIMEOUT,
+        || async {
+            let out = env.instance_sql(name, pod, "select count(*) from t").await;
+            (support::stdout(&out).trim() == expected).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_stream_serve_the_right_services_scale_and_reclone() {
+    let env = Env::start("replication").await;
+    env.create_with("ha", "postgres", "16.2", 3).await;
+    let db = wait_ready_with(&env, "ha", 3).await;
+    let status = db.status.unwrap();
+    assert_eq!(status.current_primary.as_deref(), Some("ha-0"));
+    let roles: Vec<(String, Option<String>)> = status
+        .instances
+        .iter()
+        .map(|i| (i.name.clone(), i.role.clone()))
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            ("ha-0".to_string(), Some("primary".to_string())),
+            ("ha-1".to_string(), Some("replica".to_string())),
+            ("ha-2".to_string(), Some("replica".to_string())),
+        ]
+    );
+
+    // One primary, two streaming standbys.
+    assert_eq!(
+        env.instance_sql_ok("ha", "ha-0", "select pg_is_in_recovery()")
+            .await,
+        "f"
+    );
+    for replica in ["ha-1", "ha-2"] {
+        assert_eq!(
+            env.instance_sql_ok("ha", replica, "select pg_is_in_recovery()")
+                .await,
+            "t"
+        );
+    }
+    assert_eq!(streaming(&env, "ha").await, set(&["ha-1", "ha-2"]));
+
+    // 1,000 rows written through the primary reach both replicas; replicas refuse writes.
+    env.shell_ok(
+        "ha",
+        "create table t (v int); insert into t select generate_series(1, 1000)",
+    )
+    .await;
+    for replica in ["ha-1", "ha-2"] {
+        wait_rows(&env, "ha", replica, 1000).await;
+    }
+    let refused = env
+        .instance_sql("ha", "ha-1", "insert into t values (0)")
+        .await;
+    assert!(!refused.status.success());
+    assert!(
+        support::stderr(&refused).contains("read-only transaction"),
+        "{}",
+        support::stderr(&refused)
+    );
+
+    // The Services follow the roles (EndpointSlices from kube-controller-manager).
+    devctl_testenv::eventually(
+        "-rw to hold the primary, -ro the replicas",
+        READY_TIMEOUT,
+        || async {
+            (endpoints(&env, "ha-rw").await == set(&["ha-0"])
+                && endpoints(&env, "ha-ro").await == set(&["ha-1", "ha-2"]))
+            .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+
+    // The replication role streams but cannot read the application's data.
+    let replication = env.api::<Secret>().get("ha-replication").await.unwrap();
+    let password = String::from_utf8(replication.data.unwrap()["password"].0.clone()).unwrap();
+    let login = env
+        .psql_login_as("ha-0", "streaming_replica", &password, "app")
+        .await;
+    assert!(!login.status.success(), "streaming_replica logged into app");
+
+    // 3 → 5: the new instances clone, stream and hold the rows.
+    let dbs = env.api::<DatabaseCluster>();
+    dbs.patch(
+        "ha",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "replicas": 5 } })),
+    )
+    .await
+    .unwrap();
+    wait_ready_with(&env, "ha", 5).await;
+    assert_eq!(
+        streaming(&env, "ha").await,
+        set(&["ha-1", "ha-2", "ha-3", "ha-4"])
+    );
+    for replica in ["ha-3", "ha-4"] {
+        wait_rows(&env, "ha", replica, 1000).await;
+    }
+    // 5 → 3: the highest ordinals leave pg_stat_replication; nothing is lost.
+    dbs.patch(
+        "ha",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "replicas": 3 } })),
+    )
+    .await
+    .unwrap();
+    wait_ready_with(&env, "ha", 3).await;
+    devctl_testenv::eventually("ha-3 and ha-4 to stop streaming", READY_TIMEOUT, || async {
+        (streaming(&env, "ha").await == set(&["ha-1", "ha-2"])).then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        env.instance_sql_ok("ha", "ha-0", "select count(*) from t")
+            .await,
+        "1000"
+    );
+
+    // A deleted replica pod comes back on its data and catches up.
+    let report = |pod: &'static str| {
+        let env = &env;
+        async move { env.report(pod).await }
+    };
+    let identifier = report("ha-0").await.system_identifier;
+    let pods = env.api::<Pod>();
+    pods.delete("ha-2", &DeleteParams::default()).await.unwrap();
+    env.shell_ok("ha", "insert into t select generate_series(1001, 1100)")
+        .await;
+    wait_rows(&env, "ha", "ha-2", 1100).await;
+    assert_eq!(report("ha-2").await.system_identifier, identifier);
+    let claim_dir = |claim: &str| {
+        env.cluster
+            .pod_runner()
+            .unwrap()
+            .claim_dir(&env.namespace, claim)
+    };
+    let kept = claim_dir("data-ha-2");
+
+    // Its claim deleted too: it clones again from the primary.
+    env.api::<PersistentVolumeClaim>()
+        .delete("data-ha-2", &DeleteParams::default())
+        .await
+        .unwrap();
+    pods.delete("ha-2", &DeleteParams::default()).await.unwrap();
+    devctl_testenv::eventually("ha-2 on a new claim", READY_TIMEOUT, || async {
+        let dir = claim_dir("data-ha-2")?;
+        (Some(&dir) != kept.as_ref()).then_some(())
+    })
+    .await
+    .unwrap();
+    wait_rows(&env, "ha", "ha-2", 1100).await;
+    wait_ready_with(&env, "ha", 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minor_version_change_replaces_the_replicas_before_the_primary() {
+    let env = Env::start("rollout").await;
+    env.create_with("roll", "postgres", "16.2", 3).await;
+    wait_ready_with(&env, "roll", 3).await;
+    let before: Vec<Option<String>> = {
+        let pods = env.api::<Pod>();
+        let mut uids = Vec::new();
+        for pod in ["roll-0", "roll-1", "roll-2"] {
+            uids.push(pods.get(pod).await.unwrap().metadata.uid);
+        }
+        uids
+    };
+    env.api::<DatabaseCluster>()
+        .patch(
+            "roll",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "version": "16.3" } })),
+        )
+        .await
+        .unwrap();
+    env.wait_db("roll", "Ready at 16.3", |db| {
+        ready(db)
+            && db
+                .status
+                .as_ref()
+                .and_then(|s| s.current_version.as_deref())
+                == Some("16.3")
+    })
+    .await;
+    // Every pod was replaced, one at a time, replicas first and the primary last.
+    let pods = env.api::<Pod>();
+    for (pod, old) in ["roll-0", "roll-1", "roll-2"].iter().zip(&before) {
+        let now = pods.get(pod).await.unwrap();
+        assert_ne!(&now.metadata.uid, old, "{pod} was not replaced");
+        let image = now.spec.unwrap().containers[0].image.clone();
+        assert_eq!(image.as_deref(), Some("postgres:16.3"));
+        let report = InstanceStatus::from_annotations(now.metadata.annotations.as_ref()).unwrap();
+        assert!(report.ready, "{pod}: {report:?}");
+    }
+    let events = env
+        .api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let mut replaced: Vec<(Option<String>, String)> = events
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("ReplacingInstance"))
+        .map(|e| {
+            (
+                e.event_time.as_ref().map(|t| t.0.to_string()),
+                e.note.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    replaced.sort();
+    let order: Vec<&str> = replaced
+        .iter()
+        .filter_map(|(_, note)| {
+            ["roll-0", "roll-1", "roll-2"]
+                .into_iter()
+                .find(|p| note.contains(&format!("pod {p} ")))
+        })
+        .collect();
+    assert_eq!(order, ["roll-2", "roll-1", "roll-0"], "{replaced:#?}");
+    // The replicas stream again from the replaced primary.
+    devctl_testenv::eventually("both replicas to stream again", READY_TIMEOUT, || async {
+        (streaming(&env, "roll").await == set(&["roll-1", "roll-2"])).then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_replicas_are_refused_until_replication_lands() {
+    let env = Env::start("myrepl").await;
+    env.create_with("my3", "mysql", "8.0", 3).await;
+    let db = env
+        .wait_db("my3", "Degraded ReplicationUnsupported", |db| {
+            support::databases::condition(db, "Degraded")
+                .is_some_and(|(s, r, _)| s == "True" && r == "ReplicationUnsupported")
+        })
+        .await;
+    let (ready_status, _, message) = support::databases::condition(&db, "Ready").unwrap();
+    assert_eq!(ready_status, "False");
+    assert!(message.contains("spec.replicas"), "{message}");
+    let sts = env
+        .api::<k8s_openapi::api::apps::v1::StatefulSet>()
+        .get("my3")
+        .await
+        .unwrap();
+    assert_eq!(sts.spec.replicas, Some(1));
+}

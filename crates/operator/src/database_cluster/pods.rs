@@ -1,0 +1,187 @@
+//! What the operator does to the database pods themselves: the role label that the `-rw` and
+//! `-ro` Services select by, and ordered replacement after a pod template change.
+//!
+//! The StatefulSet uses `OnDelete`, so its controller never replaces a pod on its own: a
+//! rolling update that took the primary first (or two instances at once) would interrupt
+//! writes more than needed. Instead, one outdated pod at a time is deleted — replicas first
+//! (highest ordinal first), the primary last — and only while every instance is ready, so the
+//! previous replacement streams again before the next starts. The StatefulSet controller
+//! recreates the deleted pod from the new template on the same claim.
+
+use devctl_api::instance::{ROLE_LABEL, ROLE_PRIMARY, ROLE_REPLICA};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+
+use super::instances::ordinal;
+
+/// The label the StatefulSet controller puts on each pod: the revision it was created from.
+const REVISION_LABEL: &str = "controller-revision-hash";
+
+/// A change to one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodAction {
+    /// Set the role label to this value.
+    Label { pod: String, role: &'static str },
+    /// Delete this outdated pod (its replacement comes from the new template).
+    Replace {
+        pod: String,
+        uid: String,
+        primary: bool,
+    },
+}
+
+/// The role each pod should carry: the primary is the pod named in `status.currentPrimary`.
+pub fn role_of(pod: &str, primary: &str) -> &'static str {
+    if pod == primary {
+        ROLE_PRIMARY
+    } else {
+        ROLE_REPLICA
+    }
+}
+
+/// What to do to `pods` now (pure): every missing or wrong role label, and at most one pod
+/// replacement — only when every one of `replicas` instances is ready (`ready`).
+pub fn plan(
+    pods: &[&Pod],
+    sts: Option<&StatefulSet>,
+    primary: &str,
+    replicas: i32,
+    ready: i32,
+) -> Vec<PodAction> {
+    let mut actions: Vec<PodAction> = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let name = p.name_any();
+            let role = role_of(&name, primary);
+            (p.labels().get(ROLE_LABEL).map(String::as_str) != Some(role))
+                .then_some(PodAction::Label { pod: name, role })
+        })
+        .collect();
+
+    let Some(update_revision) = sts
+        .and_then(|s| s.status.as_ref())
+        .and_then(|s| s.update_revision.as_deref())
+    else {
+        return actions;
+    };
+    // The StatefulSet's status must describe its current spec, else its revision is stale.
+    let revision_current = sts.is_some_and(|s| {
+        s.status
+            .as_ref()
+            .and_then(|st| st.observed_generation)
+            .is_some_and(|g| Some(g) >= s.metadata.generation)
+    });
+    let everyone_ready = ready >= replicas && pods.len() as i32 >= replicas;
+    let anyone_leaving = pods.iter().any(|p| p.metadata.deletion_timestamp.is_some());
+    if !revision_current || !everyone_ready || anyone_leaving {
+        return actions;
+    }
+    let mut outdated: Vec<&&Pod> = pods
+        .iter()
+        .filter(|p| p.labels().get(REVISION_LABEL).map(String::as_str) != Some(update_revision))
+        .collect();
+    // Replicas before the primary; among replicas the highest ordinal first.
+    outdated.sort_by_key(|p| {
+        let name = p.name_any();
+        (
+            name == primary,
+            std::cmp::Reverse(ordinal(&name).unwrap_or(0)),
+        )
+    });
+    if let Some(pod) = outdated.first() {
+        let name = pod.name_any();
+        actions.push(PodAction::Replace {
+            primary: name == primary,
+            uid: pod.uid().unwrap_or_default(),
+            pod: name,
+        });
+    }
+    actions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, revision: &str, role: Option<&str>) -> Pod {
+        let mut labels = json!({ REVISION_LABEL: revision });
+        if let Some(role) = role {
+            labels[ROLE_LABEL] = json!(role);
+        }
+        serde_json::from_value(json!({
+            "metadata": { "name": name, "uid": format!("uid-{name}"), "labels": labels }
+        }))
+        .unwrap()
+    }
+
+    fn sts(update_revision: &str) -> StatefulSet {
+        serde_json::from_value(json!({
+            "metadata": { "name": "db", "generation": 2 },
+            "spec": { "selector": {}, "serviceName": "x", "template": {} },
+            "status": { "replicas": 3, "observedGeneration": 2, "updateRevision": update_revision }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn labels_follow_current_primary() {
+        let pods = [pod("db-0", "a", None), pod("db-1", "a", Some("primary"))];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let actions = plan(&refs, Some(&sts("a")), "db-0", 2, 2);
+        assert_eq!(
+            actions,
+            [
+                PodAction::Label {
+                    pod: "db-0".into(),
+                    role: ROLE_PRIMARY
+                },
+                PodAction::Label {
+                    pod: "db-1".into(),
+                    role: ROLE_REPLICA
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn replicas_are_replaced_first_highest_ordinal_first_and_the_primary_last() {
+        let roles = |n: &str| Some(if n == "db-0" { "primary" } else { "replica" });
+        let mk = |revisions: [&str; 3]| -> Vec<Pod> {
+            ["db-0", "db-1", "db-2"]
+                .iter()
+                .zip(revisions)
+                .map(|(n, r)| pod(n, r, roles(n)))
+                .collect()
+        };
+        let step = |pods: &[Pod]| {
+            let refs: Vec<&Pod> = pods.iter().collect();
+            plan(&refs, Some(&sts("new")), "db-0", 3, 3)
+        };
+        let first = step(&mk(["old", "old", "old"]));
+        assert!(
+            matches!(&first[..], [PodAction::Replace { pod, primary: false, .. }] if pod == "db-2")
+        );
+        let second = step(&mk(["old", "old", "new"]));
+        assert!(
+            matches!(&second[..], [PodAction::Replace { pod, primary: false, .. }] if pod == "db-1")
+        );
+        let last = step(&mk(["old", "new", "new"]));
+        assert!(
+            matches!(&last[..], [PodAction::Replace { pod, primary: true, .. }] if pod == "db-0")
+        );
+        assert!(step(&mk(["new", "new", "new"])).is_empty());
+    }
+
+    #[test]
+    fn nothing_is_replaced_while_an_instance_is_not_ready() {
+        let pods = [
+            pod("db-0", "old", Some("primary")),
+            pod("db-1", "old", Some("replica")),
+        ];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        assert!(plan(&refs, Some(&sts("new")), "db-0", 2, 1).is_empty());
+    }
+}
