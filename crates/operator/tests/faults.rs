@@ -49,8 +49,14 @@ fn expected_children(db: &DatabaseCluster) -> Vec<(&'static str, String)> {
         ("Secret", format!("{name}-credentials")),
         ("Service", format!("{name}-headless")),
         ("Service", format!("{name}-rw")),
+        ("ServiceAccount", format!("{name}-agent")),
+        ("Role", format!("{name}-agent")),
+        ("RoleBinding", format!("{name}-agent")),
         ("StatefulSet", name.clone()),
     ];
+    if db.spec.engine == devctl_api::database_cluster::Engine::Postgres {
+        expected.push(("Secret", format!("{name}-replication")));
+    }
     if db.spec.replicas > 1 {
         expected.push(("Service", format!("{name}-ro")));
         expected.push(("PodDisruptionBudget", name));
@@ -97,6 +103,9 @@ async fn audit_namespace(client: &kube::Client, namespace: &str) -> Audit {
     collect!(Service, "Service");
     collect!(StatefulSet, "StatefulSet");
     collect!(PodDisruptionBudget, "PodDisruptionBudget");
+    collect!(k8s_openapi::api::core::v1::ServiceAccount, "ServiceAccount");
+    collect!(k8s_openapi::api::rbac::v1::Role, "Role");
+    collect!(k8s_openapi::api::rbac::v1::RoleBinding, "RoleBinding");
     let mut audit = Audit {
         clusters: dbs.len(),
         children: live.len(),
@@ -357,7 +366,8 @@ async fn an_api_server_restart_into_compacted_history_relists_and_converges() {
         Duration::from_secs(60),
         || async {
             let now = passwords(&client, &namespace).await;
-            (now.len() == count).then_some(now)
+            let credentials = now.keys().filter(|k| k.ends_with("-credentials")).count();
+            (credentials == count).then_some(now)
         },
     )
     .await

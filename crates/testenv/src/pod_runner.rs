@@ -461,10 +461,22 @@ async fn simulate(client: kube::Client, mut shutdown: watch::Receiver<bool>) {
             let Ok(_permit) = limit.acquire_owned().await else {
                 return;
             };
-            if let Err(e) = patch_report(&client, &namespace, &name, &uid, &report, annotated).await
-            {
-                tracing::warn!(%namespace, pod = %name, error = %e, "pod runner: cannot report");
+            // The API server may be restarting (fault tests): retry until it answers, or
+            // the report would never come and the pod stay unready forever.
+            let mut delay = Duration::from_millis(250);
+            for _ in 0..40 {
+                match patch_report(&client, &namespace, &name, &uid, &report, annotated.clone())
+                    .await
+                {
+                    Ok(()) => return,
+                    Err(e) => {
+                        tracing::debug!(%namespace, pod = %name, error = %e, "pod runner: report failed; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                }
             }
+            tracing::warn!(%namespace, pod = %name, "pod runner: gave up reporting");
         });
     };
 
