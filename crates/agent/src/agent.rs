@@ -15,7 +15,8 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 
 use crate::cluster::{
-    ClusterView, PrimaryAddress, resolve_primary, watch_cluster, watch_error_is_forbidden,
+    ClusterView, PrimaryAddress, read_report, resolve_primary, watch_cluster,
+    watch_error_is_forbidden,
 };
 use crate::config::{Config, EngineKind, PodRef, PrimaryFrom, extra_env};
 use crate::credentials::{Credentials, REPLICATION_USER, ReplicationCredentials, pgpass_line};
@@ -48,8 +49,23 @@ pub enum Mode {
     Replica,
 }
 
-/// The `lastError` of a replica named in `status.currentPrimary`.
+/// The `lastError` of a replica named in `status.currentPrimary` without a switchover
+/// (`status.targetPrimary`): failover is not implemented.
 pub const PROMOTION_UNSUPPORTED: &str = "promotion is not supported yet";
+/// How long a former primary restarted as a standby may take to stream before it is
+/// re-cloned (its history may have forked from the new primary's).
+pub const REJOIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A role change the running engine must stop for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Action {
+    /// This primary is `currentPrimary` and `targetPrimary` names another pod: checkpoint,
+    /// fast shutdown, report `finalLSN`, never restart as the primary.
+    Switchover(String),
+    /// A rejoined former primary did not stream within [`REJOIN_TIMEOUT`]: move its data
+    /// aside and clone the primary.
+    Reclone,
+}
 
 /// What one clone attempt came to.
 enum CloneStep {
@@ -139,6 +155,7 @@ async fn changed<T>(rx: &mut Option<watch::Receiver<T>>) -> bool {
 }
 
 enum Exit {
+    Act(Action),
     Crashed(ExitStatus),
     Signalled,
     Stale(String),
@@ -189,6 +206,15 @@ struct Agent {
     primary_address: Option<PrimaryAddress>,
     conninfo_applied: Option<String>,
     replica_problem: Option<String>,
+    /// Planned switchover: the shutdown checkpoint this former primary stopped at (reported
+    /// as `finalLSN` until it rejoins as a standby).
+    final_lsn: Option<String>,
+    /// Target of a switchover: why it does not promote yet.
+    switchover_problem: Option<String>,
+    /// A role change to make (stopping the engine).
+    action: Option<Action>,
+    /// A former primary rejoining as a standby: when to give up and re-clone.
+    rejoin_deadline: Option<Instant>,
 }
 
 /// Runs the instance described by `config` until SIGTERM/SIGINT, a replaced pod, or an
@@ -242,6 +268,10 @@ pub async fn run(config: Config) -> Result<Outcome> {
         primary_address: None,
         conninfo_applied: None,
         replica_problem: None,
+        final_lsn: None,
+        switchover_problem: None,
+        action: None,
+        rejoin_deadline: None,
         reporter: Reporter::new(client, pod),
         reported_once: false,
         config,
@@ -331,6 +361,7 @@ impl Agent {
             } else {
                 let bootstrapped = self.engine.is_bootstrapped();
                 let standby = self.engine.is_standby();
+                let target = view.target_primary.clone();
                 match view.current_primary {
                     None => Some("waiting for status.currentPrimary".to_string()),
                     Some(primary) if primary == me => {
@@ -342,20 +373,74 @@ impl Agent {
                             self.role_problem = Some(PROMOTION_UNSUPPORTED.into());
                             return Ok(Ok(false));
                         }
-                        self.mode = Mode::Primary;
-                        self.role_problem = None;
-                        if bootstrapped {
-                            return Ok(Ok(false));
+                        if bootstrapped && let Some(target) = target.as_ref().filter(|t| **t != me)
+                        {
+                            // A planned switchover away from this pod.
+                            match self.engine.control_data().await {
+                                Ok(control) if control.is_clean_primary_shutdown() => {
+                                    if self.final_lsn.as_deref()
+                                        != Some(control.checkpoint.as_str())
+                                    {
+                                        tracing::info!(
+                                            final_lsn = %control.checkpoint,
+                                            %target,
+                                            "stopped for a switchover: not restarting as the primary"
+                                        );
+                                    }
+                                    self.final_lsn = Some(control.checkpoint);
+                                    self.mode = Mode::Primary;
+                                    self.ready = false;
+                                    Some(format!("stopped for a switchover to {target}"))
+                                }
+                                Ok(control) => {
+                                    // Not stopped cleanly: run as the primary; the
+                                    // switchover then checkpoints and stops it cleanly.
+                                    tracing::info!(
+                                        state = %control.state,
+                                        %target,
+                                        "switchover pending on data not shut down cleanly: starting as the primary to stop it cleanly"
+                                    );
+                                    self.final_lsn = None;
+                                    self.mode = Mode::Primary;
+                                    self.role_problem = None;
+                                    return Ok(Ok(false));
+                                }
+                                Err(e) => Some(format!(
+                                    "reading the control file for the switchover to {target}: {e}"
+                                )),
+                            }
+                        } else {
+                            self.mode = Mode::Primary;
+                            self.role_problem = None;
+                            self.final_lsn = None;
+                            if bootstrapped {
+                                return Ok(Ok(false));
+                            }
+                            tracing::info!("this pod is status.currentPrimary: bootstrapping");
+                            self.engine.bootstrap().await?;
+                            return Ok(Ok(true));
                         }
-                        tracing::info!("this pod is status.currentPrimary: bootstrapping");
-                        self.engine.bootstrap().await?;
-                        return Ok(Ok(true));
                     }
                     Some(primary) => {
-                        if bootstrapped && !standby {
-                            Some(format!(
-                                "this instance holds a primary's data but status.currentPrimary names {primary}; demotion is not supported yet"
-                            ))
+                        if bootstrapped && !standby && target.as_deref() == Some(me.as_str()) {
+                            // Promoted in a switchover; the operator has yet to name it
+                            // currentPrimary.
+                            tracing::info!(
+                                "this pod is status.targetPrimary and holds a primary's data: running as the primary"
+                            );
+                            self.mode = Mode::Primary;
+                            self.role_problem = None;
+                            self.final_lsn = None;
+                            return Ok(Ok(false));
+                        } else if bootstrapped && !standby {
+                            match self.prepare_rejoin(&primary).await {
+                                Ok(()) => {
+                                    self.mode = Mode::Replica;
+                                    self.role_problem = None;
+                                    return Ok(Ok(false));
+                                }
+                                Err(why) => Some(why),
+                            }
                         } else if bootstrapped {
                             tracing::info!(%primary, "resuming as a replica on the existing data");
                             self.mode = Mode::Replica;
@@ -402,6 +487,68 @@ impl Agent {
                 _ = self.sigint.recv() => return Ok(Err(Outcome::Stopped)),
             }
         }
+    }
+
+    /// A former primary's data, `primary` now current: once `primary` reports ready as the
+    /// primary, rejoin as its standby (`standby.signal`, `primary_conninfo`,
+    /// `recovery_target_timeline = 'latest'` are written before the start). Returns why not
+    /// yet.
+    async fn prepare_rejoin(&mut self, primary: &str) -> Result<(), String> {
+        if self.config.replication_secret.is_none() {
+            return Err(format!(
+                "this instance holds a primary's data but status.currentPrimary names {primary}; rejoining needs {}",
+                extra_env::REPLICATION_SECRET
+            ));
+        }
+        if self.replication_desired.is_none() {
+            return Err(self
+                .replication_problem
+                .clone()
+                .or_else(|| self.replication_invalid.clone())
+                .unwrap_or_else(|| "waiting for the replication Secret".to_string()));
+        }
+        let report = read_report(&self.pods, primary).await?;
+        let acting = report.as_ref().is_some_and(|r| {
+            r.ready && r.role.as_deref() == Some(devctl_api::instance::ROLE_PRIMARY)
+        });
+        if !acting {
+            return Err(format!(
+                "this instance holds a former primary's data; waiting for the new primary {primary} to report ready as the primary"
+            ));
+        }
+        let address = resolve_primary(&self.pods, &self.config, primary).await?;
+        self.write_passfile()?;
+        tracing::info!(%primary, %address, "this instance holds a former primary's data: rejoining as a standby of the new primary");
+        self.primary_address = Some(address);
+        self.conninfo_applied = None;
+        self.final_lsn = None;
+        self.rejoin_deadline = Some(Instant::now() + REJOIN_TIMEOUT);
+        Ok(())
+    }
+
+    /// Moves the data directory aside (`<data>.old-<unix time>`, kept for the
+    /// administrator) and recreates it empty, so the next preparation clones the primary.
+    fn move_data_aside(&mut self) -> Result<()> {
+        let data = self.config.data_dir.clone();
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        let name = data
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "data".into());
+        let aside = data.with_file_name(format!("{name}.old-{stamp}"));
+        std::fs::rename(&data, &aside).map_err(|e| {
+            Error::DataDir(format!(
+                "cannot move {} aside to {}: {e}",
+                data.display(),
+                aside.display()
+            ))
+        })?;
+        tracing::warn!(aside = %aside.display(), "moved the former primary's data aside; cloning the primary");
+        self.rejoin_deadline = None;
+        prepare_dir(&data, "data directory", env::DATA_DIR)
     }
 
     /// One attempt to clone `primary` into the empty data directory.
@@ -641,6 +788,46 @@ impl Agent {
                 }
             };
             match exit {
+                Exit::Act(action) => {
+                    match &action {
+                        Action::Switchover(target) => {
+                            tracing::info!(
+                                %target,
+                                "planned switchover: CHECKPOINT, then a fast shutdown (the walsenders send all WAL, the shutdown checkpoint included, to the standbys)"
+                            );
+                            self.role_problem =
+                                Some(format!("stopping for a switchover to {target}"));
+                            self.ready = false;
+                            self.health.set_ready(false);
+                            let _ = self.report().await;
+                            if let Err(e) = self
+                                .engine
+                                .admin_sql_for("CHECKPOINT;\n", STOP_TIMEOUT)
+                                .await
+                            {
+                                tracing::warn!("CHECKPOINT before the switchover: {e}");
+                            }
+                        }
+                        Action::Reclone => tracing::warn!(
+                            "the former primary did not stream within {REJOIN_TIMEOUT:?} (its history may have forked): stopping it to re-clone"
+                        ),
+                    }
+                    let clean = self.stop(&mut child).await;
+                    tracing::info!(clean, "{} stopped for a role change", self.engine.name());
+                    self.ready = false;
+                    self.health.set_ready(false);
+                    if action == Action::Reclone {
+                        self.move_data_aside()?;
+                    }
+                    match self.prepare_postgres().await? {
+                        Ok(_) => {
+                            failures = 0;
+                            backoff = Duration::from_secs(1);
+                            continue;
+                        }
+                        Err(outcome) => return Ok(outcome),
+                    }
+                }
                 Exit::Signalled => {
                     tracing::info!("stopping on signal");
                     let clean = self.stop(&mut child).await;
@@ -673,6 +860,20 @@ impl Agent {
                     self.health.set_ready(false);
                     self.health.set_failed(true);
                     let name = self.engine.name();
+                    if failures >= 2 && self.rejoin_deadline.is_some() {
+                        tracing::warn!(
+                            "{name} exited ({status}) twice while rejoining as a standby: re-cloning"
+                        );
+                        self.move_data_aside()?;
+                        match self.prepare_postgres().await? {
+                            Ok(_) => {
+                                failures = 0;
+                                backoff = Duration::from_secs(1);
+                                continue;
+                            }
+                            Err(outcome) => return Ok(outcome),
+                        }
+                    }
                     if failures >= MAX_FAILURES {
                         return Err(Error::Engine(format!(
                             "{name} exited {failures} times in a row (last: {status}); giving up"
@@ -768,7 +969,14 @@ impl Agent {
                     if let Some(Outcome::Stale(why)) = self.report().await? {
                         return Ok(Exit::Stale(why));
                     }
-                    let interval = if self.ready { PROBE_INTERVAL } else { STARTING_PROBE_INTERVAL };
+                    if let Some(action) = self.action.take() {
+                        return Ok(Exit::Act(action));
+                    }
+                    let interval = if self.ready && self.switchover_problem.is_none() {
+                        PROBE_INTERVAL
+                    } else {
+                        STARTING_PROBE_INTERVAL
+                    };
                     next_probe = tokio::time::Instant::now() + interval;
                 }
             }
@@ -815,7 +1023,7 @@ impl Agent {
         };
 
         match self.engine.probe().await {
-            Ok(probe) => {
+            Ok(mut probe) => {
                 *was_ready = true;
                 self.engine_error = None;
                 self.health.set_failed(false);
@@ -826,9 +1034,28 @@ impl Agent {
                     *fresh = false;
                 }
                 if self.mode == Mode::Replica {
-                    self.tick_replica(probe, resolve_problem).await;
-                    self.health.set_ready(self.ready);
-                    return;
+                    let promoted = match self.switchover_source() {
+                        Some(old) => self.try_promote(&old).await,
+                        None => {
+                            self.switchover_problem = None;
+                            false
+                        }
+                    };
+                    if !promoted {
+                        self.tick_replica(probe, resolve_problem).await;
+                        self.health.set_ready(self.ready);
+                        return;
+                    }
+                    self.mode = Mode::Primary;
+                    self.switchover_problem = None;
+                    self.replica_problem = None;
+                    self.role_problem = None;
+                    self.primary_address = None;
+                    self.conninfo_applied = None;
+                    self.rejoin_deadline = None;
+                    if let Ok(after) = self.engine.probe().await {
+                        probe = after;
+                    }
                 }
                 let primary = probe.role == devctl_api::instance::ROLE_PRIMARY;
                 if primary
@@ -872,21 +1099,40 @@ impl Agent {
         self.health.set_ready(self.ready);
     }
 
-    /// Compares this instance's mode with `status.currentPrimary`: role changes are not
-    /// supported yet, only reported.
+    /// Compares this instance's mode with `status.currentPrimary`/`targetPrimary`: a
+    /// primary asked to hand over (or no longer named) gets an [`Action`]; a replica named
+    /// without a switchover only reports it (failover is not implemented).
     fn check_role(&mut self) {
         let Some(rx) = &mut self.cluster else {
             return;
         };
-        let current = rx.borrow_and_update().current_primary.clone();
+        let view = rx.borrow_and_update().clone();
+        let (current, target) = (view.current_primary, view.target_primary);
         let me = self.config.pod_name.as_str();
-        let problem = match (self.mode, current.as_deref()) {
-            (Mode::Primary, Some(other)) if other != me => Some(format!(
-                "status.currentPrimary names {other}; demotion is not supported yet"
-            )),
-            (Mode::Replica, Some(other)) if other == me => Some(PROMOTION_UNSUPPORTED.to_string()),
-            _ => None,
-        };
+        let mut problem = None;
+        match (self.mode, current.as_deref()) {
+            (Mode::Primary, Some(c)) if c == me => {
+                if let Some(t) = target.as_deref().filter(|t| *t != me)
+                    && self.action.is_none()
+                {
+                    tracing::info!(target = %t, "status.targetPrimary names another pod");
+                    self.action = Some(Action::Switchover(t.to_string()));
+                }
+            }
+            // Promoted in a switchover (targetPrimary names this pod): the primary until the
+            // operator names it. Otherwise (a failover, not implemented) keep running and say
+            // so: stopping would leave the cluster without a primary. A restarted agent
+            // rejoins as a standby.
+            (Mode::Primary, Some(other)) if target.as_deref() != Some(me) => {
+                problem = Some(format!(
+                    "status.currentPrimary names {other} without a switchover; demotion of a running primary is not supported yet"
+                ));
+            }
+            (Mode::Replica, Some(c)) if c == me => {
+                problem = Some(PROMOTION_UNSUPPORTED.to_string());
+            }
+            _ => {}
+        }
         if problem.is_some() && problem != self.role_problem {
             tracing::warn!(
                 current_primary = ?current,
@@ -896,6 +1142,50 @@ impl Agent {
             );
         }
         self.role_problem = problem;
+    }
+
+    /// The old primary when this replica is a switchover's target (`targetPrimary` names
+    /// this pod, `currentPrimary` another).
+    fn switchover_source(&self) -> Option<String> {
+        let view = self.cluster.as_ref()?.borrow().clone();
+        let me = self.config.pod_name.as_str();
+        if view.target_primary.as_deref() != Some(me) {
+            return None;
+        }
+        view.current_primary.filter(|c| c != me)
+    }
+
+    /// Switchover target: promotes once `old` reports `finalLSN` (stopped, not ready) and
+    /// this standby has received it and replayed past it: a switchover loses nothing.
+    /// Returns whether it promoted; otherwise `switchover_problem` says why not.
+    async fn try_promote(&mut self, old: &str) -> bool {
+        let why = match read_report(&self.pods, old).await {
+            Err(e) => format!("switchover to this pod: {e}"),
+            Ok(report) => match report.filter(|r| !r.ready).and_then(|r| r.final_lsn) {
+                None => {
+                    format!("switchover to this pod: waiting for {old} to stop and report finalLSN")
+                }
+                Some(final_lsn) => match self.engine.switchover_progress(&final_lsn).await {
+                    Ok(Some(why)) => format!("switchover to this pod: {why}"),
+                    Err(e) => format!("switchover to this pod: {e}"),
+                    Ok(None) => {
+                        tracing::info!(%final_lsn, %old, "replayed the old primary's shutdown checkpoint: promoting");
+                        match self.engine.promote().await {
+                            Ok(()) => {
+                                tracing::info!("promoted: running as the primary");
+                                return true;
+                            }
+                            Err(e) => format!("switchover to this pod: promoting: {e}"),
+                        }
+                    }
+                },
+            },
+        };
+        if self.switchover_problem.as_deref() != Some(why.as_str()) {
+            tracing::info!("{why}");
+        }
+        self.switchover_problem = Some(why);
+        false
     }
 
     /// Replica, `annotation`: the primary's address from its report (kept when the report
@@ -946,6 +1236,14 @@ impl Agent {
             }
         }
         self.ready = probe.is_streaming();
+        if self.ready {
+            if self.rejoin_deadline.take().is_some() {
+                tracing::info!("the former primary streams from the new primary");
+            }
+        } else if self.rejoin_deadline.is_some_and(|d| Instant::now() >= d) && self.action.is_none()
+        {
+            self.action = Some(Action::Reclone);
+        }
         self.replica_problem = if self.ready {
             None
         } else {
@@ -1002,9 +1300,14 @@ impl Agent {
 
     fn status(&self) -> InstanceStatus {
         let probe = self.probe.clone().unwrap_or_default();
+        let stopped_for_switchover = self.final_lsn.is_some();
         InstanceStatus {
-            role: (!probe.role.is_empty()).then_some(probe.role),
-            ready: self.ready,
+            role: if stopped_for_switchover {
+                Some(devctl_api::instance::ROLE_PRIMARY.to_string())
+            } else {
+                (!probe.role.is_empty()).then_some(probe.role)
+            },
+            ready: self.ready && !stopped_for_switchover,
             system_identifier: probe.system_identifier,
             timeline: probe.timeline,
             received_lsn: probe.received_lsn,
@@ -1020,10 +1323,12 @@ impl Agent {
                 .or_else(|| self.engine_error.clone())
                 .or_else(|| self.role_problem.clone())
                 .or_else(|| self.apply_error.clone())
+                .or_else(|| self.switchover_problem.clone())
                 .or_else(|| self.replica_problem.clone())
                 .or_else(|| self.replication_problem.clone())
                 .or_else(|| self.replication_invalid.clone())
                 .or_else(|| self.replication_apply_error.clone()),
+            final_lsn: self.final_lsn.clone(),
             credentials_version: match self.mode {
                 Mode::Primary => self.applied.clone(),
                 // Replicas do not apply credentials: the roles replicate from the primary

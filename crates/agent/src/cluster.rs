@@ -21,6 +21,8 @@ pub struct ClusterView {
     pub exists: bool,
     /// `status.currentPrimary`, when set and non-empty.
     pub current_primary: Option<String>,
+    /// `status.targetPrimary` (a planned switchover's target), when set and non-empty.
+    pub target_primary: Option<String>,
     /// The last watch error (message, forbidden) since the last successful event.
     pub error: Option<(String, bool)>,
 }
@@ -35,10 +37,19 @@ pub fn database_cluster_resource() -> ApiResource {
 
 /// `status.currentPrimary` of a DatabaseCluster object.
 pub fn current_primary(object: &DynamicObject) -> Option<String> {
+    status_string(object, "currentPrimary")
+}
+
+/// `status.targetPrimary` of a DatabaseCluster object.
+pub fn target_primary(object: &DynamicObject) -> Option<String> {
+    status_string(object, "targetPrimary")
+}
+
+fn status_string(object: &DynamicObject, field: &str) -> Option<String> {
     object
         .data
         .get("status")?
-        .get("currentPrimary")?
+        .get(field)?
         .as_str()
         .map(str::trim)
         .filter(|s| !s.is_empty())
@@ -56,6 +67,7 @@ pub fn watch_cluster(client: kube::Client, config: &Config) -> watch::Receiver<C
         view.listed = true;
         view.exists = object.is_some();
         view.current_primary = object.and_then(current_primary);
+        view.target_primary = object.and_then(target_primary);
         view.error = None;
     };
     tokio::spawn(async move {
@@ -183,6 +195,20 @@ pub async fn resolve_primary(
     }
 }
 
+/// The report of the pod `name`, or why it cannot be read.
+pub async fn read_report(pods: &Api<Pod>, name: &str) -> Result<Option<InstanceStatus>, String> {
+    match pods.get_opt(name).await {
+        Ok(Some(pod)) => Ok(InstanceStatus::from_annotations(
+            pod.metadata.annotations.as_ref(),
+        )),
+        Ok(None) => Err(format!("the pod {name} was not found")),
+        Err(e) => Err(format!(
+            "reading the pod {name}: {}",
+            one_line(&e.to_string())
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,6 +221,9 @@ mod tests {
         assert_eq!(current_primary(&object).as_deref(), Some("db-0"));
         object.data = serde_json::json!({ "status": { "currentPrimary": "" } });
         assert_eq!(current_primary(&object), None);
+        object.data =
+            serde_json::json!({ "status": { "currentPrimary": "db-0", "targetPrimary": "db-1" } });
+        assert_eq!(target_primary(&object).as_deref(), Some("db-1"));
     }
 
     #[test]

@@ -386,9 +386,18 @@ impl Engine {
         }
     }
 
+    /// [`Engine::admin_sql`] with a longer limit (a checkpoint, a promotion).
+    pub async fn admin_sql_for(&self, sql: &str, timeout: Duration) -> Result<String, String> {
+        self.admin_sql_timeout(sql, timeout).await
+    }
+
     /// Runs `sql` as the engine's administrator over the private socket and returns the
     /// unaligned, tuples-only output (PostgreSQL: `|`-separated; MySQL: tab-separated).
     pub async fn admin_sql(&self, sql: &str) -> Result<String, String> {
+        self.admin_sql_timeout(sql, CLIENT_TIMEOUT).await
+    }
+
+    async fn admin_sql_timeout(&self, sql: &str, timeout: Duration) -> Result<String, String> {
         let c = &self.config;
         let (program, args) = match &self.bins {
             Binaries::Postgres { dir } => (
@@ -426,15 +435,8 @@ impl Engine {
             ),
         };
         let envs = [("PGCONNECT_TIMEOUT", "5".to_string())];
-        let output = process::run(
-            &program,
-            &args,
-            &envs,
-            &c.run_dir,
-            sql.as_bytes(),
-            CLIENT_TIMEOUT,
-        )
-        .await?;
+        let output =
+            process::run(&program, &args, &envs, &c.run_dir, sql.as_bytes(), timeout).await?;
         if output.status.success() {
             Ok(output.stdout)
         } else {
@@ -533,6 +535,78 @@ impl Engine {
             Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
         };
         write_private(&path, with_standby_settings(&current, conninfo).as_bytes())
+    }
+
+    /// PostgreSQL, engine stopped: `pg_controldata`'s view of the data directory.
+    pub async fn control_data(&self) -> Result<ControlData, String> {
+        let Binaries::Postgres { dir } = &self.bins else {
+            return Err("pg_controldata is only for PostgreSQL".into());
+        };
+        let program = dir.join("pg_controldata");
+        let data = &self.config.data_dir;
+        let args = vec!["-D".to_string(), data.display().to_string()];
+        let envs = [("LC_ALL", "C".to_string()), ("LANG", "C".to_string())];
+        let output = process::run(&program, &args, &envs, data, b"", CLIENT_TIMEOUT).await?;
+        if !output.status.success() {
+            return Err(format!("pg_controldata failed: {}", output.error_line()));
+        }
+        parse_control_data(&output.stdout)
+            .ok_or_else(|| "unexpected pg_controldata output".to_string())
+    }
+
+    /// Planned switchover, target: whether this standby has received and replayed the old
+    /// primary's shutdown checkpoint at `final_lsn` (`Ok(None)`), or why not yet.
+    pub async fn switchover_progress(&self, final_lsn: &str) -> Result<Option<String>, String> {
+        if !is_lsn(final_lsn) {
+            return Err(format!("malformed finalLSN {final_lsn:?}"));
+        }
+        let out = self
+            .admin_sql(&format!(
+                "SELECT pg_is_in_recovery(), pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn(), \
+                 pg_wal_lsn_diff(pg_last_wal_receive_lsn(), '{final_lsn}'::pg_lsn) >= 0, \
+                 pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '{final_lsn}'::pg_lsn) > 0;\n"
+            ))
+            .await?;
+        let line = out.lines().next().unwrap_or_default();
+        let f: Vec<&str> = line.split('|').collect();
+        if f.len() != 5 {
+            return Err(format!("unexpected output {line:?}"));
+        }
+        if f[0] != "t" {
+            return Err("the engine is not in recovery".into());
+        }
+        if f[3] == "t" && f[4] == "t" {
+            return Ok(None);
+        }
+        let show = |s: &str| {
+            if s.is_empty() {
+                "none".to_string()
+            } else {
+                s.to_string()
+            }
+        };
+        Ok(Some(format!(
+            "received {}, replayed {}, the old primary's finalLSN {final_lsn} not reached yet",
+            show(f[1]),
+            show(f[2])
+        )))
+    }
+
+    /// Planned switchover, target: `pg_promote(true, 60)`, then a checkpoint (so the control
+    /// file, and the reported timeline, are the new timeline's at once).
+    pub async fn promote(&self) -> Result<(), String> {
+        let out = self
+            .admin_sql_timeout("SELECT pg_promote(true, 60);\n", Duration::from_secs(75))
+            .await?;
+        if out.trim() != "t" {
+            return Err(format!(
+                "pg_promote did not complete within 60s ({})",
+                out.trim()
+            ));
+        }
+        self.admin_sql_timeout("CHECKPOINT;\n", Duration::from_secs(300))
+            .await
+            .map(|_| ())
     }
 
     /// On a running replica: a new `primary_conninfo` through `ALTER SYSTEM` and a reload
@@ -705,6 +779,47 @@ fn parse_postgres_probe(out: &str) -> Result<Probe, String> {
         },
         wal_receiver: if in_recovery { opt(f[7]) } else { None },
     })
+}
+
+/// What `pg_controldata` says of a stopped data directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControlData {
+    /// `Database cluster state`: `shut down` (a primary stopped cleanly), `shut down in
+    /// recovery`, `in production`, ...
+    pub state: String,
+    /// `Latest checkpoint location` (a shutdown checkpoint's after a clean stop).
+    pub checkpoint: String,
+    /// `Latest checkpoint's TimeLineID`.
+    pub timeline: Option<i64>,
+}
+
+impl ControlData {
+    /// A primary's data that was shut down cleanly: nothing follows the checkpoint.
+    pub fn is_clean_primary_shutdown(&self) -> bool {
+        self.state == "shut down"
+    }
+}
+
+/// `pg_controldata` output (C locale).
+pub fn parse_control_data(out: &str) -> Option<ControlData> {
+    let field = |name: &str| {
+        out.lines().find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            (key.trim() == name).then(|| value.trim().to_string())
+        })
+    };
+    let checkpoint = field("Latest checkpoint location").filter(|l| is_lsn(l))?;
+    Some(ControlData {
+        state: field("Database cluster state")?,
+        checkpoint,
+        timeline: field("Latest checkpoint's TimeLineID").and_then(|t| t.parse().ok()),
+    })
+}
+
+/// A PostgreSQL LSN as text (`0/3000060`): safe to put in SQL.
+pub fn is_lsn(text: &str) -> bool {
+    let hex = |s: &str| (1..=8).contains(&s.len()) && s.chars().all(|c| c.is_ascii_hexdigit());
+    text.split_once('/').is_some_and(|(a, b)| hex(a) && hex(b))
 }
 
 /// `15.18 (Debian 15.18-0+deb12u1)` → `15.18`; `10.11.19-MariaDB-0+deb12u1` → `10.11.19`.
@@ -898,6 +1013,24 @@ mod tests {
             "recovery_target_timeline = 'latest'\n"
         );
         assert_eq!(with_standby_settings(&written, None), written);
+    }
+
+    #[test]
+    fn parses_control_data() {
+        let out = "pg_control version number:            1300\n\
+                   Database cluster state:               shut down\n\
+                   Latest checkpoint location:           0/3000060\n\
+                   Latest checkpoint's REDO location:    0/3000060\n\
+                   Latest checkpoint's TimeLineID:       1\n";
+        let c = parse_control_data(out).unwrap();
+        assert_eq!(c.state, "shut down");
+        assert_eq!(c.checkpoint, "0/3000060");
+        assert_eq!(c.timeline, Some(1));
+        assert!(c.is_clean_primary_shutdown());
+        assert!(parse_control_data("Database cluster state: in production\n").is_none());
+        assert!(is_lsn("16/B374D848"));
+        assert!(!is_lsn("0/1'; DROP"));
+        assert!(!is_lsn("0x1/2"));
     }
 
     #[test]

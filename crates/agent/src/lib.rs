@@ -82,11 +82,45 @@
 //! runner). A replica is `ready` only while `pg_stat_wal_receiver.status` is `streaming`;
 //! it reports `receivedLSN`, `replayedLSN`, `lagBytes` (received − replayed: primaries
 //! report no current LSN) and `timeline` (`received_tli`), applies no credentials (the roles
-//! replicate) and reports the credentials Secret version it has seen. Promotion, demotion
-//! and fencing are not implemented: a replica named `currentPrimary` keeps streaming and
-//! reports `lastError: promotion is not supported yet`; a primary no longer named keeps
-//! running and reports that demotion is not supported; a pod with a primary's data that is
-//! not named waits without starting. MariaDB/MySQL ignore `status.currentPrimary`.
+//! replicate) and reports the credentials Secret version it has seen.
+//!
+//! # Planned switchover (`status.targetPrimary`)
+//! 1. The primary (`currentPrimary` = this pod) sees `targetPrimary` name another pod: it
+//!    reports `ready: false`, runs `CHECKPOINT`, fast-shuts the engine down (SIGINT; the
+//!    walsenders send all WAL, the shutdown checkpoint included, to connected standbys) and
+//!    does not restart it. It reads `pg_controldata -D <data>` (`LC_ALL=C`): on `Database
+//!    cluster state: shut down` it reports `role: primary`, `ready: false`, `finalLSN:
+//!    <Latest checkpoint location>`, `lastError: stopped for a switchover to <target>`. A
+//!    restarted agent in that state does the same without starting the engine; data not
+//!    shut down cleanly is started as the primary and then stopped as above.
+//! 2. The target (`targetPrimary` = this pod, a streaming replica) polls the old primary's
+//!    report (every 0.5 s): once it is not ready and has `finalLSN`, and
+//!    `pg_wal_lsn_diff(pg_last_wal_receive_lsn(), finalLSN) >= 0` and
+//!    `pg_wal_lsn_diff(pg_last_wal_replay_lsn(), finalLSN) > 0` (the shutdown checkpoint
+//!    record itself was replayed), it runs `SELECT pg_promote(true, 60)` then `CHECKPOINT`
+//!    (so the control file, and the reported `timeline`, are the new timeline's). It never
+//!    promotes otherwise and reports why (`lastError: switchover to this pod: ...`), waiting
+//!    indefinitely (the operator owns timeouts). Then it runs as the primary (app and
+//!    replication roles kept in line) although `currentPrimary` still names the old pod;
+//!    PostgreSQL removed `standby.signal`, so a restart comes back as the primary
+//!    (`targetPrimary` names it and its data is a primary's).
+//! 3. Once `currentPrimary` names another pod, the old primary (a primary's data, no
+//!    `standby.signal`) waits for that pod to report `ready` as `primary`, then writes
+//!    `standby.signal`, `primary_conninfo` and `recovery_target_timeline = 'latest'` and
+//!    starts as its standby. A clean switchover needs no rewind (its WAL ends at the
+//!    shutdown checkpoint the new timeline forks after). If it does not stream within 30 s
+//!    (or the engine exits twice), it is stopped, its data moved aside to
+//!    `<data>.old-<unix time>` and the primary cloned with `pg_basebackup` like a new
+//!    replica (`pg_rewind` is not used: it needs a superuser or extra function grants on
+//!    the source, and the superuser has no password).
+//! 4. Other replicas resolve the new `currentPrimary`'s address, apply it with `ALTER
+//!    SYSTEM SET primary_conninfo` and `pg_reload_conf()`, and follow the new timeline.
+//!
+//! Failover is not implemented: a replica named `currentPrimary` without a switchover keeps
+//! streaming and reports `lastError: promotion is not supported yet`; a running primary no
+//! longer named (and not a promoted target) keeps running and reports that demotion of a
+//! running primary is not supported (a restarted agent rejoins as above). MariaDB/MySQL
+//! ignore `status.currentPrimary`.
 //!
 //! The engine gets `PR_SET_PDEATHSIG` (SIGKILL) so it never outlives the agent; the binary
 //! runs a current-thread runtime so the forking thread lives as long as the process. When

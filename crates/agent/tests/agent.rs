@@ -1205,3 +1205,171 @@ async fn postgres_replica_waits_for_current_primary_clones_streams_and_resumes()
 fn engine_clone_dir(data: &Path) -> PathBuf {
     devctl_agent::engine::clone_dir(data)
 }
+
+/// Merge-patches `status` of the DatabaseCluster (what the operator does) and checks every
+/// key was kept (`null` removes it).
+async fn patch_cluster_status(client: &kube::Client, namespace: &str, status: serde_json::Value) {
+    let api: Api<DatabaseCluster> = Api::namespaced(client.clone(), namespace);
+    let patched = api
+        .patch_status(
+            "db",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await
+        .unwrap();
+    let written = serde_json::to_value(&patched).unwrap();
+    for (key, value) in status.as_object().unwrap() {
+        let kept = written["status"].get(key).cloned().unwrap_or_default();
+        assert_eq!(
+            &kept, value,
+            "the API server did not keep status.{key} (is the CRD current?)"
+        );
+    }
+}
+
+/// `SELECT count(*) FROM t` on `instance` equals `expected`.
+async fn rows_reach(instance: &Instance, what: &str, expected: &str) {
+    eventually(what, || async {
+        (instance
+            .admin_sql("app", "SELECT count(*) FROM t")
+            .await
+            .ok()?
+            == expected)
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn postgres_planned_switchover_promotes_the_target_and_the_old_primary_rejoins() {
+    let (client, namespace) = namespace_with_cluster("switchover", Some("db-0")).await;
+    let mut instances = Vec::new();
+    for pod in ["db-0", "db-1", "db-2"] {
+        instances.push(
+            Instance::in_namespace(client.clone(), namespace.clone(), pod, "postgres", None).await,
+        );
+    }
+    let (app_password, replication_password) = ("app-Password-9", "replication-Password-9");
+    let secrets = [app_password, replication_password];
+    let version = instances[0].set_password(app_password).await;
+    instances[0]
+        .set_replication_password("db-replication", replication_password)
+        .await;
+    let mut agents = Vec::new();
+    for instance in &mut instances {
+        let env = instance.replication_env("db-replication");
+        agents.push(instance.start_with(env));
+    }
+    let [db0, db1, db2] = &instances[..] else {
+        unreachable!()
+    };
+    let [a0, a1, a2] = &mut agents[..] else {
+        unreachable!()
+    };
+    db0.wait_for_report("db-0 to be the ready primary", a0, |s| {
+        s.ready && s.credentials_version.as_deref() == Some(version.as_str())
+    })
+    .await;
+    db1.wait_for_report("db-1 to stream", a1, |s| s.ready).await;
+    db2.wait_for_report("db-2 to stream", a2, |s| s.ready).await;
+    db0.admin_sql(
+        "app",
+        "CREATE TABLE t (x int); INSERT INTO t SELECT generate_series(1, 1000)",
+    )
+    .await
+    .unwrap();
+
+    // The operator asks for db-1: db-0 checkpoints, shuts down and reports finalLSN.
+    patch_cluster_status(&client, &namespace, json!({ "targetPrimary": "db-1" })).await;
+    let old = db0
+        .wait_for_report("db-0 to stop and report finalLSN", a0, |s| {
+            s.final_lsn.is_some()
+        })
+        .await;
+    assert_eq!(old.role.as_deref(), Some("primary"), "{old:?}");
+    assert!(!old.ready, "{old:?}");
+    assert_eq!(
+        old.last_error.as_deref(),
+        Some("stopped for a switchover to db-1")
+    );
+    eventually("db-0's engine to exit", || async {
+        db0.engine_processes().is_empty().then_some(())
+    })
+    .await;
+
+    // db-1 promotes once it has replayed past finalLSN, with every row.
+    let new = db1
+        .wait_for_report("db-1 to promote", a1, |s| {
+            s.ready && s.role.as_deref() == Some("primary")
+        })
+        .await;
+    assert_eq!(new.timeline, Some(2), "{new:?}");
+    assert!(a1.stdout_contains("promoting"), "{}", a1.logs());
+    assert!(!db1.data_dir().join("standby.signal").exists());
+    assert_eq!(
+        db1.admin_sql("app", "SELECT count(*) FROM t")
+            .await
+            .unwrap(),
+        "1000"
+    );
+    db1.admin_sql("app", "INSERT INTO t VALUES (1001)")
+        .await
+        .unwrap();
+    // db-0 stays down while currentPrimary still names it.
+    assert!(db0.engine_processes().is_empty());
+
+    // The operator names db-1 and clears targetPrimary: db-0 rejoins as db-1's standby, db-2
+    // follows db-1 onto timeline 2.
+    patch_cluster_status(
+        &client,
+        &namespace,
+        json!({ "currentPrimary": "db-1", "targetPrimary": null }),
+    )
+    .await;
+    let rejoined = db0
+        .wait_for_report("db-0 to stream from db-1", a0, |s| {
+            s.ready && s.role.as_deref() == Some("replica")
+        })
+        .await;
+    assert_eq!(rejoined.final_lsn, None);
+    assert_eq!(rejoined.timeline, Some(2), "{rejoined:?}");
+    assert_eq!(
+        db0.admin_sql("postgres", "SELECT pg_is_in_recovery()")
+            .await
+            .unwrap(),
+        "t"
+    );
+    assert!(db0.data_dir().join("standby.signal").is_file());
+    let follower = db2
+        .wait_for_report("db-2 to stream from db-1 on timeline 2", a2, |s| {
+            s.ready && s.timeline == Some(2)
+        })
+        .await;
+    assert_eq!(follower.role.as_deref(), Some("replica"));
+    db1.admin_sql("app", "INSERT INTO t VALUES (1002)")
+        .await
+        .unwrap();
+    rows_reach(db0, "the rows written on db-1 on db-0", "1002").await;
+    rows_reach(db2, "the rows written on db-1 on db-2", "1002").await;
+    let senders = db1
+        .admin_sql(
+            "postgres",
+            "SELECT string_agg(application_name || '=' || state, ',' ORDER BY application_name) FROM pg_stat_replication",
+        )
+        .await
+        .unwrap();
+    assert_eq!(senders, "db-0=streaming,db-2=streaming");
+    assert!(!a0.stdout_contains("moved the former primary's data aside"));
+
+    for (instance, agent) in [(db2, &mut *a2), (db0, &mut *a0), (db1, &mut *a1)] {
+        assert_eq!(
+            instance.terminate_and_check(agent).await,
+            0,
+            "{}",
+            agent.logs()
+        );
+        agent.assert_no_secrets(&secrets);
+        assert_no_password_in(&instance.annotation().await.unwrap(), &secrets);
+    }
+}

@@ -100,6 +100,10 @@ pub struct InstanceStatus {
     /// The last error, one line, never holding a secret; absent when healthy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// The shutdown checkpoint of a primary stopped for a switchover: the target promotes only
+    /// once it has received WAL up to here, so nothing written is lost.
+    #[serde(default, rename = "finalLSN", skip_serializing_if = "Option::is_none")]
+    pub final_lsn: Option<String>,
     /// `resourceVersion` of the credentials Secret whose passwords the roles now have; the
     /// operator clears `CredentialsRegenerated` once every instance reports the current one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -114,6 +118,10 @@ impl InstanceStatus {
         serde_json::from_str(annotations?.get(STATUS_ANNOTATION)?).ok()
     }
 }
+
+/// Annotation on a DatabaseCluster asking for a switchover to the named pod (set by
+/// `devctl db promote`; the operator removes it when the switchover is done or refused).
+pub const SWITCHOVER_ANNOTATION: &str = "db.devctl.io/switchover-to";
 
 /// Label the operator (its only writer) puts on every database pod: [`ROLE_PRIMARY`] on the pod
 /// named in `status.currentPrimary`, [`ROLE_REPLICA`] on the others. The `-rw` Service
@@ -143,6 +151,7 @@ mod tests {
             heartbeat: Some("2026-11-30T17:00:00Z".into()),
             last_error: Some("x".into()),
             credentials_version: Some("42".into()),
+            final_lsn: Some("0/3000060".into()),
         };
         let json = serde_json::to_value(&status).unwrap();
         let mut keys: Vec<&str> = json
@@ -158,6 +167,7 @@ mod tests {
                 "address",
                 "credentialsVersion",
                 "engineVersion",
+                "finalLSN",
                 "heartbeat",
                 "lagBytes",
                 "lastError",

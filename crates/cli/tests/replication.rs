@@ -49,11 +49,16 @@ async fn wait_ready_with(env: &Env, name: &str, replicas: i32) -> DatabaseCluste
     .await
 }
 
-/// The application names streaming from the primary.
+/// The application names streaming from the primary (`<name>-0`).
 async fn streaming(env: &Env, name: &str) -> BTreeSet<String> {
+    streaming_from(env, name, &format!("{name}-0")).await
+}
+
+/// The application names streaming from `primary`.
+async fn streaming_from(env: &Env, name: &str, primary: &str) -> BTreeSet<String> {
     env.instance_sql_ok(
         name,
-        &format!("{name}-0"),
+        primary,
         "select application_name from pg_stat_replication where state = 'streaming' order by 1",
     )
     .await
@@ -319,4 +324,104 @@ async fn mysql_replicas_are_refused_until_replication_lands() {
         .await
         .unwrap();
     assert_eq!(sts.spec.replicas, Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switchover_loses_nothing_and_the_old_primary_streams_from_the_new_one() {
+    let env = Env::start("switchover").await;
+    env.create_with("sw", "postgres", "16.2", 3).await;
+    wait_ready_with(&env, "sw", 3).await;
+    env.shell_ok(
+        "sw",
+        "create table t (v int); insert into t select generate_series(1, 1000)",
+    )
+    .await;
+
+    // Not an instance: refused before anything changes.
+    let kubeconfig = env.kubeconfig.clone();
+    let refused = tokio::task::spawn_blocking(move || {
+        support::devctl(&kubeconfig, &["db", "promote", "sw", "sw-9"])
+    })
+    .await
+    .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        support::stderr(&refused).contains("sw-9 is not an instance of databasecluster sw"),
+        "{}",
+        support::stderr(&refused)
+    );
+
+    let kubeconfig = env.kubeconfig.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        support::devctl_ok(
+            &kubeconfig,
+            &["db", "promote", "sw", "sw-1", "--wait", "--timeout", "150"],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(out.contains("sw-1 is the primary"), "{out}");
+    let db = env.api::<DatabaseCluster>().get("sw").await.unwrap();
+    let status = db.status.unwrap();
+    assert_eq!(status.current_primary.as_deref(), Some("sw-1"));
+    assert_eq!(status.target_primary, None);
+    assert!(
+        !db.metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(devctl_api::instance::SWITCHOVER_ANNOTATION),
+        "the request is removed once done"
+    );
+
+    // Nothing lost; the new primary takes writes, the old one is a standby of it.
+    assert_eq!(
+        env.instance_sql_ok("sw", "sw-1", "select pg_is_in_recovery()")
+            .await,
+        "f"
+    );
+    assert_eq!(
+        env.instance_sql_ok("sw", "sw-1", "select count(*) from t")
+            .await,
+        "1000"
+    );
+    env.shell_ok("sw", "insert into t values (1001)").await;
+    devctl_testenv::eventually(
+        "sw-0 and sw-2 to stream from sw-1",
+        READY_TIMEOUT,
+        || async {
+            (streaming_from(&env, "sw", "sw-1").await == set(&["sw-0", "sw-2"])).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        env.instance_sql_ok("sw", "sw-0", "select pg_is_in_recovery()")
+            .await,
+        "t"
+    );
+    for replica in ["sw-0", "sw-2"] {
+        wait_rows(&env, "sw", replica, 1001).await;
+    }
+    devctl_testenv::eventually(
+        "-rw to hold sw-1, -ro sw-0 and sw-2",
+        READY_TIMEOUT,
+        || async {
+            (endpoints(&env, "sw-rw").await == set(&["sw-1"])
+                && endpoints(&env, "sw-ro").await == set(&["sw-0", "sw-2"]))
+            .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let events = env
+        .api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let promoted: Vec<_> = events
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("Promoted"))
+        .collect();
+    assert_eq!(promoted.len(), 1, "{promoted:#?}");
 }

@@ -273,6 +273,11 @@ pub struct DatabaseClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_primary: Option<String>,
 
+    /// The pod becoming primary during a switchover (`devctl db promote`); cleared when it has
+    /// promoted and `currentPrimary` names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_primary: Option<String>,
+
     /// Each instance as its agent reports it, by pod name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]

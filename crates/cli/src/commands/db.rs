@@ -1,14 +1,15 @@
-//! `devctl db create|list|status|shell|credentials|delete`.
+//! `devctl db create|list|status|shell|promote|credentials|delete`.
 
 use std::time::Duration;
 
 use clap::Subcommand;
 use devctl_api::conditions;
 use devctl_api::database_cluster::{DatabaseCluster, Engine};
+use devctl_api::instance::SWITCHOVER_ANNOTATION;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::cluster::{self, Connection, GlobalArgs};
@@ -61,6 +62,20 @@ pub enum DbCommand {
         /// Arguments for the client, after `--`.
         #[arg(last = true)]
         args: Vec<String>,
+    },
+    /// Switch the primary to another instance (a planned switchover: the primary
+    /// checkpoints and stops, the target promotes once it has all of its WAL, nothing is
+    /// lost; the old primary rejoins as a standby).
+    Promote {
+        name: String,
+        /// The pod of the ready replica to promote, e.g. NAME-1.
+        pod: String,
+        /// Wait until POD is the primary and the cluster is Ready.
+        #[arg(long)]
+        wait: bool,
+        /// How long to wait, in seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
     },
     /// Show how to connect (password masked unless --show-password).
     Credentials {
@@ -178,6 +193,12 @@ pub async fn run(global: &GlobalArgs, command: DbCommand) -> anyhow::Result<()> 
             }
             Ok(())
         }
+        DbCommand::Promote {
+            name,
+            pod,
+            wait,
+            timeout,
+        } => promote(&connection, &api, &name, &pod, wait, timeout).await,
         DbCommand::Credentials {
             name,
             show_password,
@@ -438,6 +459,57 @@ async fn status(
     }
     print_pods_and_events(&related);
     related.check()
+}
+
+async fn promote(
+    connection: &Connection,
+    api: &Api<DatabaseCluster>,
+    name: &str,
+    pod: &str,
+    wait: bool,
+    timeout: u64,
+) -> anyhow::Result<()> {
+    let db = get(connection, api, name).await?;
+    let status = db.status.clone().unwrap_or_default();
+    if !status.instances.iter().any(|i| i.name == pod) {
+        let names: Vec<&str> = status.instances.iter().map(|i| i.name.as_str()).collect();
+        anyhow::bail!(
+            "{pod} is not an instance of databasecluster {name} (instances: {})",
+            names.join(", ")
+        );
+    }
+    let patch = json!({ "metadata": { "annotations": { SWITCHOVER_ANNOTATION: pod } } });
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| {
+            cluster::explain(
+                e,
+                &format!("requesting a switchover of databasecluster {name}"),
+                &connection.server,
+            )
+        })?;
+    println!(
+        "databasecluster {}/{name}: switchover to {pod} requested",
+        connection.namespace
+    );
+    if !wait {
+        return Ok(());
+    }
+    let target = pod.to_string();
+    wait::until(
+        api,
+        name,
+        Duration::from_secs(timeout),
+        progress,
+        move |db| {
+            db.and_then(|d| d.status.as_ref()).is_some_and(|s| {
+                s.current_primary.as_deref() == Some(target.as_str()) && s.target_primary.is_none()
+            }) && is_ready(db)
+        },
+    )
+    .await?;
+    println!("{pod} is the primary");
+    Ok(())
 }
 
 async fn credentials(

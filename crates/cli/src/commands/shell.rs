@@ -111,15 +111,17 @@ pub async fn shell(
     Ok(status.code().unwrap_or(1))
 }
 
-/// The primary's pod: the instance whose agent reports the primary role, else ordinal 0.
+/// The primary's pod: `status.currentPrimary` (the operator's word, as for the `-rw`
+/// Service), else the instance whose agent reports the primary role.
 fn primary(db: &DatabaseCluster) -> Option<String> {
     let status = db.status.as_ref()?;
-    status
-        .instances
-        .iter()
-        .find(|i| i.role.as_deref() == Some(ROLE_PRIMARY))
-        .map(|i| i.name.clone())
-        .or_else(|| status.instances.first().map(|i| i.name.clone()))
+    status.current_primary.clone().or_else(|| {
+        status
+            .instances
+            .iter()
+            .find(|i| i.role.as_deref() == Some(ROLE_PRIMARY))
+            .map(|i| i.name.clone())
+    })
 }
 
 fn belongs_to(pod: &Pod, cluster: &str) -> bool {

@@ -22,12 +22,13 @@ use super::instances::{self, Instances, pod_owner};
 use super::pods::{self, PodAction};
 use super::resources::{self, Inputs, Names, secret};
 use super::status::{self, Observed};
+use super::switchover::{self, Primary, Step};
 use crate::children::caches::OwnerKey;
 use crate::children::{Caches, Change, Owner, applied};
 use crate::context::{Context, Settings};
 use crate::error::{Error, Result};
 use crate::reconciler::{key, now, publish, report, run_controller, write_status};
-use devctl_api::instance::ROLE_LABEL;
+use devctl_api::instance::{InstanceStatus, ROLE_LABEL, SWITCHOVER_ANNOTATION};
 
 /// The controller as a stream of finished reconciles.
 pub fn controller(
@@ -123,9 +124,12 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     )
     .await;
 
+    let primary = switchover_step(&db, ctx, &names).await;
     // Pods last: their labels and replacements follow the children just applied.
     let converged = match converged {
-        Ok(c) => manage_pods(&db, ctx, &names).await.map(|()| c.changes),
+        Ok(c) => manage_pods(&db, ctx, &names, &primary)
+            .await
+            .map(|()| c.changes),
         Err(e) => Err(e),
     };
     report(ctx, db.as_ref(), converged, |outcome| {
@@ -146,6 +150,7 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
             failure: outcome.err().map(Error::failure),
             cluster_domain: &ctx.settings.cluster_domain,
             instances,
+            primary: primary.clone(),
         };
         let status = status::compute(&db, &observed, &now());
         (status.is_some() && status != db.status).then(|| json!(status))
@@ -153,29 +158,129 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     .await
 }
 
-/// The pod named in `status.currentPrimary` (the first instance until one is recorded).
-fn current_primary(db: &DatabaseCluster, names: &Names) -> String {
-    db.status
-        .as_ref()
-        .and_then(|s| s.current_primary.clone())
-        .unwrap_or_else(|| format!("{}-0", names.stateful_set()))
+/// The pod named in `status.currentPrimary` (the first instance until one is recorded) and
+/// the switchover target, as the status says now.
+fn recorded_primary(db: &DatabaseCluster, names: &Names) -> Primary {
+    let status = db.status.as_ref();
+    Primary {
+        current: status
+            .and_then(|s| s.current_primary.clone())
+            .unwrap_or_else(|| format!("{}-0", names.stateful_set())),
+        target: status.and_then(|s| s.target_primary.clone()),
+    }
+}
+
+/// The cluster's pods from the cache.
+fn cluster_pods(ctx: &Context, names: &Names) -> Vec<Arc<Pod>> {
+    ctx.caches.filter::<Pod>(|pod| {
+        pod.metadata.namespace.as_deref() == Some(names.namespace.as_str())
+            && pod_owner(pod).is_some_and(|owner| owner.name == names.name)
+    })
+}
+
+/// Carries a switchover one step ([`switchover::plan`]) and returns who is primary (and
+/// becoming it) after this reconcile: what the status will say.
+async fn switchover_step(db: &DatabaseCluster, ctx: &Context, names: &Names) -> Primary {
+    let recorded = recorded_primary(db, names);
+    let reports: Vec<(String, Option<InstanceStatus>)> = cluster_pods(ctx, names)
+        .iter()
+        .map(|p| {
+            (
+                p.name_any(),
+                InstanceStatus::from_annotations(p.metadata.annotations.as_ref()),
+            )
+        })
+        .collect();
+    let step = switchover::plan(
+        &recorded,
+        switchover::requested(db),
+        &reports,
+        resources::stateful_set::instances(db),
+    );
+    let mut drop_request = false;
+    let next = match step {
+        Step::Idle | Step::Waiting(_) => recorded,
+        Step::AlreadyPrimary => {
+            drop_request = true;
+            recorded
+        }
+        Step::Refuse(message) => {
+            publish(
+                ctx,
+                db,
+                EventType::Warning,
+                "SwitchoverRefused",
+                "Switchover",
+                message,
+            )
+            .await;
+            drop_request = true;
+            recorded
+        }
+        Step::Start(target) => {
+            publish(
+                ctx,
+                db,
+                EventType::Normal,
+                "SwitchingOver",
+                "Switchover",
+                format!(
+                    "Switching over from {} to {target}: the primary checkpoints and stops, {target} promotes once it has all of its WAL",
+                    recorded.current
+                ),
+            )
+            .await;
+            Primary {
+                current: recorded.current,
+                target: Some(target),
+            }
+        }
+        Step::Done { from, to } => {
+            publish(
+                ctx,
+                db,
+                EventType::Normal,
+                "Promoted",
+                &format!("Promote {to}"),
+                format!("Promoted {to} (switchover from {from}); {from} rejoins as a standby"),
+            )
+            .await;
+            drop_request = switchover::requested(db).is_some();
+            Primary {
+                current: to,
+                target: None,
+            }
+        }
+    };
+    if drop_request {
+        let api: Api<DatabaseCluster> = Api::namespaced(ctx.client.clone(), &names.namespace);
+        let patch = json!({ "metadata": { "annotations": { SWITCHOVER_ANNOTATION: null } } });
+        if let Err(error) = api
+            .patch(&names.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            tracing::warn!(%error, "removing the switchover request failed; retried next time");
+        }
+    }
+    next
 }
 
 /// Labels each pod with its role and replaces at most one outdated pod ([`pods::plan`]).
-async fn manage_pods(db: &DatabaseCluster, ctx: &Context, names: &Names) -> Result<()> {
-    let cached = ctx.caches.filter::<Pod>(|pod| {
-        pod.metadata.namespace.as_deref() == Some(names.namespace.as_str())
-            && pod_owner(pod).is_some_and(|owner| owner.name == names.name)
-    });
+async fn manage_pods(
+    db: &DatabaseCluster,
+    ctx: &Context,
+    names: &Names,
+    primary: &Primary,
+) -> Result<()> {
+    let cached = cluster_pods(ctx, names);
     let pods: Vec<&Pod> = cached.iter().map(|p| p.as_ref()).collect();
     let sts = ctx
         .caches
         .get::<StatefulSet>(&names.namespace, &names.stateful_set());
     let instances = observe_instances(db, ctx, names);
-    let primary = current_primary(db, names);
     let replicas = resources::stateful_set::instances(db);
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    for action in pods::plan(&pods, sts.as_deref(), &primary, replicas, instances.ready) {
+    for action in pods::plan(&pods, sts.as_deref(), primary, replicas, instances.ready) {
         match action {
             PodAction::Label { pod, role } => {
                 let patch = json!({ "metadata": { "labels": { ROLE_LABEL: role } } });
@@ -238,10 +343,7 @@ async fn manage_pods(db: &DatabaseCluster, ctx: &Context, names: &Names) -> Resu
 
 /// The cluster's instances from the agents' reports on its pods.
 fn observe_instances(db: &DatabaseCluster, ctx: &Context, names: &Names) -> Instances {
-    let pods = ctx.caches.filter::<Pod>(|pod| {
-        pod.metadata.namespace.as_deref() == Some(names.namespace.as_str())
-            && pod_owner(pod).is_some_and(|owner| owner.name == names.name)
-    });
+    let pods = cluster_pods(ctx, names);
     let pods: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
     let credentials_version = ctx
         .caches

@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use super::instances::ordinal;
+use super::switchover::Primary;
 
 /// The label the StatefulSet controller puts on each pod: the revision it was created from.
 const REVISION_LABEL: &str = "controller-revision-hash";
@@ -21,8 +22,11 @@ const REVISION_LABEL: &str = "controller-revision-hash";
 /// A change to one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PodAction {
-    /// Set the role label to this value.
-    Label { pod: String, role: &'static str },
+    /// Set the role label to this value (`None`: remove it).
+    Label {
+        pod: String,
+        role: Option<&'static str>,
+    },
     /// Delete this outdated pod (its replacement comes from the new template).
     Replace {
         pod: String,
@@ -32,11 +36,13 @@ pub enum PodAction {
 }
 
 /// The role each pod should carry: the primary is the pod named in `status.currentPrimary`.
-pub fn role_of(pod: &str, primary: &str) -> &'static str {
-    if pod == primary {
-        ROLE_PRIMARY
+/// During a switchover the old primary carries none: it has stopped writing, and neither
+/// `-rw` nor `-ro` may send clients to it.
+pub fn role_of(pod: &str, primary: &Primary) -> Option<&'static str> {
+    if pod == primary.current {
+        primary.target.is_none().then_some(ROLE_PRIMARY)
     } else {
-        ROLE_REPLICA
+        Some(ROLE_REPLICA)
     }
 }
 
@@ -45,7 +51,7 @@ pub fn role_of(pod: &str, primary: &str) -> &'static str {
 pub fn plan(
     pods: &[&Pod],
     sts: Option<&StatefulSet>,
-    primary: &str,
+    primary: &Primary,
     replicas: i32,
     ready: i32,
 ) -> Vec<PodAction> {
@@ -55,7 +61,7 @@ pub fn plan(
         .filter_map(|p| {
             let name = p.name_any();
             let role = role_of(&name, primary);
-            (p.labels().get(ROLE_LABEL).map(String::as_str) != Some(role))
+            (p.labels().get(ROLE_LABEL).map(String::as_str) != role)
                 .then_some(PodAction::Label { pod: name, role })
         })
         .collect();
@@ -75,7 +81,8 @@ pub fn plan(
     });
     let everyone_ready = ready >= replicas && pods.len() as i32 >= replicas;
     let anyone_leaving = pods.iter().any(|p| p.metadata.deletion_timestamp.is_some());
-    if !revision_current || !everyone_ready || anyone_leaving {
+    let switching = primary.target.is_some();
+    if !revision_current || !everyone_ready || anyone_leaving || switching {
         return actions;
     }
     let mut outdated: Vec<&&Pod> = pods
@@ -86,14 +93,14 @@ pub fn plan(
     outdated.sort_by_key(|p| {
         let name = p.name_any();
         (
-            name == primary,
+            name == primary.current,
             std::cmp::Reverse(ordinal(&name).unwrap_or(0)),
         )
     });
     if let Some(pod) = outdated.first() {
         let name = pod.name_any();
         actions.push(PodAction::Replace {
-            primary: name == primary,
+            primary: name == primary.current,
             uid: pod.uid().unwrap_or_default(),
             pod: name,
         });
@@ -126,23 +133,47 @@ mod tests {
         .unwrap()
     }
 
+    fn primary(current: &str) -> Primary {
+        Primary {
+            current: current.into(),
+            target: None,
+        }
+    }
+
     #[test]
     fn labels_follow_current_primary() {
         let pods = [pod("db-0", "a", None), pod("db-1", "a", Some("primary"))];
         let refs: Vec<&Pod> = pods.iter().collect();
-        let actions = plan(&refs, Some(&sts("a")), "db-0", 2, 2);
+        let actions = plan(&refs, Some(&sts("a")), &primary("db-0"), 2, 2);
         assert_eq!(
             actions,
             [
                 PodAction::Label {
                     pod: "db-0".into(),
-                    role: ROLE_PRIMARY
+                    role: Some(ROLE_PRIMARY)
                 },
                 PodAction::Label {
                     pod: "db-1".into(),
-                    role: ROLE_REPLICA
+                    role: Some(ROLE_REPLICA)
                 },
             ]
+        );
+        // Mid-switchover the old primary loses its label and nothing is replaced.
+        let switching = Primary {
+            current: "db-1".into(),
+            target: Some("db-0".into()),
+        };
+        let pods = [
+            pod("db-0", "a", Some("replica")),
+            pod("db-1", "old", Some("primary")),
+        ];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        assert_eq!(
+            plan(&refs, Some(&sts("a")), &switching, 2, 2),
+            [PodAction::Label {
+                pod: "db-1".into(),
+                role: None
+            }]
         );
     }
 
@@ -158,7 +189,7 @@ mod tests {
         };
         let step = |pods: &[Pod]| {
             let refs: Vec<&Pod> = pods.iter().collect();
-            plan(&refs, Some(&sts("new")), "db-0", 3, 3)
+            plan(&refs, Some(&sts("new")), &primary("db-0"), 3, 3)
         };
         let first = step(&mk(["old", "old", "old"]));
         assert!(
@@ -182,6 +213,6 @@ mod tests {
             pod("db-1", "old", Some("replica")),
         ];
         let refs: Vec<&Pod> = pods.iter().collect();
-        assert!(plan(&refs, Some(&sts("new")), "db-0", 2, 1).is_empty());
+        assert!(plan(&refs, Some(&sts("new")), &primary("db-0"), 2, 1).is_empty());
     }
 }

@@ -10,6 +10,7 @@ use crate::error::Failure;
 
 use super::instances::Instances;
 use super::resources::{Names, selector};
+use super::switchover::Primary;
 
 /// What the reconcile saw and did.
 pub struct Observed<'a> {
@@ -34,11 +35,16 @@ pub struct Observed<'a> {
     pub cluster_domain: &'a str,
     /// The instances as their agents report them.
     pub instances: Instances,
+    /// Who is primary after this reconcile, and who is becoming it (a switchover).
+    pub primary: Primary,
 }
 
 /// Reason of `Degraded` while a regenerated password has not reached the database. It stays
 /// until the instances report the new password applied (the agent does that).
 pub const CREDENTIALS_REGENERATED: &str = "CredentialsRegenerated";
+
+/// Reason of `Degraded` while the primary does not accept connections.
+pub const PRIMARY_UNAVAILABLE: &str = "PrimaryUnavailable";
 
 /// Reason of `Degraded`/`Stalled` while a MySQL cluster asks for more than one instance.
 pub const REPLICATION_UNSUPPORTED: &str = "ReplicationUnsupported";
@@ -107,7 +113,18 @@ pub fn compute(
         .is_some_and(|v| v != observed.target_version)
         && !complete;
 
-    let (phase, progress_reason, progress_message) = if observed.stateful_set.is_none() {
+    let switching_to = observed.primary.target.as_deref();
+    let complete = complete && switching_to.is_none();
+    let (phase, progress_reason, progress_message) = if let Some(target) = switching_to {
+        (
+            Phase::Running,
+            "SwitchingOver",
+            format!(
+                "switching the primary from {} to {target}",
+                observed.primary.current
+            ),
+        )
+    } else if observed.stateful_set.is_none() {
         (
             Phase::Pending,
             "Creating",
@@ -185,6 +202,20 @@ pub fn compute(
         (None, None) if complete => Desired::new(READY, TRUE, "Ready", progress_message.clone()),
         (None, None) => Desired::new(READY, FALSE, progress_reason, progress_message.clone()),
     });
+    // A primary that was serving and no longer is (not while one is being created, replaced
+    // or switched over).
+    let primary_unavailable = previous.current_version.is_some()
+        && switching_to.is_none()
+        && observed
+            .instances
+            .summaries
+            .iter()
+            .any(|i| i.name == observed.primary.current && !i.ready)
+        && observed.stateful_set.is_some_and(|s| {
+            s.status.as_ref().is_some_and(|st| {
+                st.current_revision.is_some() && st.current_revision == st.update_revision
+            })
+        });
     // Cleared once every ready instance reports the regenerated Secret applied.
     let regenerated = observed.credentials_regenerated
         || (conditions::find(&previous.conditions, DEGRADED)
@@ -202,6 +233,15 @@ pub fn compute(
             ),
         ),
         (None, Some((reason, message))) => Desired::new(DEGRADED, TRUE, reason, message.clone()),
+        (None, None) if primary_unavailable => Desired::new(
+            DEGRADED,
+            TRUE,
+            PRIMARY_UNAVAILABLE,
+            format!(
+                "the primary {} does not accept connections; writes wait until it is back (automatic failover is not available yet)",
+                observed.primary.current
+            ),
+        ),
         (None, None) => Desired::new(DEGRADED, FALSE, "AsExpected", "no problems found"),
     });
     let in_progress = match &observed.failure {
@@ -239,10 +279,9 @@ pub fn compute(
         current_version,
         storage_size,
         last_backup: previous.last_backup,
-        // The first instance at bootstrap; only a failover or switchover moves it.
-        current_primary: previous
-            .current_primary
-            .or_else(|| Some(format!("{}-0", names.stateful_set()))),
+        // The first instance at bootstrap; only a switchover (or, later, a failover) moves it.
+        current_primary: Some(observed.primary.current.clone()),
+        target_primary: observed.primary.target.clone(),
         instances: observed.instances.summaries.clone(),
     })
 }
@@ -284,6 +323,10 @@ mod tests {
             failure: None,
             cluster_domain: "cluster.local",
             // Every ready pod's agent reports its engine ready.
+            primary: Primary {
+                current: "my-postgres-0".into(),
+                target: None,
+            },
             instances: Instances {
                 ready: sts
                     .and_then(|s| s.status.as_ref())
