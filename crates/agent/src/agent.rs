@@ -98,6 +98,47 @@ struct SecretView {
     error: Option<(String, bool)>,
 }
 
+impl SecretView {
+    /// What keeps the `what` Secret `name` from being used, for `lastError`.
+    fn problem(&self, what: &str, name: &str) -> Option<String> {
+        if let Some((message, _)) = &self.error {
+            Some(format!("watching {what} Secret {name}: {message}"))
+        } else if self.listed && self.secret.is_none() {
+            Some(format!("{what} Secret {name} not found"))
+        } else {
+            None
+        }
+    }
+}
+
+/// Takes in `secret` when its `resourceVersion` is newer than `seen`: parsed into `desired`,
+/// or — when its content is unusable — reported in `invalid` while the previous password
+/// stays in force.
+fn take_in_secret<C>(
+    secret: &Secret,
+    seen: &mut Option<String>,
+    desired: &mut Option<C>,
+    invalid: &mut Option<String>,
+    parse: impl Fn(&Secret) -> Result<C>,
+) {
+    let version = secret.metadata.resource_version.clone();
+    if version == *seen {
+        return;
+    }
+    *seen = version;
+    match parse(secret) {
+        Ok(c) => {
+            *desired = Some(c);
+            *invalid = None;
+        }
+        Err(e) => {
+            let message = format!("{}; keeping the previous password", e.one_line());
+            tracing::error!("{message}");
+            *invalid = Some(message);
+        }
+    }
+}
+
 /// Watches one Secret (field selector on its name: the agent's Role allows only that name,
 /// so it never lists all Secrets).
 fn watch_secret(
@@ -635,33 +676,22 @@ impl Agent {
         };
         let view = rx.borrow_and_update().clone();
         let name = self.config.replication_secret.clone().unwrap_or_default();
-        self.replication_problem = if let Some((message, forbidden)) = &view.error {
-            let message = format!("watching replication Secret {name}: {message}");
-            if *forbidden && self.probe.is_none() {
-                return Err(Error::Forbidden(message));
-            }
-            Some(message)
-        } else if view.listed && view.secret.is_none() {
-            Some(format!("replication Secret {name} not found"))
-        } else {
-            None
-        };
+        if let Some((message, true)) = &view.error
+            && self.probe.is_none()
+        {
+            return Err(Error::Forbidden(format!(
+                "watching replication Secret {name}: {message}"
+            )));
+        }
+        self.replication_problem = view.problem("replication", &name);
         if let Some(secret) = &view.secret {
-            let version = secret.metadata.resource_version.clone();
-            if version != self.replication_seen {
-                self.replication_seen = version;
-                match ReplicationCredentials::from_secret(secret) {
-                    Ok(c) => {
-                        self.replication_desired = Some(c);
-                        self.replication_invalid = None;
-                    }
-                    Err(e) => {
-                        let message = format!("{}; keeping the previous password", e.one_line());
-                        tracing::error!("{message}");
-                        self.replication_invalid = Some(message);
-                    }
-                }
-            }
+            take_in_secret(
+                secret,
+                &mut self.replication_seen,
+                &mut self.replication_desired,
+                &mut self.replication_invalid,
+                ReplicationCredentials::from_secret,
+            );
         }
         Ok(())
     }
@@ -987,29 +1017,15 @@ impl Agent {
     async fn tick(&mut self, fresh: &mut bool, was_ready: &mut bool) {
         let name = self.config.credentials_secret.clone();
         let view = self.secrets.borrow_and_update().clone();
-        self.secret_problem = if let Some((message, _)) = &view.error {
-            Some(format!("watching credentials Secret {name}: {message}"))
-        } else if view.listed && view.secret.is_none() {
-            Some(format!("credentials Secret {name} not found"))
-        } else {
-            None
-        };
+        self.secret_problem = view.problem("credentials", &name);
         if let Some(secret) = &view.secret {
-            let version = secret.metadata.resource_version.clone();
-            if version != self.seen_version {
-                self.seen_version = version;
-                match Credentials::from_secret(secret) {
-                    Ok(c) => {
-                        self.desired = Some(c);
-                        self.invalid_error = None;
-                    }
-                    Err(e) => {
-                        let message = format!("{}; keeping the previous password", e.one_line());
-                        tracing::error!("{message}");
-                        self.invalid_error = Some(message);
-                    }
-                }
-            }
+            take_in_secret(
+                secret,
+                &mut self.seen_version,
+                &mut self.desired,
+                &mut self.invalid_error,
+                Credentials::from_secret,
+            );
         }
 
         if let Err(e) = self.refresh_replication_secret() {

@@ -46,8 +46,8 @@ pub fn child_caches(client: kube::Client, namespace: Option<String>) -> CachesBu
         .add::<StatefulSet>()
         .add::<Deployment>()
         .add::<PodDisruptionBudget>()
-        .add_with_owner::<PersistentVolumeClaim>(database_cluster::claim_owner)
-        .add_trimmed::<Pod>(database_cluster::pod_owner, database_cluster::trim_pod)
+        .add_with_owner::<PersistentVolumeClaim>(database_cluster::labelled_owner)
+        .add_trimmed::<Pod>(database_cluster::labelled_owner, database_cluster::trim_pod)
 }
 
 /// The caches of every watch scope, running before (and independently of) leadership, so a

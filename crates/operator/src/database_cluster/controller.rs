@@ -18,7 +18,7 @@ use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use super::instances::{self, Instances, pod_owner};
+use super::instances::{self, Instances};
 use super::pods::{self, PodAction};
 use super::resources::{self, Inputs, Names, secret};
 use super::status::{self, Observed};
@@ -52,16 +52,17 @@ pub fn controller(
     )
 }
 
-/// The cluster a volume claim belongs to: the StatefulSet controller creates claims without
-/// an owner reference, with the labels of the claim template.
-pub fn claim_owner(claim: &PersistentVolumeClaim) -> Option<OwnerKey> {
-    let labels = claim.labels();
+/// The cluster an object belongs to by its labels (`app.kubernetes.io/name=databasecluster`,
+/// `instance=<cluster>`): for what other controllers create without an owner reference to
+/// the cluster — the StatefulSet's volume claims and pods.
+pub fn labelled_owner<K: Resource>(object: &K) -> Option<OwnerKey> {
+    let labels = object.labels();
     if labels.get(labels::NAME).map(String::as_str) != Some(resources::APP_NAME) {
         return None;
     }
     Some(OwnerKey {
         kind: DatabaseCluster::kind(&()).into_owned(),
-        namespace: claim.namespace()?,
+        namespace: object.namespace()?,
         name: labels.get(labels::INSTANCE)?.clone(),
     })
 }
@@ -124,10 +125,13 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     )
     .await;
 
-    let primary = switchover_step(&db, ctx, &names).await;
+    // One look at the pods serves the switchover, the pod changes and the status.
+    let cached_pods = cluster_pods(ctx, &names);
+    let pods: Vec<&Pod> = cached_pods.iter().map(|p| p.as_ref()).collect();
+    let primary = switchover_step(&db, ctx, &names, &pods).await;
     // Pods last: their labels and replacements follow the children just applied.
     let converged = match converged {
-        Ok(c) => manage_pods(&db, ctx, &names, &primary)
+        Ok(c) => manage_pods(&db, ctx, &names, &primary, &pods)
             .await
             .map(|()| c.changes),
         Err(e) => Err(e),
@@ -137,7 +141,7 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
             .caches
             .get::<StatefulSet>(&names.namespace, &names.stateful_set());
         let target_image = resources::stateful_set::image(&db, &target_version);
-        let instances = observe_instances(&db, ctx, &names);
+        let instances = observe_instances(&db, ctx, &names, &pods);
         let observed = Observed {
             stateful_set: sts.as_deref(),
             target_version: &target_version,
@@ -174,15 +178,20 @@ fn recorded_primary(db: &DatabaseCluster, names: &Names) -> Primary {
 fn cluster_pods(ctx: &Context, names: &Names) -> Vec<Arc<Pod>> {
     ctx.caches.filter::<Pod>(|pod| {
         pod.metadata.namespace.as_deref() == Some(names.namespace.as_str())
-            && pod_owner(pod).is_some_and(|owner| owner.name == names.name)
+            && labelled_owner(pod).is_some_and(|owner| owner.name == names.name)
     })
 }
 
 /// Carries a switchover one step ([`switchover::plan`]) and returns who is primary (and
 /// becoming it) after this reconcile: what the status will say.
-async fn switchover_step(db: &DatabaseCluster, ctx: &Context, names: &Names) -> Primary {
+async fn switchover_step(
+    db: &DatabaseCluster,
+    ctx: &Context,
+    names: &Names,
+    pods: &[&Pod],
+) -> Primary {
     let recorded = recorded_primary(db, names);
-    let reports: Vec<(String, Option<InstanceStatus>)> = cluster_pods(ctx, names)
+    let reports: Vec<(String, Option<InstanceStatus>)> = pods
         .iter()
         .map(|p| {
             (
@@ -271,16 +280,15 @@ async fn manage_pods(
     ctx: &Context,
     names: &Names,
     primary: &Primary,
+    pods: &[&Pod],
 ) -> Result<()> {
-    let cached = cluster_pods(ctx, names);
-    let pods: Vec<&Pod> = cached.iter().map(|p| p.as_ref()).collect();
     let sts = ctx
         .caches
         .get::<StatefulSet>(&names.namespace, &names.stateful_set());
-    let instances = observe_instances(db, ctx, names);
+    let instances = observe_instances(db, ctx, names, pods);
     let replicas = resources::stateful_set::instances(db);
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    for action in pods::plan(&pods, sts.as_deref(), primary, replicas, instances.ready) {
+    for action in pods::plan(pods, sts.as_deref(), primary, replicas, instances.ready) {
         match action {
             PodAction::Label { pod, role } => {
                 let patch = json!({ "metadata": { "labels": { ROLE_LABEL: role } } });
@@ -342,14 +350,17 @@ async fn manage_pods(
 }
 
 /// The cluster's instances from the agents' reports on its pods.
-fn observe_instances(db: &DatabaseCluster, ctx: &Context, names: &Names) -> Instances {
-    let pods = cluster_pods(ctx, names);
-    let pods: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
+fn observe_instances(
+    db: &DatabaseCluster,
+    ctx: &Context,
+    names: &Names,
+    pods: &[&Pod],
+) -> Instances {
     let credentials_version = ctx
         .caches
         .get::<Secret>(&names.namespace, &names.secret())
         .and_then(|s| s.metadata.resource_version.clone());
-    instances::observe(&pods, db.spec.replicas, credentials_version.as_deref())
+    instances::observe(pods, db.spec.replicas, credentials_version.as_deref())
 }
 
 /// What one convergence did.

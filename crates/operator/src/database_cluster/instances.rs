@@ -8,29 +8,12 @@
 
 use std::collections::BTreeMap;
 
-use devctl_api::database_cluster::{DatabaseCluster, InstanceSummary};
+use devctl_api::database_cluster::InstanceSummary;
 use devctl_api::instance::{InstanceStatus, STATUS_ANNOTATION};
-use devctl_api::labels;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::{Resource, ResourceExt};
 
-use crate::children::caches::OwnerKey;
-
-use super::resources::{self, stateful_set::CONFIG_HASH_ANNOTATION};
-
-/// The DatabaseCluster a database pod belongs to, from its labels (pods are owned by the
-/// StatefulSet, not by the cluster).
-pub fn pod_owner(pod: &Pod) -> Option<OwnerKey> {
-    let labels = pod.labels();
-    if labels.get(labels::NAME).map(String::as_str) != Some(resources::APP_NAME) {
-        return None;
-    }
-    Some(OwnerKey {
-        kind: DatabaseCluster::kind(&()).into_owned(),
-        namespace: pod.namespace()?,
-        name: labels.get(labels::INSTANCE)?.clone(),
-    })
-}
+use super::resources::stateful_set::CONFIG_HASH_ANNOTATION;
 
 /// Keeps of a cached pod only what the operator reads: identity, labels, the agent's report,
 /// the configuration hash, readiness, the IP and the containers' states. A pod's spec is most
@@ -235,6 +218,9 @@ mod tests {
             1
         );
         assert!(InstanceStatus::from_annotations(p.metadata.annotations.as_ref()).is_some());
-        assert_eq!(pod_owner(&p).unwrap().name, "db");
+        assert_eq!(
+            super::super::controller::labelled_owner(&p).unwrap().name,
+            "db"
+        );
     }
 }

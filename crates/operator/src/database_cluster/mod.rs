@@ -7,5 +7,5 @@ pub mod resources;
 pub mod status;
 pub mod switchover;
 
-pub use controller::{claim_owner, controller};
-pub use instances::{pod_owner, trim_pod};
+pub use controller::{controller, labelled_owner};
+pub use instances::trim_pod;
