@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use devctl_api::instance::{InstanceStatus, env};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret};
 use kube::Api;
+use kube::runtime::events::{Event as ClusterEvent, EventType, Recorder};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::process::Child;
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -23,6 +24,7 @@ use crate::credentials::{Credentials, REPLICATION_USER, ReplicationCredentials, 
 use crate::engine::{Engine, Probe, prepare_dir, primary_conninfo, write_private};
 use crate::error::{Error, Result, one_line};
 use crate::health::{self, Health};
+use crate::lease::{PrimaryLock, renew_deadline, renew_interval};
 use crate::process;
 use crate::report::{Reporter, WriteError};
 
@@ -65,6 +67,44 @@ enum Action {
     /// A rejoined former primary did not stream within [`REJOIN_TIMEOUT`]: move its data
     /// aside and clone the primary.
     Reclone,
+    /// This primary must stop writing at once (docs/failover.md): its lock lapsed, another
+    /// pod holds it, or the operator declared a failover away from it.
+    Fence(String),
+}
+
+/// How long a fenced engine gets for its fast shutdown before SIGKILL.
+pub const FENCE_STOP_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Why this instance must not be (or stay) the primary: the operator has declared a
+/// failover away from it.
+fn failover_away(view: &ClusterView, me: &str) -> Option<String> {
+    let failed = view.failed_primary.as_deref()?;
+    (failed == me).then(|| {
+        format!(
+            "a failover away from this instance is under way (epoch {})",
+            view.failover_epoch
+        )
+    })
+}
+
+/// `synchronous_standby_names` for the primary `me` from the cluster's spec: every other
+/// instance by name (never `*`, which would count a running `pg_basebackup` as a standby).
+pub fn synchronous_standby_names(view: &ClusterView, me: &str) -> String {
+    let Some((method, number)) = &view.synchronous else {
+        return String::new();
+    };
+    let Some((prefix, _)) = me.rsplit_once('-') else {
+        return String::new();
+    };
+    let others: Vec<String> = (0..view.replicas.max(1))
+        .map(|ordinal| format!("{prefix}-{ordinal}"))
+        .filter(|name| name != me)
+        .map(|name| format!("\"{name}\""))
+        .collect();
+    if others.is_empty() {
+        return String::new();
+    }
+    format!("{method} {number} ({})", others.join(", "))
 }
 
 /// What one clone attempt came to.
@@ -186,6 +226,14 @@ fn watch_secret(
     rx
 }
 
+/// Sleeps until `at`, or forever without it.
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Waits for a change on an optional receiver (forever without one); `false` when its
 /// watch ended.
 async fn changed<T>(rx: &mut Option<watch::Receiver<T>>) -> bool {
@@ -256,6 +304,20 @@ struct Agent {
     action: Option<Action>,
     /// A former primary rejoining as a standby: when to give up and re-clone.
     rejoin_deadline: Option<Instant>,
+    /// PostgreSQL: the primary lock (used while `spec.highAvailability.enabled`).
+    lock: Option<PrimaryLock>,
+    /// Why the lock was not taken or renewed last time.
+    lock_problem: Option<String>,
+    /// Failover: the epoch for which this replica stopped its WAL receiver.
+    failover_ack: Option<i64>,
+    /// The timeline last received while streaming: once the receiver stops, the probe falls
+    /// back to the last restartpoint's, which may be older.
+    stream_timeline: Option<i64>,
+    /// Primary: the `synchronous_standby_names` the engine has.
+    sync_applied: Option<String>,
+    /// A former primary was rewound and waits to stream (for the `Rejoined` event).
+    rejoining: bool,
+    recorder: Recorder,
 }
 
 /// Runs the instance described by `config` until SIGTERM/SIGINT, a replaced pod, or an
@@ -287,7 +349,28 @@ pub async fn run(config: Config) -> Result<Outcome> {
         )),
         _ => None,
     };
+    let lock = postgres.then(|| {
+        PrimaryLock::new(
+            Api::namespaced(client.clone(), &config.pod_namespace),
+            &devctl_api::instance::primary_lease_name(&config.cluster),
+            &config.pod_name,
+        )
+    });
+    let recorder = Recorder::new(
+        client.clone(),
+        kube::runtime::events::Reporter {
+            controller: "devctl-agent".into(),
+            instance: Some(config.pod_name.clone()),
+        },
+    );
     let mut agent = Agent {
+        lock,
+        lock_problem: None,
+        failover_ack: None,
+        stream_timeline: None,
+        sync_applied: None,
+        rejoining: false,
+        recorder,
         secrets: watch_secret(
             client.clone(),
             &config.pod_namespace,
@@ -403,6 +486,8 @@ impl Agent {
                 let bootstrapped = self.engine.is_bootstrapped();
                 let standby = self.engine.is_standby();
                 let target = view.target_primary.clone();
+                let away = failover_away(&view, &me);
+                let lock_duration = view.lock_duration;
                 match view.current_primary {
                     None => Some("waiting for status.currentPrimary".to_string()),
                     Some(primary) if primary == me => {
@@ -414,7 +499,14 @@ impl Agent {
                             self.role_problem = Some(PROMOTION_UNSUPPORTED.into());
                             return Ok(Ok(false));
                         }
-                        if bootstrapped && let Some(target) = target.as_ref().filter(|t| **t != me)
+                        if let Some(why) = away {
+                            // Fenced: the operator elects another primary; this data rejoins
+                            // as a standby once it has.
+                            self.mode = Mode::Primary;
+                            self.ready = false;
+                            Some(format!("{why}: not starting as the primary"))
+                        } else if bootstrapped
+                            && let Some(target) = target.as_ref().filter(|t| **t != me)
                         {
                             // A planned switchover away from this pod.
                             match self.engine.control_data().await {
@@ -433,6 +525,9 @@ impl Agent {
                                     self.ready = false;
                                     Some(format!("stopped for a switchover to {target}"))
                                 }
+                                Ok(_) if self.gate_primary(lock_duration).await.is_err() => {
+                                    self.lock_problem.clone()
+                                }
                                 Ok(control) => {
                                     // Not stopped cleanly: run as the primary; the
                                     // switchover then checkpoints and stops it cleanly.
@@ -450,6 +545,10 @@ impl Agent {
                                     "reading the control file for the switchover to {target}: {e}"
                                 )),
                             }
+                        } else if let Err(why) = self.gate_primary(lock_duration).await {
+                            self.mode = Mode::Primary;
+                            self.ready = false;
+                            Some(why)
                         } else {
                             self.mode = Mode::Primary;
                             self.role_problem = None;
@@ -463,9 +562,16 @@ impl Agent {
                         }
                     }
                     Some(primary) => {
-                        if bootstrapped && !standby && target.as_deref() == Some(me.as_str()) {
-                            // Promoted in a switchover; the operator has yet to name it
-                            // currentPrimary.
+                        if bootstrapped
+                            && !standby
+                            && target.as_deref() == Some(me.as_str())
+                            && let Err(why) = self.gate_primary(lock_duration).await
+                        {
+                            Some(why)
+                        } else if bootstrapped && !standby && target.as_deref() == Some(me.as_str())
+                        {
+                            // Promoted in a switchover or failover; the operator has yet to
+                            // name it currentPrimary.
                             tracing::info!(
                                 "this pod is status.targetPrimary and holds a primary's data: running as the primary"
                             );
@@ -530,6 +636,25 @@ impl Agent {
         }
     }
 
+    /// High availability: takes (or renews) the primary lock before the engine may run as the
+    /// primary; `Err` says why not (also kept in `lock_problem`).
+    async fn gate_primary(&mut self, duration: Option<Duration>) -> Result<(), String> {
+        let (Some(duration), Some(lock)) = (duration, self.lock.as_mut()) else {
+            return Ok(());
+        };
+        match lock.acquire(duration).await {
+            Ok(()) => {
+                self.lock_problem = None;
+                Ok(())
+            }
+            Err(why) => {
+                let why = format!("not starting as the primary: {why}");
+                self.lock_problem = Some(why.clone());
+                Err(why)
+            }
+        }
+    }
+
     /// A former primary's data, `primary` now current: once `primary` reports ready as the
     /// primary, rejoin as its standby (`standby.signal`, `primary_conninfo`,
     /// `recovery_target_timeline = 'latest'` are written before the start). Returns why not
@@ -559,6 +684,22 @@ impl Agent {
         }
         let address = resolve_primary(&self.pods, &self.config, primary).await?;
         self.write_passfile()?;
+        // Its history may have forked from the new primary's (writes after the last WAL the
+        // new primary received): rewind to the fork point; re-clone when that fails.
+        self.role_problem = Some(format!("rewinding to follow the new primary {primary}"));
+        let _ = self.report().await;
+        let user = self.replication_user();
+        let passfile = self.passfile();
+        if let Err(e) = self
+            .engine
+            .rewind_from(&address.host, address.port, &user, &passfile)
+            .await
+        {
+            tracing::error!("{e}");
+            self.move_data_aside().map_err(|e| e.one_line())?;
+            return Err(format!("{e}; moved the data aside to clone the primary"));
+        }
+        self.rejoining = true;
         tracing::info!(%primary, %address, "this instance holds a former primary's data: rejoining as a standby of the new primary");
         self.primary_address = Some(address);
         self.conninfo_applied = None;
@@ -723,9 +864,13 @@ impl Agent {
         if let Err(e) = self.write_passfile() {
             return Err(Error::DataDir(e));
         }
-        let conninfo = self
-            .known_primary_address()
-            .map(|address| self.conninfo_for(&address));
+        let conninfo = if self.view().failed_primary.is_some() {
+            // Failover under way: start without streaming (the position stays final).
+            Some(String::new())
+        } else {
+            self.known_primary_address()
+                .map(|address| self.conninfo_for(&address))
+        };
         self.engine
             .write_standby_settings(conninfo.as_deref())
             .map_err(Error::DataDir)?;
@@ -841,8 +986,26 @@ impl Agent {
                         Action::Reclone => tracing::warn!(
                             "the former primary did not stream within {REJOIN_TIMEOUT:?} (its history may have forked): stopping it to re-clone"
                         ),
+                        Action::Fence(reason) => {
+                            tracing::warn!("fencing: {reason}; fast shutdown of the engine now");
+                            self.role_problem = Some(format!("fenced: {reason}"));
+                        }
                     }
-                    let clean = self.stop(&mut child).await;
+                    let clean = match &action {
+                        Action::Fence(_) => {
+                            let clean = self.stop_within(&mut child, FENCE_STOP_TIMEOUT).await;
+                            if let Some(lock) = self.lock.as_mut() {
+                                lock.drop_hold();
+                            }
+                            clean
+                        }
+                        _ => self.stop(&mut child).await,
+                    };
+                    if let (Action::Switchover(_), true, Some(lock)) =
+                        (&action, clean, self.lock.as_mut())
+                    {
+                        lock.release().await;
+                    }
                     tracing::info!(clean, "{} stopped for a role change", self.engine.name());
                     self.ready = false;
                     self.health.set_ready(false);
@@ -861,6 +1024,12 @@ impl Agent {
                 Exit::Signalled => {
                     tracing::info!("stopping on signal");
                     let clean = self.stop(&mut child).await;
+                    if clean
+                        && self.mode == Mode::Primary
+                        && let Some(lock) = self.lock.as_mut()
+                    {
+                        lock.release().await;
+                    }
                     self.ready = false;
                     self.health.set_ready(false);
                     let _ = tokio::time::timeout(Duration::from_secs(5), self.report()).await;
@@ -932,10 +1101,15 @@ impl Agent {
     /// Stops the engine: its fast-shutdown signal, then SIGKILL after [`STOP_TIMEOUT`].
     /// Returns whether it exited cleanly.
     async fn stop(&self, child: &mut Child) -> bool {
+        self.stop_within(child, STOP_TIMEOUT).await
+    }
+
+    /// [`Self::stop`] with SIGKILL after `timeout`.
+    async fn stop_within(&self, child: &mut Child, timeout: Duration) -> bool {
         let pid = child.id();
         let clean = if let Some(pid) = pid {
             process::signal(pid, self.engine.stop_signal());
-            match tokio::time::timeout(STOP_TIMEOUT, child.wait()).await {
+            match tokio::time::timeout(timeout, child.wait()).await {
                 Ok(Ok(status)) => {
                     tracing::info!("{} exited ({status})", self.engine.name());
                     status.success()
@@ -946,7 +1120,7 @@ impl Agent {
                 }
                 Err(_) => {
                     tracing::error!(
-                        "{} did not stop within {STOP_TIMEOUT:?}; killing it",
+                        "{} did not stop within {timeout:?}; killing it",
                         self.engine.name()
                     );
                     let _ = child.start_kill();
@@ -965,8 +1139,28 @@ impl Agent {
         let mut next_probe = tokio::time::Instant::now() + STARTING_PROBE_INTERVAL;
         let mut reaper = tokio::time::interval(Duration::from_secs(1));
         let mut was_ready = false;
+        let mut next_lock = tokio::time::Instant::now();
         loop {
+            // Only a primary under high availability tends the lock.
+            let lock_due = match (self.mode, self.view().lock_duration) {
+                (Mode::Primary, Some(_)) if self.lock.is_some() => Some(next_lock),
+                _ => None,
+            };
             tokio::select! {
+                // First: after a freeze (SIGSTOP) every timer is due, and a lapsed lock must
+                // stop the engine before anything else runs.
+                biased;
+                _ = sleep_until_opt(lock_due) => {
+                    if let Some(reason) = self.tend_lock().await {
+                        return Ok(Exit::Act(Action::Fence(reason)));
+                    }
+                    let interval = self
+                        .view()
+                        .lock_duration
+                        .map(renew_interval)
+                        .unwrap_or(PROBE_INTERVAL);
+                    next_lock = tokio::time::Instant::now() + interval;
+                }
                 status = child.wait() => {
                     return match status {
                         Ok(status) => Ok(Exit::Crashed(status)),
@@ -1013,6 +1207,67 @@ impl Agent {
         }
     }
 
+    /// The cluster as last seen (empty for the MySQL family).
+    fn view(&self) -> ClusterView {
+        self.cluster
+            .as_ref()
+            .map(|rx| rx.borrow().clone())
+            .unwrap_or_default()
+    }
+
+    /// Primary under high availability: renews the lock while the engine is healthy and no
+    /// failover away from this instance is under way. Returns why to fence, if so: a hold that
+    /// lapsed (checked before any request: after a freeze the answer must not depend on the
+    /// network), the lock held by another pod, or a failover away from here.
+    async fn tend_lock(&mut self) -> Option<String> {
+        let view = self.view();
+        let duration = view.lock_duration?;
+        if self.mode != Mode::Primary {
+            return None;
+        }
+        if let Some(why) = failover_away(&view, &self.config.pod_name) {
+            return Some(why);
+        }
+        let me = self.config.pod_name.clone();
+        let lock = self.lock.as_mut()?;
+        let had_hold = lock.lapses_at(duration).is_some();
+        if had_hold && !lock.held(duration) {
+            return Some(format!(
+                "the primary lock was not renewed within its renew deadline of {}ms ({})",
+                renew_deadline(duration).as_millis(),
+                self.lock_problem
+                    .clone()
+                    .unwrap_or_else(|| "no renewal attempt completed".into())
+            ));
+        }
+        if had_hold && let Some(holder) = lock.view.borrow().holder().filter(|h| *h != me) {
+            return Some(format!("the primary lock is held by {holder}"));
+        }
+        if let Some(error) = &self.engine_error {
+            // Unhealthy: let the lock lapse (and fence at the deadline) rather than keep
+            // a primary that does not serve.
+            self.lock_problem = Some(format!("not renewing the primary lock: {error}"));
+            return None;
+        }
+        match lock.acquire(duration).await {
+            Ok(()) => self.lock_problem = None,
+            Err(why) => {
+                if self.lock_problem.as_deref() != Some(why.as_str()) {
+                    tracing::warn!("renewing the primary lock: {why}");
+                }
+                let lapsed = had_hold && !lock.held(duration);
+                self.lock_problem = Some(why.clone());
+                if lapsed {
+                    return Some(format!(
+                        "the primary lock was not renewed within its renew deadline of {}ms ({why})",
+                        renew_deadline(duration).as_millis()
+                    ));
+                }
+            }
+        }
+        None
+    }
+
     /// Takes in the Secret's latest state, probes the engine and applies credentials.
     async fn tick(&mut self, fresh: &mut bool, was_ready: &mut bool) {
         let name = self.config.credentials_secret.clone();
@@ -1050,11 +1305,17 @@ impl Agent {
                     *fresh = false;
                 }
                 if self.mode == Mode::Replica {
-                    let promoted = match self.switchover_source() {
-                        Some(old) => self.try_promote(&old).await,
-                        None => {
-                            self.switchover_problem = None;
-                            false
+                    let view = self.view();
+                    let promoted = if view.failed_primary.is_some() {
+                        self.tick_failover(&view, &probe).await
+                    } else {
+                        self.failover_ack = None;
+                        match self.switchover_source() {
+                            Some(old) => self.try_promote(&old).await,
+                            None => {
+                                self.switchover_problem = None;
+                                false
+                            }
                         }
                     };
                     if !promoted {
@@ -1069,6 +1330,8 @@ impl Agent {
                     self.primary_address = None;
                     self.conninfo_applied = None;
                     self.rejoin_deadline = None;
+                    self.failover_ack = None;
+                    self.sync_applied = None;
                     if let Ok(after) = self.engine.probe().await {
                         probe = after;
                     }
@@ -1098,6 +1361,7 @@ impl Agent {
                 }
                 if primary && self.applied.is_some() {
                     self.apply_replication_role().await;
+                    self.apply_synchronous_standbys().await;
                 }
                 self.ready = self.applied.is_some() || !primary;
                 self.probe = Some(probe);
@@ -1123,10 +1387,18 @@ impl Agent {
             return;
         };
         let view = rx.borrow_and_update().clone();
+        let away = failover_away(&view, &self.config.pod_name);
         let (current, target) = (view.current_primary, view.target_primary);
         let me = self.config.pod_name.as_str();
         let mut problem = None;
         match (self.mode, current.as_deref()) {
+            (Mode::Primary, _) if away.is_some() => {
+                if self.action.is_none()
+                    && let Some(why) = away
+                {
+                    self.action = Some(Action::Fence(why));
+                }
+            }
             (Mode::Primary, Some(c)) if c == me => {
                 if let Some(t) = target.as_deref().filter(|t| *t != me)
                     && self.action.is_none()
@@ -1135,14 +1407,15 @@ impl Agent {
                     self.action = Some(Action::Switchover(t.to_string()));
                 }
             }
-            // Promoted in a switchover (targetPrimary names this pod): the primary until the
-            // operator names it. Otherwise (a failover, not implemented) keep running and say
-            // so: stopping would leave the cluster without a primary. A restarted agent
-            // rejoins as a standby.
-            (Mode::Primary, Some(other)) if target.as_deref() != Some(me) => {
-                problem = Some(format!(
-                    "status.currentPrimary names {other} without a switchover; demotion of a running primary is not supported yet"
-                ));
+            // Promoted in a switchover or failover (targetPrimary names this pod): the primary
+            // until the operator names it. Otherwise another pod is the primary: stop, and
+            // rejoin as its standby.
+            (Mode::Primary, Some(other))
+                if target.as_deref() != Some(me) && self.action.is_none() =>
+            {
+                self.action = Some(Action::Fence(format!(
+                    "status.currentPrimary names {other}"
+                )));
             }
             (Mode::Replica, Some(c)) if c == me => {
                 problem = Some(PROMOTION_UNSUPPORTED.to_string());
@@ -1158,6 +1431,79 @@ impl Agent {
             );
         }
         self.role_problem = problem;
+    }
+
+    /// Failover (`status.failedPrimary` set): stop streaming (the conninfo is emptied by
+    /// [`Self::tick_replica`]), report the final position for this epoch, and — once elected
+    /// (`targetPrimary` names this pod) — take the lock and promote. Returns whether it
+    /// promoted.
+    async fn tick_failover(&mut self, view: &ClusterView, probe: &Probe) -> bool {
+        let epoch = view.failover_epoch;
+        let stopped = self.conninfo_applied.as_deref() == Some("") && probe.wal_receiver.is_none();
+        if stopped && self.failover_ack != Some(epoch) {
+            tracing::info!(
+                epoch,
+                received = ?probe.received_lsn,
+                replayed = ?probe.replayed_lsn,
+                timeline = ?probe.timeline,
+                "failover: stopped streaming; reporting the final position"
+            );
+            self.failover_ack = Some(epoch);
+        }
+        let me = self.config.pod_name.clone();
+        if view.target_primary.as_deref() != Some(me.as_str()) || self.failover_ack != Some(epoch) {
+            self.switchover_problem = None;
+            return false;
+        }
+        if let (Some(duration), Some(lock)) = (view.lock_duration, self.lock.as_mut())
+            && let Err(why) = lock.acquire(duration).await
+        {
+            let why = format!("failover to this pod: {why}");
+            if self.switchover_problem.as_deref() != Some(why.as_str()) {
+                tracing::info!("{why}");
+            }
+            self.switchover_problem = Some(why);
+            return false;
+        }
+        tracing::info!(epoch, "elected by the operator: promoting");
+        match self.engine.promote().await {
+            Ok(()) => {
+                tracing::info!("promoted: running as the primary");
+                // Promotion took time: renew at once rather than at the next lock tick.
+                if let (Some(duration), Some(lock)) = (view.lock_duration, self.lock.as_mut())
+                    && let Err(why) = lock.acquire(duration).await
+                {
+                    tracing::warn!("renewing the primary lock after promotion: {why}");
+                }
+                true
+            }
+            Err(e) => {
+                self.switchover_problem = Some(format!("failover to this pod: promoting: {e}"));
+                false
+            }
+        }
+    }
+
+    /// Primary: `synchronous_standby_names` in line with `spec.replication.synchronous`.
+    async fn apply_synchronous_standbys(&mut self) {
+        if self.cluster.is_none() {
+            return; // PostgreSQL only
+        }
+        let desired = synchronous_standby_names(&self.view(), &self.config.pod_name);
+        if self.sync_applied.as_deref() == Some(desired.as_str()) {
+            return;
+        }
+        match self.engine.set_synchronous_standby_names(&desired).await {
+            Ok(()) => {
+                tracing::info!(synchronous_standby_names = %desired, "synchronous replication set");
+                self.sync_applied = Some(desired);
+            }
+            Err(e) => {
+                let message = format!("setting synchronous_standby_names: {e}");
+                tracing::error!("{message}");
+                self.replication_apply_error = Some(message);
+            }
+        }
     }
 
     /// The old primary when this replica is a switchover's target (`targetPrimary` names
@@ -1184,6 +1530,12 @@ impl Agent {
                 Some(final_lsn) => match self.engine.switchover_progress(&final_lsn).await {
                     Ok(Some(why)) => format!("switchover to this pod: {why}"),
                     Err(e) => format!("switchover to this pod: {e}"),
+                    Ok(None) if self.gate_primary(self.view().lock_duration).await.is_err() => {
+                        format!(
+                            "switchover to this pod: {}",
+                            self.lock_problem.clone().unwrap_or_default()
+                        )
+                    }
                     Ok(None) => {
                         tracing::info!(%final_lsn, %old, "replayed the old primary's shutdown checkpoint: promoting");
                         match self.engine.promote().await {
@@ -1210,7 +1562,9 @@ impl Agent {
         if let Err(e) = self.write_passfile() {
             return Some(e);
         }
-        if !matches!(self.config.primary_from, PrimaryFrom::Annotation) {
+        if !matches!(self.config.primary_from, PrimaryFrom::Annotation)
+            || self.view().failed_primary.is_some()
+        {
             return None;
         }
         let current = self
@@ -1236,25 +1590,42 @@ impl Agent {
     /// reload), and the replica is ready only while it streams.
     async fn tick_replica(&mut self, probe: Probe, resolve_problem: Option<String>) {
         let mut conninfo_error = None;
-        if let Some(address) = self.known_primary_address() {
-            let conninfo = self.conninfo_for(&address);
-            if self.conninfo_applied.as_deref() != Some(conninfo.as_str()) {
-                match self.engine.set_primary_conninfo(&conninfo).await {
-                    Ok(()) => {
-                        tracing::info!(%address, "primary_conninfo set; configuration reloaded");
-                        self.conninfo_applied = Some(conninfo);
+        let failing_over = self.view().failed_primary.is_some();
+        let desired = if failing_over {
+            // Failover: stop the WAL receiver so the position reported is final.
+            Some(String::new())
+        } else {
+            self.known_primary_address()
+                .map(|address| self.conninfo_for(&address))
+        };
+        if let Some(conninfo) = desired
+            && self.conninfo_applied.as_deref() != Some(conninfo.as_str())
+        {
+            match self.engine.set_primary_conninfo(&conninfo).await {
+                Ok(()) => {
+                    if conninfo.is_empty() {
+                        tracing::info!("primary_conninfo emptied: WAL receiver stopped");
+                    } else {
+                        tracing::info!("primary_conninfo set; configuration reloaded");
                     }
-                    Err(e) => {
-                        tracing::error!("setting primary_conninfo: {e}");
-                        conninfo_error = Some(format!("setting primary_conninfo: {e}"));
-                    }
+                    self.conninfo_applied = Some(conninfo);
+                }
+                Err(e) => {
+                    tracing::error!("setting primary_conninfo: {e}");
+                    conninfo_error = Some(format!("setting primary_conninfo: {e}"));
                 }
             }
         }
         self.ready = probe.is_streaming();
+        if probe.wal_receiver.is_some() && probe.timeline.is_some() {
+            self.stream_timeline = probe.timeline;
+        }
         if self.ready {
             if self.rejoin_deadline.take().is_some() {
                 tracing::info!("the former primary streams from the new primary");
+            }
+            if std::mem::take(&mut self.rejoining) {
+                self.publish_rejoined().await;
             }
         } else if self.rejoin_deadline.is_some_and(|d| Instant::now() >= d) && self.action.is_none()
         {
@@ -1262,6 +1633,14 @@ impl Agent {
         }
         self.replica_problem = if self.ready {
             None
+        } else if failing_over {
+            let show = |lsn: &Option<String>| lsn.clone().unwrap_or_else(|| "none".into());
+            Some(format!(
+                "failover (epoch {}): streaming stopped at received {}, replayed {}",
+                self.view().failover_epoch,
+                show(&probe.received_lsn),
+                show(&probe.replayed_lsn)
+            ))
         } else {
             let from = self
                 .known_primary_address()
@@ -1282,6 +1661,36 @@ impl Agent {
         }
         .or(conninfo_error);
         self.probe = Some(probe);
+    }
+
+    /// Event `Rejoined` on the cluster: a former primary streams from the new one.
+    async fn publish_rejoined(&self) {
+        let view = self.view();
+        let reference = ObjectReference {
+            api_version: Some(format!("{}/v1beta1", devctl_api::DB_GROUP)),
+            kind: Some("DatabaseCluster".into()),
+            name: Some(self.config.cluster.clone()),
+            namespace: Some(self.config.pod_namespace.clone()),
+            uid: view.uid.clone(),
+            ..Default::default()
+        };
+        let pod = &self.config.pod_name;
+        let primary = view.current_primary.unwrap_or_default();
+        let event = ClusterEvent {
+            type_: EventType::Normal,
+            reason: "Rejoined".into(),
+            note: Some(format!(
+                "{pod} rejoined as a standby of {primary} (rewound from its former primary's data)"
+            )),
+            action: format!("Rejoin {pod}"),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &reference).await {
+            tracing::warn!(
+                "publishing the Rejoined event: {}",
+                one_line(&e.to_string())
+            );
+        }
     }
 
     /// Primary: the replication role in line with the replication Secret, once the app
@@ -1325,7 +1734,10 @@ impl Agent {
             },
             ready: self.ready && !stopped_for_switchover,
             system_identifier: probe.system_identifier,
-            timeline: probe.timeline,
+            timeline: match (self.mode, probe.timeline, self.stream_timeline) {
+                (Mode::Replica, Some(probed), Some(streamed)) => Some(probed.max(streamed)),
+                (_, probed, _) => probed,
+            },
             received_lsn: probe.received_lsn,
             replayed_lsn: probe.replayed_lsn,
             lag_bytes: probe.lag_bytes,
@@ -1345,6 +1757,9 @@ impl Agent {
                 .or_else(|| self.replication_invalid.clone())
                 .or_else(|| self.replication_apply_error.clone()),
             final_lsn: self.final_lsn.clone(),
+            failover_epoch: self
+                .failover_ack
+                .filter(|_| self.mode == Mode::Replica && self.view().failed_primary.is_some()),
             credentials_version: match self.mode {
                 Mode::Primary => self.applied.clone(),
                 // Replicas do not apply credentials: the roles replicate from the primary
@@ -1376,5 +1791,40 @@ impl Agent {
                 Ok(None)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synchronous_standbys_are_the_other_instances_by_name() {
+        let mut view = ClusterView {
+            replicas: 3,
+            synchronous: Some(("ANY".into(), 1)),
+            ..Default::default()
+        };
+        assert_eq!(
+            synchronous_standby_names(&view, "db-1"),
+            r#"ANY 1 ("db-0", "db-2")"#
+        );
+        view.replicas = 1;
+        assert_eq!(synchronous_standby_names(&view, "db-0"), "");
+        view.synchronous = None;
+        view.replicas = 3;
+        assert_eq!(synchronous_standby_names(&view, "db-0"), "");
+    }
+
+    #[test]
+    fn only_the_failed_primary_is_told_to_step_down() {
+        let view = ClusterView {
+            failed_primary: Some("db-0".into()),
+            failover_epoch: 2,
+            ..Default::default()
+        };
+        assert!(failover_away(&view, "db-0").is_some_and(|m| m.contains("epoch 2")));
+        assert_eq!(failover_away(&view, "db-1"), None);
+        assert_eq!(failover_away(&ClusterView::default(), "db-0"), None);
     }
 }

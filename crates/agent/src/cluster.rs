@@ -21,8 +21,21 @@ pub struct ClusterView {
     pub exists: bool,
     /// `status.currentPrimary`, when set and non-empty.
     pub current_primary: Option<String>,
-    /// `status.targetPrimary` (a planned switchover's target), when set and non-empty.
+    /// `status.targetPrimary` (a switchover's or failover's target, or `pending`), when set
+    /// and non-empty.
     pub target_primary: Option<String>,
+    /// `status.failedPrimary`: the primary a failover under way replaces.
+    pub failed_primary: Option<String>,
+    /// `status.failoverEpoch` (0 before the first failover).
+    pub failover_epoch: i64,
+    /// `spec.highAvailability`: the primary lock's duration, when enabled.
+    pub lock_duration: Option<std::time::Duration>,
+    /// `spec.replicas`.
+    pub replicas: i32,
+    /// `spec.replication.synchronous` as (`ANY`/`FIRST`, number).
+    pub synchronous: Option<(String, i32)>,
+    /// `metadata.uid` (for events about the cluster).
+    pub uid: Option<String>,
     /// The last watch error (message, forbidden) since the last successful event.
     pub error: Option<(String, bool)>,
 }
@@ -43,6 +56,34 @@ pub fn current_primary(object: &DynamicObject) -> Option<String> {
 /// `status.targetPrimary` of a DatabaseCluster object.
 pub fn target_primary(object: &DynamicObject) -> Option<String> {
     status_string(object, "targetPrimary")
+}
+
+/// The primary lock's duration when `spec.highAvailability.enabled`.
+pub fn lock_duration(object: &DynamicObject) -> Option<std::time::Duration> {
+    let ha = object.data.get("spec")?.get("highAvailability")?;
+    if !ha.get("enabled")?.as_bool()? {
+        return None;
+    }
+    let timeout = ha
+        .get("failoverTimeout")
+        .and_then(|t| t.as_str())
+        .unwrap_or("30s");
+    devctl_api::database_cluster::parse_seconds_or_minutes(timeout)
+}
+
+/// `spec.replication.synchronous` as (`ANY`/`FIRST`, number).
+pub fn synchronous(object: &DynamicObject) -> Option<(String, i32)> {
+    let sync = object
+        .data
+        .get("spec")?
+        .get("replication")?
+        .get("synchronous")?;
+    let method = match sync.get("method").and_then(|m| m.as_str()) {
+        Some("first") => "FIRST",
+        _ => "ANY",
+    };
+    let number = sync.get("number").and_then(|n| n.as_i64()).unwrap_or(1);
+    Some((method.to_string(), i32::try_from(number).ok()?))
 }
 
 fn status_string(object: &DynamicObject, field: &str) -> Option<String> {
@@ -68,6 +109,17 @@ pub fn watch_cluster(client: kube::Client, config: &Config) -> watch::Receiver<C
         view.exists = object.is_some();
         view.current_primary = object.and_then(current_primary);
         view.target_primary = object.and_then(target_primary);
+        view.failed_primary = object.and_then(|o| status_string(o, "failedPrimary"));
+        view.failover_epoch = object
+            .and_then(|o| o.data.get("status")?.get("failoverEpoch")?.as_i64())
+            .unwrap_or(0);
+        view.lock_duration = object.and_then(lock_duration);
+        view.replicas = object
+            .and_then(|o| o.data.get("spec")?.get("replicas")?.as_i64())
+            .and_then(|r| i32::try_from(r).ok())
+            .unwrap_or(1);
+        view.synchronous = object.and_then(synchronous);
+        view.uid = object.and_then(|o| o.metadata.uid.clone());
         view.error = None;
     };
     tokio::spawn(async move {
@@ -224,6 +276,22 @@ mod tests {
         object.data =
             serde_json::json!({ "status": { "currentPrimary": "db-0", "targetPrimary": "db-1" } });
         assert_eq!(target_primary(&object).as_deref(), Some("db-1"));
+    }
+
+    #[test]
+    fn reads_high_availability_and_synchronous_replication() {
+        let mut object = DynamicObject::new("db", &database_cluster_resource());
+        object.data = serde_json::json!({ "spec": { "highAvailability": { "enabled": false } } });
+        assert_eq!(lock_duration(&object), None);
+        object.data = serde_json::json!({ "spec": {
+            "highAvailability": { "enabled": true, "failoverTimeout": "2m" },
+            "replication": { "synchronous": { "method": "first", "number": 2 } }
+        } });
+        assert_eq!(
+            lock_duration(&object),
+            Some(std::time::Duration::from_secs(120))
+        );
+        assert_eq!(synchronous(&object), Some(("FIRST".to_string(), 2)));
     }
 
     #[test]

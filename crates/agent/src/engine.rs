@@ -434,7 +434,12 @@ impl Engine {
                 ],
             ),
         };
-        let envs = [("PGCONNECT_TIMEOUT", "5".to_string())];
+        // The agent's own writes (roles, settings) never wait for a synchronous standby: a
+        // freshly promoted primary applies them before any standby follows it.
+        let envs = [
+            ("PGCONNECT_TIMEOUT", "5".to_string()),
+            ("PGOPTIONS", "-c synchronous_commit=local".to_string()),
+        ];
         let output =
             process::run(&program, &args, &envs, &c.run_dir, sql.as_bytes(), timeout).await?;
         if output.status.success() {
@@ -483,7 +488,9 @@ impl Engine {
     }
 
     /// PostgreSQL: creates (or updates) the replication role from `replication` and makes
-    /// sure it can read no database: `CONNECT` on the app database goes to its owner only,
+    /// sure it can read no application database (it may connect to the empty `postgres`
+    /// database and run the file functions `pg_rewind` needs — what physical replication
+    /// already gives it): `CONNECT` on the app database goes to its owner only,
     /// and no database is connectable by `PUBLIC` (the superuser connects regardless).
     /// Physical replication connections need no `CONNECT` privilege.
     pub async fn apply_replication_role(
@@ -509,7 +516,9 @@ impl Engine {
              SELECT 'CREATE ROLE \"{user}\" WITH REPLICATION LOGIN' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{user}')\\gexec\n\
              ALTER ROLE \"{user}\" WITH REPLICATION LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS PASSWORD '{verifier}';\n\
              SELECT format('REVOKE CONNECT, TEMPORARY ON DATABASE %I FROM PUBLIC', datname) FROM pg_database WHERE datallowconn\\gexec\n\
-             SELECT 'GRANT CONNECT, TEMPORARY ON DATABASE \"{app_db}\" TO \"{app_user}\"' WHERE EXISTS (SELECT FROM pg_database WHERE datname = '{app_db}')\\gexec\n"
+             SELECT 'GRANT CONNECT, TEMPORARY ON DATABASE \"{app_db}\" TO \"{app_user}\"' WHERE EXISTS (SELECT FROM pg_database WHERE datname = '{app_db}')\\gexec\n\
+             GRANT CONNECT ON DATABASE postgres TO \"{user}\";\n\
+             GRANT EXECUTE ON FUNCTION pg_catalog.pg_ls_dir(text, boolean, boolean), pg_catalog.pg_stat_file(text, boolean), pg_catalog.pg_read_binary_file(text), pg_catalog.pg_read_binary_file(text, bigint, bigint, boolean) TO \"{user}\";\n"
         );
         self.admin_sql(&sql).await.map(|_| ())
     }
@@ -617,6 +626,66 @@ impl Engine {
             quote_setting(conninfo)
         );
         self.admin_sql(&sql).await.map(|_| ())
+    }
+
+    /// On the primary: `synchronous_standby_names` through `ALTER SYSTEM` and a reload.
+    pub async fn set_synchronous_standby_names(&self, value: &str) -> Result<(), String> {
+        let sql = format!(
+            "ALTER SYSTEM SET synchronous_standby_names = {};\nSELECT pg_reload_conf();\n",
+            quote_setting(value)
+        );
+        self.admin_sql(&sql).await.map(|_| ())
+    }
+
+    /// PostgreSQL, engine stopped: rewinds this former primary's data to the point where its
+    /// history forked from the primary at `host:port` (`pg_rewind`, as `user` with the
+    /// password from `passfile`; a data directory not shut down cleanly is first recovered in
+    /// single-user mode with our configuration file). The data then needs `standby.signal`
+    /// and a `primary_conninfo` to follow the primary.
+    pub async fn rewind_from(
+        &self,
+        host: &str,
+        port: u16,
+        user: &str,
+        passfile: &Path,
+    ) -> Result<(), String> {
+        let Binaries::Postgres { dir } = &self.bins else {
+            return Err("rewinding is only supported for PostgreSQL".into());
+        };
+        let program = dir.join("pg_rewind");
+        if !is_executable(&program) {
+            return Err(format!("{} not found", program.display()));
+        }
+        let data = &self.config.data_dir;
+        let source = format!(
+            "host={host} port={port} user={user} dbname=postgres passfile={} connect_timeout=10 application_name={}-rewind",
+            passfile.display(),
+            self.config.pod_name
+        );
+        let args = vec![
+            format!("--target-pgdata={}", data.display()),
+            format!("--source-server={source}"),
+            format!(
+                "--config-file={}",
+                self.config.config_file(PG_CONF).display()
+            ),
+            "--progress".into(),
+        ];
+        tracing::info!(command = %program.display(), %host, port, "rewinding the former primary");
+        let envs = [("LC_ALL", "C".to_string()), ("LANG", "C".to_string())];
+        let cwd = data.parent().unwrap_or(data);
+        let output = process::run(&program, &args, &envs, cwd, b"", CLONE_TIMEOUT).await?;
+        for line in output.stdout.lines().chain(output.stderr.lines()) {
+            tracing::info!(target: "rewind", "{line}");
+        }
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "pg_rewind from {host}:{port} failed: {}",
+                output.error_line()
+            ))
+        }
     }
 
     /// PostgreSQL: clones the primary at `host:port` into an empty data directory with

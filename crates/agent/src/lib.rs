@@ -133,6 +133,7 @@ pub mod credentials;
 pub mod engine;
 pub mod error;
 pub mod health;
+pub mod lease;
 pub mod process;
 pub mod report;
 

@@ -108,6 +108,11 @@ pub struct InstanceStatus {
     /// operator clears `CredentialsRegenerated` once every instance reports the current one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_version: Option<String>,
+    /// Failover: the `status.failoverEpoch` for which this replica has stopped its WAL
+    /// receiver; its `timeline`, `receivedLSN` and `replayedLSN` are then final, and the
+    /// operator elects the most advanced replica from them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover_epoch: Option<i64>,
 }
 
 impl InstanceStatus {
@@ -130,6 +135,20 @@ pub const ROLE_LABEL: &str = "db.devctl.io/role";
 
 /// Roles reported in [`InstanceStatus::role`] and set in [`ROLE_LABEL`].
 pub const ROLE_PRIMARY: &str = "primary";
+
+/// Suffix of the primary lock: the `coordination.k8s.io/v1` Lease `<cluster>-primary`
+/// (created by the operator when `spec.highAvailability.enabled`; holder = the primary's pod).
+/// Only its holder may run as the primary; see docs/failover.md.
+pub const PRIMARY_LEASE_SUFFIX: &str = "-primary";
+
+/// The name of a cluster's primary lock.
+pub fn primary_lease_name(cluster: &str) -> String {
+    format!("{cluster}{PRIMARY_LEASE_SUFFIX}")
+}
+
+/// `status.targetPrimary` while a failover waits for the replicas' final positions, before
+/// the operator has elected the new primary.
+pub const TARGET_PENDING: &str = "pending";
 pub const ROLE_REPLICA: &str = "replica";
 
 #[cfg(test)]
@@ -152,6 +171,7 @@ mod tests {
             last_error: Some("x".into()),
             credentials_version: Some("42".into()),
             final_lsn: Some("0/3000060".into()),
+            failover_epoch: Some(2),
         };
         let json = serde_json::to_value(&status).unwrap();
         let mut keys: Vec<&str> = json
@@ -167,6 +187,7 @@ mod tests {
                 "address",
                 "credentialsVersion",
                 "engineVersion",
+                "failoverEpoch",
                 "finalLSN",
                 "heartbeat",
                 "lagBytes",

@@ -19,6 +19,8 @@ pub const MAX: Duration = Duration::from_secs(300);
 #[derive(Default)]
 pub struct Backoff {
     failures: Mutex<HashMap<String, u32>>,
+    /// Deadlines a failed reconcile must still meet (a lock's expiry), by object key.
+    deadlines: Mutex<HashMap<String, Duration>>,
 }
 
 impl Backoff {
@@ -32,12 +34,32 @@ impl Backoff {
         };
         let base = delay_for(failures);
         let jitter = rand::rng().random_range(0.9..=1.1);
-        base.mul_f64(jitter).min(MAX)
+        let deadline = self
+            .deadlines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key)
+            .unwrap_or(MAX);
+        base.mul_f64(jitter).min(MAX).min(deadline)
+    }
+
+    /// The next retry of `key`, should this reconcile fail, comes no later than `within`: a
+    /// failing child must not postpone what only time reveals (a primary that stopped
+    /// renewing its lock).
+    pub fn retry_within(&self, key: &str, within: Duration) {
+        self.deadlines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.to_string(), within);
     }
 
     /// Forgets the failures of `key` after a successful reconcile.
     pub fn reset(&self, key: &str) {
         self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+        self.deadlines
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);
@@ -82,5 +104,16 @@ mod tests {
         assert_eq!(backoff.failures("ns/a"), 0);
         let first = backoff.next_delay("ns/a");
         assert!(first >= Duration::from_millis(900) && first <= Duration::from_millis(1100));
+    }
+
+    #[test]
+    fn a_deadline_caps_the_next_retry_only() {
+        let backoff = Backoff::default();
+        for _ in 0..10 {
+            backoff.next_delay("ns/a");
+        }
+        backoff.retry_within("ns/a", Duration::from_secs(3));
+        assert_eq!(backoff.next_delay("ns/a"), Duration::from_secs(3));
+        assert!(backoff.next_delay("ns/a") > Duration::from_secs(200));
     }
 }

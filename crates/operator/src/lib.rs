@@ -22,6 +22,7 @@ pub mod web_app;
 use futures::stream::BoxStream;
 use futures::{Future, FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
@@ -48,6 +49,13 @@ pub fn child_caches(client: kube::Client, namespace: Option<String>) -> CachesBu
         .add::<PodDisruptionBudget>()
         .add_with_owner::<PersistentVolumeClaim>(database_cluster::labelled_owner)
         .add_trimmed::<Pod>(database_cluster::labelled_owner, database_cluster::trim_pod)
+        // Agents renew the primary lock every second or so: only a new holder is news, and
+        // the cache's change times are how the operator notices a lock nobody renews.
+        .add_observed::<Lease>(
+            children::caches::controller_owner::<Lease>,
+            reconciler::prune::<Lease>,
+            database_cluster::resources::lease::significant,
+        )
 }
 
 /// The caches of every watch scope, running before (and independently of) leadership, so a

@@ -47,6 +47,9 @@ const OWN: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
 ///   delete (ordered replacement after a template change: the StatefulSet uses `OnDelete`);
 /// - the agents' ServiceAccount, Role and RoleBinding per cluster: owned like other
 ///   children (the operator holds every right those Roles grant);
+/// - Leases: a cluster's primary lock is a child like the others (watched to notice a
+///   primary that stops renewing it), plus `update`, which the operator never uses but
+///   grants the agents (they take and renew the lock with it);
 /// - events.k8s.io events: create and patch (the recorder folds repeats into series).
 pub const RULES: &[Rule] = &[
     Rule {
@@ -113,6 +116,13 @@ pub const RULES: &[Rule] = &[
         group: "rbac.authorization.k8s.io",
         resources: &["roles", "rolebindings"],
         verbs: OWN,
+    },
+    Rule {
+        group: "coordination.k8s.io",
+        resources: &["leases"],
+        verbs: &[
+            "get", "list", "watch", "create", "patch", "delete", "update",
+        ],
     },
     Rule {
         group: "events.k8s.io",

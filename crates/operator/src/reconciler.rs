@@ -51,15 +51,36 @@ where
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
+    write_status_at(ctx, object, status, None).await
+}
+
+/// [`write_status`], refused by the API server (409) unless the object is still at
+/// `resource_version`.
+async fn write_status_at<K>(
+    ctx: &Context,
+    object: &K,
+    status: serde_json::Value,
+    resource_version: Option<&str>,
+) -> Result<()>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
     let namespace = object
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
-    let body = json!({
+    let mut body = json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),
         "status": status,
     });
+    if let Some(resource_version) = resource_version {
+        body["metadata"] =
+            json!({ "name": object.name_any(), "resourceVersion": resource_version });
+    }
     api.patch_status(
         &object.name_any(),
         &PatchParams::apply(FIELD_MANAGER).force(),
@@ -283,6 +304,30 @@ where
         .boxed()
 }
 
+/// An event that announces a step the status records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Announcement {
+    pub type_: EventType,
+    pub reason: &'static str,
+    pub action: String,
+    pub note: String,
+}
+
+/// A step of a procedure kept in the status (a switchover or failover moving on). Its status
+/// write carries the object's `resourceVersion` as precondition: a reconcile that read an
+/// outdated status (its own last write not yet in the cache) cannot take the step a second
+/// time. Its events are published only once that write succeeded, so each is published
+/// exactly once, whatever restarts or retries happen around it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Transition {
+    pub resource_version: Option<String>,
+    pub events: Vec<Announcement>,
+}
+
+/// How soon a reconcile whose transition met a newer object runs again: status writes do
+/// not trigger reconciles, so nothing else would bring it back soon.
+const STALE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// After a reconcile's children were converged (or failed to): writes the status if it
 /// changed (computed from what the reconcile changed, or its error; one request, so no reader
 /// sees a new `observedGeneration` without its conditions), publishes the `Applied` event
@@ -300,16 +345,67 @@ where
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
-    let status_written = match status(converged.as_deref()) {
-        Some(status) => write_status(ctx, object, status).await,
-        None => Ok(()),
+    report_transition(ctx, object, converged, status, None, None)
+        .await
+        .map(|(action, _)| action)
+}
+
+/// [`report`] for a reconcile that may take a [`Transition`] and may have to look again
+/// `within` a deadline although no event may come; also says whether the transition was
+/// recorded (its status written).
+pub async fn report_transition<K>(
+    ctx: &Context,
+    object: &K,
+    converged: Result<Vec<Change>>,
+    status: impl FnOnce(Result<&[Change], &Error>) -> Option<serde_json::Value>,
+    transition: Option<Transition>,
+    within: Option<std::time::Duration>,
+) -> Result<(Action, bool)>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let precondition = transition
+        .as_ref()
+        .map(|t| t.resource_version.clone().unwrap_or_default());
+    // Unchanged status with a transition: it was recorded before, so it is not news.
+    let (status_written, recorded) = match status(converged.as_deref()) {
+        Some(status) => {
+            let written = write_status_at(ctx, object, status, precondition.as_deref()).await;
+            let recorded = transition.is_some() && written.is_ok();
+            (written, recorded)
+        }
+        None => (Ok(()), false),
     };
+    if recorded {
+        for event in transition.into_iter().flat_map(|t| t.events) {
+            publish(
+                ctx,
+                object,
+                event.type_,
+                event.reason,
+                &event.action,
+                event.note,
+            )
+            .await;
+        }
+    }
+    let requeue =
+        |after: std::time::Duration| Action::requeue(within.map_or(after, |w| w.min(after)));
+    let stale = matches!(&status_written, Err(Error::Kube(kube::Error::Api(s))) if s.code == 409)
+        && precondition.is_some();
     match converged {
         Ok(changes) => {
             publish_applied(ctx, object, &changes).await;
+            if stale {
+                tracing::debug!(object = %key(object), "the object changed since this reconcile read it; the step is retried");
+                return Ok((requeue(STALE_RETRY), false));
+            }
             status_written?;
             ctx.backoff.reset(&key(object));
-            Ok(Action::requeue(ctx.settings.health_requeue))
+            Ok((requeue(ctx.settings.health_requeue), recorded))
         }
         Err(error) => {
             if let Err(status_error) = status_written {

@@ -59,7 +59,16 @@ fn expected_children(db: &DatabaseCluster) -> Vec<(&'static str, String)> {
     }
     if db.spec.replicas > 1 {
         expected.push(("Service", format!("{name}-ro")));
-        expected.push(("PodDisruptionBudget", name));
+        expected.push(("PodDisruptionBudget", name.clone()));
+    }
+    // The primary lock exists only with high availability (PostgreSQL).
+    let high_availability = db
+        .spec
+        .high_availability
+        .as_ref()
+        .is_some_and(|ha| ha.enabled);
+    if high_availability && db.spec.engine == devctl_api::database_cluster::Engine::Postgres {
+        expected.push(("Lease", devctl_api::instance::primary_lease_name(&name)));
     }
     expected
 }
@@ -106,6 +115,7 @@ async fn audit_namespace(client: &kube::Client, namespace: &str) -> Audit {
     collect!(k8s_openapi::api::core::v1::ServiceAccount, "ServiceAccount");
     collect!(k8s_openapi::api::rbac::v1::Role, "Role");
     collect!(k8s_openapi::api::rbac::v1::RoleBinding, "RoleBinding");
+    collect!(k8s_openapi::api::coordination::v1::Lease, "Lease");
     let mut audit = Audit {
         clusters: dbs.len(),
         children: live.len(),

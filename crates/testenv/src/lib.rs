@@ -20,7 +20,9 @@
 //! kwok runs nothing. A [`Cluster`]'s [`PodRunner`] backs the operator's database pods: by
 //! default with simulated ready reports ([`PodBacking::Simulated`], what [`shared_cluster`]
 //! does), or with real `devctl-agent` processes ([`PodBacking::Processes`],
-//! [`shared_process_cluster`]). See [`pod_runner`].
+//! [`shared_process_cluster`]). See [`pod_runner`]. For failover tests, the runner can also
+//! freeze, kill and hold, or cut off from the API server one pod's agent and its engine
+//! ([`PodRunner::freeze`], [`PodRunner::kill_and_hold`], [`PodRunner::partition`]).
 
 pub mod audit;
 pub mod binaries;
@@ -31,6 +33,7 @@ pub mod kubeconfig;
 pub mod pki;
 pub mod pod_runner;
 pub mod process;
+pub mod workload;
 
 use std::time::Duration;
 

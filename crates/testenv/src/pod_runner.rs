@@ -43,15 +43,46 @@
 //!   directory under `/tmp` readable by all (`/tmp/devctl-testenv-pods-*`), because as root
 //!   the agent runs as the image's user (`postgres` or `mysql`), which must reach it while
 //!   the control plane's directory is private.
+//!
+//! # Faults (process-backed pods)
+//! Failover tests hurt a pod's processes through its [`PodRunner`]. The methods are
+//! synchronous and can be called from any thread or runtime: each signals processes and
+//! changes the shared state itself, then blocks until the processes are stopped or continued,
+//! or the runner thread has applied the change (polling every 5 ms: milliseconds as a rule,
+//! 10 s at most). None of that needs the caller's runtime.
+//! - [`PodRunner::freeze`] / [`PodRunner::thaw`]: SIGSTOP / SIGCONT the agent, its process
+//!   group and every descendant (PostgreSQL's backends start sessions of their own, out of
+//!   the group), like a paused machine. A stopped agent has not exited: the runner records no
+//!   exit and restarts nothing. Stopping the pod or the runner sends SIGCONT after SIGTERM (a
+//!   stopped process acts on SIGTERM only once continued), an agent that ends has what it
+//!   left stopped continued, and the `atexit` hook continues what is still stopped.
+//! - [`PodRunner::kill_and_hold`] / [`PodRunner::release`]: SIGKILL the agent and every
+//!   process it started (all stopped first, so none forks or reacts meanwhile); the exit is
+//!   recorded like any other (`requested: false`, signal 9), and no agent starts for a pod of
+//!   that *name* until it is released (then at once, the hold standing in for the back-off).
+//!   A holding supervisor keeps its claims' locks: a replacement pod waits for them as
+//!   before, then for the release. Still one agent per claim.
+//! - [`PodRunner::partition`] / [`PodRunner::heal`]: agents reach the API server through a
+//!   TCP proxy of their pod's own ([`PodRunner::api_proxy`], `127.0.0.1:<port>`, one per pod
+//!   uid for its supervisor's life, named in the kubeconfig the agent gets). TLS passes
+//!   through untouched: the serving certificate is for `localhost` and `127.0.0.1`, whatever
+//!   the port. `partition` closes every connection the proxy forwards at once and from then
+//!   on accepts new ones but forwards nothing, like a dropped network (clients time out
+//!   rather than being refused); `heal` forwards again, the connections held meanwhile too
+//!   (as retransmissions would get through). A partition is keyed by pod *name*: set before
+//!   the pod exists or while it is replaced, it applies to every pod of that name until
+//!   healed. The operator, the tests, kwok and other pods talk to the API server directly.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -66,7 +97,9 @@ use kube::config::Kubeconfig;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Resource, ResourceExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
 
 use crate::kubeconfig::{self, Credentials};
 use crate::process::{self, free_port};
@@ -101,6 +134,14 @@ const POLL: Duration = Duration::from_millis(50);
 const AGENT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Patches in flight at once in Simulated mode.
 const SIMULATED_CONCURRENCY: usize = 8;
+/// How long fault methods wait for processes to stop or continue, or for the runner thread.
+const FAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often fault methods look.
+const FAULT_POLL: Duration = Duration::from_millis(5);
+/// Connections a partitioned proxy holds at most (the oldest are closed beyond).
+const MAX_HELD_CONNECTIONS: usize = 256;
+/// How long the proxy tries to reach the API server for a connection.
+const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What backs database pods in a [`crate::Cluster`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -174,7 +215,8 @@ pub struct Exit {
     /// Its last non-empty line of output (stdout and stderr share the log).
     pub last_line: Option<String>,
     /// The runner stopped it (pod deleted or replaced, claim deleted, runner stopping);
-    /// `false` for an agent that exited by itself (and is restarted).
+    /// `false` for an agent that exited by itself (and is restarted) or was killed by
+    /// [`PodRunner::kill_and_hold`].
     pub requested: bool,
 }
 
@@ -188,11 +230,32 @@ struct Shared {
     running: HashMap<String, u32>,
     /// `(namespace, claim)` → its directory.
     claims: HashMap<(String, String), PathBuf>,
+    /// `(namespace, pod)` whose agents must not start ([`PodRunner::kill_and_hold`]).
+    held: HashSet<(String, String)>,
+    /// `(namespace, pod)` whose proxies forward nothing ([`PodRunner::partition`]).
+    partitioned: HashSet<(String, String)>,
+    /// Agent pid → the processes [`PodRunner::freeze`] stopped (it included).
+    frozen: HashMap<u32, Vec<u32>>,
+    /// Pod uid → its API server proxy.
+    proxies: HashMap<String, ProxyRecord>,
 }
 
 struct PodRecord {
     uid: String,
     log: PathBuf,
+}
+
+struct ProxyRecord {
+    namespace: String,
+    name: String,
+    addr: SocketAddr,
+    /// The newest fault generation the proxy has applied.
+    applied: Arc<AtomicU64>,
+}
+
+/// The running agent of the newest pod named `key`.
+fn running_pid(shared: &Shared, key: &(String, String)) -> Option<u32> {
+    shared.running.get(&shared.pods.get(key)?.uid).copied()
 }
 
 type SharedState = Arc<Mutex<Shared>>;
@@ -210,6 +273,8 @@ pub struct PodRunner {
     processes: bool,
     keep_dir: bool,
     shared: SharedState,
+    /// The generation of the fault settings (held, partitioned), bumped on each change.
+    faults: Arc<watch::Sender<u64>>,
     shutdown: Option<watch::Sender<bool>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -254,6 +319,7 @@ impl PodRunner {
         make_dir(&root, None, 0o755)?;
         make_dir(&root.join("logs"), None, 0o755)?;
         let shared = SharedState::default();
+        let faults = Arc::new(watch::Sender::new(0));
         let (shutdown, shutdown_rx) = watch::channel(false);
         let processes = agent.is_some();
         let agent = match agent {
@@ -263,9 +329,10 @@ impl PodRunner {
         let thread = {
             let root = root.clone();
             let shared = shared.clone();
+            let faults = faults.clone();
             std::thread::Builder::new()
                 .name("testenv-pod-runner".into())
-                .spawn(move || run_thread(root, agent, connection, shared, shutdown_rx))
+                .spawn(move || run_thread(root, agent, connection, shared, faults, shutdown_rx))
                 .map_err(|e| Error::io("start the pod runner thread", e))?
         };
         tracing::info!(root = %root.display(), processes, "pod runner started");
@@ -274,6 +341,7 @@ impl PodRunner {
             processes,
             keep_dir,
             shared,
+            faults,
             shutdown: Some(shutdown),
             thread: Some(thread),
         }))
@@ -347,6 +415,237 @@ impl PodRunner {
         eventually(&what, timeout, || async { self.pid(namespace, pod) }).await
     }
 
+    /// The running agent of the newest pod named `pod` and every process it started (its
+    /// process group and all descendants, in other sessions too), parents first, without
+    /// zombies; empty when no agent runs.
+    pub fn agent_pids(&self, namespace: &str, pod: &str) -> Vec<u32> {
+        let shared = lock(&self.shared);
+        match running_pid(&shared, &(namespace.to_string(), pod.to_string())) {
+            Some(pid) => process_tree(pid),
+            None => Vec::new(),
+        }
+    }
+
+    /// The address of the API server proxy of the newest pod named `pod`, which its agent's
+    /// kubeconfig names (see [`Self::partition`]); `None` before its supervisor set it up.
+    pub fn api_proxy(&self, namespace: &str, pod: &str) -> Option<SocketAddr> {
+        let shared = lock(&self.shared);
+        let record = shared.pods.get(&(namespace.to_string(), pod.to_string()))?;
+        shared.proxies.get(&record.uid).map(|p| p.addr)
+    }
+
+    /// Stops (SIGSTOP) the running agent of the newest pod named `pod`, its process group and
+    /// every descendant (the engine: PostgreSQL's postmaster and its backends), parents
+    /// first, until no new process shows up; returns once all of them are stopped (state `T`).
+    /// The runner neither counts a stopped agent as exited nor restarts it. Freezing again
+    /// stops what started since. Fails when no agent runs, or when it ends meanwhile.
+    pub fn freeze(&self, namespace: &str, pod: &str) -> Result<(), Error> {
+        self.require_processes("freeze")?;
+        match self.stop_tree(&(namespace.to_string(), pod.to_string()))? {
+            Some(_) => Ok(()),
+            None => Err(Error::Process(format!(
+                "the agent of pod {namespace}/{pod} ended while it was being frozen"
+            ))),
+        }
+    }
+
+    /// Continues (SIGCONT) what [`Self::freeze`] stopped of the pod's running agent, and
+    /// everything else of its process tree; returns once none of them is stopped. `Ok` when
+    /// no agent runs: an agent that ended had what it left stopped continued.
+    pub fn thaw(&self, namespace: &str, pod: &str) -> Result<(), Error> {
+        self.require_processes("thaw")?;
+        let key = (namespace.to_string(), pod.to_string());
+        let continued = {
+            let mut shared = lock(&self.shared);
+            let Some(pid) = running_pid(&shared, &key) else {
+                return Ok(());
+            };
+            let frozen = shared.frozen.remove(&pid).unwrap_or_default();
+            let mut pids = process_tree(pid);
+            pids.extend(
+                frozen
+                    .iter()
+                    .filter(|p| !pids.contains(p))
+                    .collect::<Vec<_>>(),
+            );
+            // Children first: the agent finds its engine running when it runs again.
+            pids.reverse();
+            signal_all(&pids, libc::SIGCONT);
+            process::forget_stopped(&frozen);
+            pids
+        };
+        poll(
+            &format!("the processes of pod {namespace}/{pod} ({continued:?}) to continue"),
+            || continued.iter().all(|p| !is_stopped(*p)).then_some(()),
+        )
+    }
+
+    /// Kills (SIGKILL) the running agent of the newest pod named `pod` with its process group
+    /// and every descendant (stopped first, so none forks or reacts meanwhile), and starts no
+    /// agent for a pod of that name (a replacement too) until [`Self::release`]. Returns once
+    /// the runner has recorded the exit ([`Self::exits`]: `requested: false`, signal 9).
+    /// Without a running agent (between restarts, or not started yet) it only holds.
+    pub fn kill_and_hold(&self, namespace: &str, pod: &str) -> Result<(), Error> {
+        self.require_processes("kill_and_hold")?;
+        let key = (namespace.to_string(), pod.to_string());
+        lock(&self.shared).held.insert(key.clone());
+        self.faults.send_modify(|generation| *generation += 1);
+        let Some(pid) = running_pid(&lock(&self.shared), &key) else {
+            return Ok(());
+        };
+        // Best effort: the kill below does not depend on it.
+        if let Err(e) = self.stop_tree(&key) {
+            tracing::debug!(%namespace, %pod, error = %e, "pod runner: kill_and_hold could not stop every process first");
+        }
+        {
+            let mut shared = lock(&self.shared);
+            // Still our unreaped child while it is listed as running (it is reaped only
+            // after it is taken off the list, under this lock): its pid and group are ours.
+            if running_pid(&shared, &key) == Some(pid) {
+                let mut pids = process_tree(pid);
+                // SAFETY: kill(2) on the group the unreaped agent leads.
+                unsafe {
+                    libc::kill(-(pid as libc::pid_t), libc::SIGKILL);
+                }
+                let frozen = shared.frozen.remove(&pid).unwrap_or_default();
+                pids.extend(
+                    frozen
+                        .iter()
+                        .filter(|p| !pids.contains(p))
+                        .collect::<Vec<_>>(),
+                );
+                signal_all(&pids, libc::SIGKILL);
+                process::forget_stopped(&frozen);
+            }
+        }
+        poll(
+            &format!("the runner to record the exit of pod {namespace}/{pod}'s agent {pid}"),
+            || {
+                lock(&self.shared)
+                    .exits
+                    .get(&key)
+                    .is_some_and(|exits| exits.iter().any(|e| e.pid == pid))
+                    .then_some(())
+            },
+        )
+    }
+
+    /// Ends [`Self::kill_and_hold`] for pods named `pod`: the supervisor starts their agent
+    /// again at once (see [`Self::wait_running`]).
+    pub fn release(&self, namespace: &str, pod: &str) -> Result<(), Error> {
+        self.require_processes("release")?;
+        lock(&self.shared)
+            .held
+            .remove(&(namespace.to_string(), pod.to_string()));
+        self.faults.send_modify(|generation| *generation += 1);
+        Ok(())
+    }
+
+    /// Cuts the agents of pods named `pod` off from the API server: their proxies close
+    /// every connection they forward and, until [`Self::heal`], accept new ones but forward
+    /// nothing (clients time out). Keyed by name: it also applies to a pod of that name that
+    /// does not exist yet or replaces this one. Returns once every current proxy of that name
+    /// has closed its connections.
+    pub fn partition(&self, namespace: &str, pod: &str) -> Result<(), Error> {
+        self.require_processes("partition")?;
+        self.set_partitioned(namespace, pod, true)
+    }
+
+    /// Ends [`Self::partition`]: the proxies forward again, including the connections they
+    /// held meanwhile. Returns once every current proxy of that name forwards.
+    pub fn heal(&self, namespace: &str, pod: &str) -> Result<(), Error> {
+        self.require_processes("heal")?;
+        self.set_partitioned(namespace, pod, false)
+    }
+
+    fn require_processes(&self, what: &str) -> Result<(), Error> {
+        if self.processes {
+            Ok(())
+        } else {
+            Err(Error::Process(format!(
+                "PodRunner::{what} needs process-backed pods (PodBacking::Processes)"
+            )))
+        }
+    }
+
+    fn set_partitioned(&self, namespace: &str, pod: &str, on: bool) -> Result<(), Error> {
+        let key = (namespace.to_string(), pod.to_string());
+        {
+            let mut shared = lock(&self.shared);
+            if on {
+                shared.partitioned.insert(key.clone());
+            } else {
+                shared.partitioned.remove(&key);
+            }
+        }
+        let mut generation = 0;
+        self.faults.send_modify(|g| {
+            *g += 1;
+            generation = *g;
+        });
+        let what = if on { "partition" } else { "heal" };
+        poll(
+            &format!("the API proxies of pod {namespace}/{pod} to {what}"),
+            || {
+                lock(&self.shared)
+                    .proxies
+                    .values()
+                    .filter(|p| p.namespace == key.0 && p.name == key.1)
+                    .all(|p| p.applied.load(Ordering::SeqCst) >= generation)
+                    .then_some(())
+            },
+        )
+    }
+
+    /// SIGSTOPs the tree of the running agent of pod `key` in rounds (signal what is new,
+    /// wait until it is stopped) until a round finds nothing new; the agent's pid. `Err` when
+    /// no agent runs at first, `Ok(None)` when it ended meanwhile.
+    fn stop_tree(&self, key: &(String, String)) -> Result<Option<u32>, Error> {
+        let mut stopped: Vec<u32> = Vec::new();
+        let mut agent = None;
+        for _ in 0..20 {
+            let new = {
+                let mut shared = lock(&self.shared);
+                let pid = match (running_pid(&shared, key), agent) {
+                    (Some(pid), None) => pid,
+                    (Some(pid), Some(first)) if pid == first => pid,
+                    (_, Some(_)) => return Ok(None),
+                    (None, None) => {
+                        return Err(Error::Process(format!(
+                            "pod {}/{} has no running agent",
+                            key.0, key.1
+                        )));
+                    }
+                };
+                agent = Some(pid);
+                // Listed as running, so not reaped (see `kill_and_hold`): signalling its
+                // tree under the lock reaches no stranger.
+                let new: Vec<u32> = process_tree(pid)
+                    .into_iter()
+                    .filter(|p| !stopped.contains(p))
+                    .collect();
+                signal_all(&new, libc::SIGSTOP);
+                process::continue_at_exit(&new);
+                let frozen = shared.frozen.entry(pid).or_default();
+                frozen.extend(&new);
+                frozen.sort_unstable();
+                frozen.dedup();
+                new
+            };
+            if new.is_empty() {
+                return Ok(agent);
+            }
+            stopped.extend(&new);
+            poll(&format!("processes {new:?} to stop"), || {
+                new.iter().all(|p| is_stopped_or_gone(*p)).then_some(())
+            })?;
+        }
+        Err(Error::Process(format!(
+            "pod {}/{}: processes kept appearing while stopping them ({stopped:?})",
+            key.0, key.1
+        )))
+    }
+
     /// Stops every agent (SIGTERM, SIGKILL after [`SHUTDOWN_GRACE`]) and the runner thread.
     fn stop(&mut self) {
         if let Some(shutdown) = self.shutdown.take() {
@@ -357,6 +656,14 @@ impl PodRunner {
         {
             tracing::error!("the pod runner thread panicked");
         }
+        // Agents continue what they left stopped when they end; this is for a runner thread
+        // that did not end them.
+        let frozen: Vec<u32> = std::mem::take(&mut lock(&self.shared).frozen)
+            .into_values()
+            .flatten()
+            .collect();
+        signal_all(&frozen, libc::SIGCONT);
+        process::forget_stopped(&frozen);
     }
 }
 
@@ -380,6 +687,7 @@ fn run_thread(
     agent: Option<PathBuf>,
     connection: Connection,
     shared: SharedState,
+    faults: Arc<watch::Sender<u64>>,
     shutdown: watch::Receiver<bool>,
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -410,6 +718,7 @@ fn run_thread(
                     server_ca_pem: connection.server_ca_pem,
                     client,
                     shared,
+                    faults,
                     claim_locks: Mutex::default(),
                 });
                 Supervisor::new(ctx).run(shutdown).await;
@@ -710,6 +1019,7 @@ struct Ctx {
     server_ca_pem: String,
     client: kube::Client,
     shared: SharedState,
+    faults: Arc<watch::Sender<u64>>,
     /// Claim uid → the lock held by the supervisor whose agent uses that claim.
     claim_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -1313,14 +1623,27 @@ async fn run_pod(
             return;
         }
     };
+    // The agent's way to the API server, which `partition` cuts.
+    let proxy = match ApiProxy::start(&ctx, &namespace, &name, &uid, &log).await {
+        Ok(proxy) => proxy,
+        Err(why) => {
+            note(&log, &format!("no API proxy: {why}"));
+            return;
+        }
+    };
+    let key = (namespace.clone(), name.clone());
 
     let mut backoff = RESTART_BACKOFF_MIN;
     let mut starts = 0u32;
     loop {
+        if held(&ctx, &key) && wait_released(&ctx, &key, &log, &mut stop).await {
+            break;
+        }
         let launch = {
             let (ctx, pod, plan, claims, pod_dir) = (&ctx, &pod, &plan, &claims, &pod_dir);
+            let server = proxy.url.as_str();
             match retrying(&mut stop, &log, "start", || {
-                prepare(ctx, pod, plan, claims, pod_dir, ports)
+                prepare(ctx, pod, plan, claims, pod_dir, ports, server)
             })
             .await
             {
@@ -1328,10 +1651,34 @@ async fn run_pod(
                 None => break,
             }
         };
-        starts += 1;
-        let agent = match Agent::spawn(&ctx, &namespace, &name, &uid, &plan, launch, &log, starts) {
-            Ok(agent) => agent,
-            Err(why) => {
+        // Started and listed as running under the lock `kill_and_hold` sets the hold under:
+        // no agent starts once it returned.
+        let spawned = {
+            let mut shared = lock(&ctx.shared);
+            if shared.held.contains(&key) {
+                None
+            } else {
+                let spawned = Agent::spawn(
+                    &ctx,
+                    &namespace,
+                    &name,
+                    &uid,
+                    &plan,
+                    launch,
+                    &log,
+                    starts + 1,
+                );
+                if let Ok(agent) = &spawned {
+                    shared.running.insert(uid.clone(), agent.pid);
+                }
+                Some(spawned)
+            }
+        };
+        let agent = match spawned {
+            None => continue,
+            Some(Ok(agent)) => agent,
+            Some(Err(why)) => {
+                starts += 1;
                 note(&log, &format!("cannot start the agent: {why}"));
                 if stopped_within(&mut stop, backoff).await {
                     break;
@@ -1340,17 +1687,14 @@ async fn run_pod(
                 continue;
             }
         };
-        lock(&ctx.shared).running.insert(uid.clone(), agent.pid);
+        starts += 1;
+        // Taken off `running` (under the lock) before it is reaped.
         let exit = agent.supervise(&mut stop).await;
-        {
-            let mut shared = lock(&ctx.shared);
-            shared.running.remove(&uid);
-            shared
-                .exits
-                .entry((namespace.clone(), name.clone()))
-                .or_default()
-                .push(exit.clone());
-        }
+        lock(&ctx.shared)
+            .exits
+            .entry(key.clone())
+            .or_default()
+            .push(exit.clone());
         let how = match (exit.code, exit.signal) {
             (Some(code), _) => format!("exited with code {code}"),
             (_, Some(signal)) => format!("was killed by signal {signal}"),
@@ -1363,6 +1707,13 @@ async fn run_pod(
         if exit.requested {
             break;
         }
+        if held(&ctx, &key) {
+            // Released: started again at once, the hold standing in for the back-off.
+            if wait_released(&ctx, &key, &log, &mut stop).await {
+                break;
+            }
+            continue;
+        }
         tracing::info!(%namespace, pod = %name, pid = exit.pid, "pod runner: agent {how}; restarting in {backoff:?}");
         if exit.uptime >= RESTART_BACKOFF_RESET {
             backoff = RESTART_BACKOFF_MIN;
@@ -1373,9 +1724,39 @@ async fn run_pod(
         }
         backoff = (backoff * 2).min(RESTART_BACKOFF_MAX);
     }
+    drop(proxy);
     // The pod's volumes go with it (claims stay).
     let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(pod_dir)).await;
     drop(guards);
+}
+
+/// Whether agents of pods named `key` must not start ([`PodRunner::kill_and_hold`]).
+fn held(ctx: &Ctx, key: &(String, String)) -> bool {
+    lock(&ctx.shared).held.contains(key)
+}
+
+/// Waits until pods named `key` are released; `true` if the pod is stopped meanwhile.
+async fn wait_released(
+    ctx: &Ctx,
+    key: &(String, String),
+    log: &Path,
+    stop: &mut watch::Receiver<Option<Duration>>,
+) -> bool {
+    let mut changes = ctx.faults.subscribe();
+    note(log, "held (kill_and_hold): no agent starts until released");
+    while held(ctx, key) {
+        tokio::select! {
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    stop_requested(stop).await;
+                    return true;
+                }
+            }
+            _ = stop_requested(stop) => return true,
+        }
+    }
+    note(log, "released: starting the agent");
+    false
 }
 
 /// A claim volume of a pod: its local directory.
@@ -1431,6 +1812,7 @@ async fn prepare(
     claims: &[ClaimVolume],
     pod_dir: &Path,
     (port, health_port): (u16, u16),
+    server: &str,
 ) -> Result<Launch, String> {
     let namespace = pod.namespace().unwrap_or_default();
     let owner = plan.run_as.owner();
@@ -1553,8 +1935,9 @@ async fn prepare(
     let kubeconfig = pod_dir.join("kubeconfig");
     let token = service_account_token(ctx, pod, &plan.service_account).await?;
     let user = format!("system:serviceaccount:{namespace}:{}", plan.service_account);
+    // Through the pod's API proxy (see `PodRunner::partition`).
     let mut config = kubeconfig::build(
-        &ctx.server,
+        server,
         &ctx.server_ca_pem,
         &user,
         Credentials::Token(&token),
@@ -1839,11 +2222,13 @@ async fn service_account_token(
     }
 }
 
-/// A running agent process. Dropping it kills its process group.
+/// A running agent process. Dropping it kills its process tree.
 struct Agent {
     child: Option<Child>,
     pid: u32,
     pod_uid: String,
+    /// Where it is listed as running (from its start until just before it is reaped).
+    shared: SharedState,
     started: Instant,
     log: PathBuf,
     /// Where this run's output starts in the log.
@@ -1900,6 +2285,7 @@ impl Agent {
             child: Some(child),
             pid,
             pod_uid: uid.to_string(),
+            shared: ctx.shared.clone(),
             started: Instant::now(),
             log: log_path.to_path_buf(),
             offset,
@@ -1943,6 +2329,9 @@ impl Agent {
         unsafe {
             libc::kill(self.pid as libc::pid_t, libc::SIGTERM);
         }
+        // A frozen agent (`PodRunner::freeze`) acts on SIGTERM once continued, and shuts
+        // down an engine that runs.
+        self.continue_tree();
         let deadline = Instant::now() + grace;
         while !self.exited() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1961,23 +2350,56 @@ impl Agent {
         }
     }
 
-    /// SIGKILL to its process group (what it started) and to itself.
+    /// SIGCONT to its process tree.
+    fn continue_tree(&self) {
+        // SAFETY: the pid is our unreaped child and leads its process group.
+        unsafe {
+            libc::kill(-(self.pid as libc::pid_t), libc::SIGCONT);
+        }
+        signal_all(&process_tree(self.pid), libc::SIGCONT);
+    }
+
+    /// SIGKILL to its process group (what it started), to itself and to its descendants in
+    /// other groups (PostgreSQL's backends).
     fn kill_group(&self) {
+        let tree = process_tree(self.pid);
         // SAFETY: the pid is our unreaped child and leads its process group.
         unsafe {
             libc::kill(-(self.pid as libc::pid_t), libc::SIGKILL);
             libc::kill(self.pid as libc::pid_t, libc::SIGKILL);
         }
+        signal_all(&tree, libc::SIGKILL);
+    }
+
+    /// Takes it off the running list: from then on no fault method signals it, and it may
+    /// be reaped (its pid, and so its group id, freed).
+    fn unlist(&self) {
+        let mut shared = lock(&self.shared);
+        if shared.running.get(&self.pod_uid) == Some(&self.pid) {
+            shared.running.remove(&self.pod_uid);
+        }
+    }
+
+    /// Continues what `PodRunner::freeze` left stopped of it (once reaped: what outlives it
+    /// runs again, finds its parent gone and exits).
+    fn continue_frozen(&self) {
+        let frozen = lock(&self.shared).frozen.remove(&self.pid);
+        if let Some(frozen) = frozen {
+            signal_all(&frozen, libc::SIGCONT);
+            process::forget_stopped(&frozen);
+        }
     }
 
     /// Kills what is left of its process group, reaps it, and says how it ended.
     fn reap(mut self, requested: bool) -> Exit {
+        self.unlist();
         // SAFETY: the exited leader is not reaped yet, so the group id is still ours.
         unsafe {
             libc::kill(-(self.pid as libc::pid_t), libc::SIGKILL);
         }
         let status = self.child.take().and_then(|mut child| child.wait().ok());
         process::forget_pid(self.pid);
+        self.continue_frozen();
         Exit {
             pod_uid: self.pod_uid.clone(),
             pid: self.pid,
@@ -1994,11 +2416,291 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
+            self.unlist();
             self.kill_group();
             let _ = child.wait();
             process::forget_pid(self.pid);
+            self.continue_frozen();
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Faults: process trees and the API server proxy
+// ---------------------------------------------------------------------------------------
+
+/// Polls `check` every [`FAULT_POLL`] until it returns `Some`, for [`FAULT_TIMEOUT`] at most.
+fn poll<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> Result<T, Error> {
+    let deadline = Instant::now() + FAULT_TIMEOUT;
+    loop {
+        if let Some(value) = check() {
+            return Ok(value);
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout {
+                what: what.to_string(),
+                after: FAULT_TIMEOUT,
+            });
+        }
+        std::thread::sleep(FAULT_POLL);
+    }
+}
+
+/// What `/proc/<pid>/stat` says of a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ProcStat {
+    pid: u32,
+    state: char,
+    ppid: u32,
+    pgrp: u32,
+}
+
+/// Reads `pid (comm) state ppid pgrp …`; `comm` may hold spaces and parentheses.
+fn parse_stat(text: &str) -> Option<ProcStat> {
+    let (head, rest) = text.rsplit_once(')')?;
+    let pid = head.split_once('(')?.0.trim().parse().ok()?;
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some(ProcStat {
+        pid,
+        state,
+        ppid,
+        pgrp,
+    })
+}
+
+fn proc_stat(pid: u32) -> Option<ProcStat> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Stopped by a signal (or traced).
+fn is_stopped(pid: u32) -> bool {
+    proc_stat(pid).is_some_and(|s| matches!(s.state, 'T' | 't'))
+}
+
+fn is_stopped_or_gone(pid: u32) -> bool {
+    proc_stat(pid).is_none_or(|s| matches!(s.state, 'T' | 't' | 'Z' | 'X'))
+}
+
+/// `pid`, the members of the process group it leads and all their descendants (whatever
+/// their group or session), parents first, zombies left out.
+fn process_tree(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let table: Vec<ProcStat> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(proc_stat)
+        .collect();
+    tree_of(pid, &table)
+}
+
+fn tree_of(pid: u32, table: &[ProcStat]) -> Vec<u32> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    for p in table {
+        children.entry(p.ppid).or_default().push(p.pid);
+    }
+    let dead: HashSet<u32> = table
+        .iter()
+        .filter(|p| matches!(p.state, 'Z' | 'X'))
+        .map(|p| p.pid)
+        .collect();
+    // The group's members whose parent is gone were reparented: reached from the group.
+    let roots = table
+        .iter()
+        .filter(|p| p.pid == pid)
+        .chain(table.iter().filter(|p| p.pgrp == pid && p.pid != pid))
+        .map(|p| p.pid);
+    let mut seen = HashSet::new();
+    let mut tree = Vec::new();
+    for root in roots {
+        let mut queue = std::collections::VecDeque::from([root]);
+        while let Some(p) = queue.pop_front() {
+            if !seen.insert(p) {
+                continue;
+            }
+            if !dead.contains(&p) {
+                tree.push(p);
+            }
+            queue.extend(children.get(&p).into_iter().flatten());
+        }
+    }
+    tree
+}
+
+fn signal_all(pids: &[u32], signal: libc::c_int) {
+    for pid in pids {
+        // SAFETY: kill(2) has no memory effects; callers pass processes they own (an
+        // unreaped agent's tree, see `PodRunner::kill_and_hold`).
+        unsafe {
+            libc::kill(*pid as libc::pid_t, signal);
+        }
+    }
+}
+
+/// A pod's API server proxy (see [`PodRunner::partition`]); closed on drop.
+struct ApiProxy {
+    uid: String,
+    /// What the agent's kubeconfig names: `https://<API server address>:<proxy port>`.
+    url: String,
+    shared: SharedState,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ApiProxy {
+    /// Listens on the API server's address (loopback), another port: its serving
+    /// certificate, for `localhost` and `127.0.0.1`, covers it.
+    async fn start(
+        ctx: &Ctx,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        log: &Path,
+    ) -> Result<Self, String> {
+        let server: http::Uri = ctx
+            .server
+            .parse()
+            .map_err(|e| format!("the API server URL {}: {e}", ctx.server))?;
+        let host = server
+            .host()
+            .ok_or_else(|| format!("the API server URL {} has no host", ctx.server))?;
+        let upstream = format!("{host}:{}", server.port_u16().unwrap_or(443));
+        let ip = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+            .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
+            .await
+            .map_err(|e| format!("bind the API proxy on {ip}: {e}"))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| format!("the API proxy's address: {e}"))?;
+        let key = (namespace.to_string(), name.to_string());
+        let mut changes = ctx.faults.subscribe();
+        let applied = Arc::new(AtomicU64::new(*changes.borrow_and_update()));
+        let partitioned = {
+            let mut shared = lock(&ctx.shared);
+            shared.proxies.insert(
+                uid.to_string(),
+                ProxyRecord {
+                    namespace: key.0.clone(),
+                    name: key.1.clone(),
+                    addr,
+                    applied: applied.clone(),
+                },
+            );
+            shared.partitioned.contains(&key)
+        };
+        if partitioned {
+            note(
+                log,
+                &format!("API proxy {addr}: partitioned from the API server"),
+            );
+        }
+        let proxy = Proxy {
+            upstream: upstream.into(),
+            key,
+            shared: ctx.shared.clone(),
+            log: log.to_path_buf(),
+            applied,
+        };
+        let task = tokio::spawn(proxy.serve(listener, changes, partitioned));
+        tracing::debug!(%namespace, pod = %name, %addr, "pod runner: API proxy started");
+        Ok(Self {
+            uid: uid.to_string(),
+            url: format!("https://{addr}"),
+            shared: ctx.shared.clone(),
+            task,
+        })
+    }
+}
+
+impl Drop for ApiProxy {
+    fn drop(&mut self) {
+        // Dropping the task's future drops its connections too.
+        self.task.abort();
+        lock(&self.shared).proxies.remove(&self.uid);
+    }
+}
+
+struct Proxy {
+    upstream: Arc<str>,
+    /// `(namespace, pod)`: how partitions are keyed.
+    key: (String, String),
+    shared: SharedState,
+    log: PathBuf,
+    applied: Arc<AtomicU64>,
+}
+
+impl Proxy {
+    async fn serve(
+        self,
+        listener: TcpListener,
+        mut changes: watch::Receiver<u64>,
+        mut partitioned: bool,
+    ) {
+        let mut forwarded = JoinSet::new();
+        // Accepted while partitioned: neither read nor answered, like a dropped network.
+        let mut held = std::collections::VecDeque::new();
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) if partitioned => {
+                        if held.len() >= MAX_HELD_CONNECTIONS {
+                            held.pop_front();
+                        }
+                        held.push_back(stream);
+                    }
+                    Ok((stream, _)) => {
+                        forwarded.spawn(forward(stream, self.upstream.clone()));
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "pod runner: API proxy accept");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let generation = *changes.borrow_and_update();
+                    let now = lock(&self.shared).partitioned.contains(&self.key);
+                    if now && !partitioned {
+                        let open = forwarded.len();
+                        forwarded.abort_all();
+                        // Each aborted task's future, and so its sockets, is dropped by then.
+                        while forwarded.join_next().await.is_some() {}
+                        note(&self.log, &format!("API proxy: partitioned from the API server, {open} connection(s) closed"));
+                    } else if !now && partitioned {
+                        note(&self.log, &format!("API proxy: healed, {} held connection(s) forwarded", held.len()));
+                        for stream in held.drain(..) {
+                            forwarded.spawn(forward(stream, self.upstream.clone()));
+                        }
+                    }
+                    partitioned = now;
+                    self.applied.store(generation, Ordering::SeqCst);
+                }
+                Some(_) = forwarded.join_next(), if !forwarded.is_empty() => {}
+            }
+        }
+    }
+}
+
+/// Copies bytes both ways between `client` and the API server until either end closes.
+async fn forward(mut client: TcpStream, upstream: Arc<str>) {
+    let connected =
+        tokio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect(&*upstream)).await;
+    let Ok(Ok(mut server)) = connected else {
+        tracing::debug!(%upstream, "pod runner: API proxy cannot reach the API server");
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
 }
 
 /// The last non-empty line the process wrote after `from`.
@@ -2049,6 +2751,48 @@ mod tests {
             claim_dirs(dir.path()),
             vec![("ns".into(), "data-my-pg-0".into(), uid.into())]
         );
+    }
+
+    #[test]
+    fn reads_proc_stat_with_odd_command_names() {
+        let stat = "4242 (postgres: a) b) T 4200 4200 4200 0 -1 4194560 1 0";
+        assert_eq!(
+            parse_stat(stat),
+            Some(ProcStat {
+                pid: 4242,
+                state: 'T',
+                ppid: 4200,
+                pgrp: 4200,
+            })
+        );
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn a_process_tree_takes_the_group_and_descendants_in_other_sessions() {
+        let p = |pid, state, ppid, pgrp| ProcStat {
+            pid,
+            state,
+            ppid,
+            pgrp,
+        };
+        let table = [
+            p(1, 'S', 0, 1),
+            // The agent, its engine (same group), a backend in a session of its own and
+            // the backend's child.
+            p(10, 'S', 1, 10),
+            p(11, 'S', 10, 10),
+            p(12, 'S', 11, 12),
+            p(13, 'S', 12, 12),
+            // A group member whose parent is gone (reparented to 1).
+            p(14, 'S', 1, 10),
+            // A zombie, and strangers.
+            p(15, 'Z', 10, 10),
+            p(20, 'S', 1, 20),
+            p(21, 'S', 20, 20),
+        ];
+        assert_eq!(tree_of(10, &table), vec![10, 11, 12, 13, 14]);
+        assert_eq!(tree_of(99, &table), Vec::<u32>::new());
     }
 
     #[test]

@@ -5,13 +5,16 @@
 //! 2. every child is started with `PR_SET_PDEATHSIG = SIGKILL`, so the kernel kills it when the
 //!    test process dies, even by `SIGKILL`;
 //! 3. an `atexit` hook kills whatever is still registered (shared control planes live in
-//!    statics, which Rust never drops) and removes their temporary directories.
+//!    statics, which Rust never drops), continues the processes a test stopped
+//!    ([`crate::PodRunner::freeze`]: a stopped process acts on no signal but SIGKILL and
+//!    SIGCONT, and an engine's backends are in sessions of their own, out of reach of the
+//!    group kill) and removes their temporary directories.
 //!
 //! `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits, not the process.
 //! Test harnesses run each test on its own short-lived thread, so children are forked from
 //! one dedicated spawner thread that lives as long as the process.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -45,6 +48,8 @@ fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
 struct Registry {
     pids: BTreeMap<u32, String>,
     dirs: Vec<PathBuf>,
+    /// Processes stopped on purpose (SIGSTOP) and not continued yet.
+    stopped: BTreeSet<u32>,
 }
 
 fn registry() -> &'static Mutex<Registry> {
@@ -72,6 +77,14 @@ extern "C" fn cleanup_at_exit() {
             libc::kill(pid as libc::pid_t, libc::SIGKILL);
         }
     }
+    // After the kills: what was stopped and is still alive (an engine's backends, which
+    // leave the agent's process group) runs again, sees its parent gone and exits.
+    for pid in std::mem::take(&mut registry.stopped) {
+        // SAFETY: kill(2) with SIGCONT; at worst ESRCH.
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGCONT);
+        }
+    }
     for dir in std::mem::take(&mut registry.dirs) {
         let _ = std::fs::remove_dir_all(dir);
     }
@@ -87,6 +100,23 @@ pub(crate) fn remove_dir_at_exit(dir: &Path) {
 pub(crate) fn forget_dir_at_exit(dir: &Path) {
     if let Ok(mut r) = registry().lock() {
         r.dirs.retain(|d| d != dir);
+    }
+}
+
+/// Sends SIGCONT to `pids` at process exit unless [`forget_stopped`] was called for them:
+/// for processes stopped on purpose (SIGSTOP).
+pub(crate) fn continue_at_exit(pids: &[u32]) {
+    if let Ok(mut r) = registry().lock() {
+        r.stopped.extend(pids);
+    }
+}
+
+/// Undoes [`continue_at_exit`] (the processes were continued or killed).
+pub(crate) fn forget_stopped(pids: &[u32]) {
+    if let Ok(mut r) = registry().lock() {
+        for pid in pids {
+            r.stopped.remove(pid);
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use devctl_api::instance::{InstanceStatus, STATUS_ANNOTATION};
 use devctl_testenv::process::is_running;
 use devctl_testenv::{Cluster, ClusterOptions, PodBacking, eventually};
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, ServiceAccount};
@@ -20,7 +21,10 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 /// A stand-in for devctl-agent: records its environment, user and start/stop in the data
 /// directory, then waits (or exits 3 when `FAKE_AGENT_MODE=exit3`). On SIGTERM it takes half
 /// a second before it notes its stop and exits, so an agent started too early on the same
-/// claim would show up in `events` before that stop.
+/// claim would show up in `events` before that stop. With `FAKE_AGENT_MODE=detach` it also
+/// starts a child in a session of its own, as PostgreSQL's backends are (its pid in
+/// `detached.<agent pid>`), which forks now and then and, like a backend, exits once the
+/// agent is gone (no group kill reaches it).
 const FAKE_AGENT: &str = r#"#!/bin/sh
 data="$DEVCTL_DATA_DIR"
 mkdir -p "$data"
@@ -32,9 +36,14 @@ fi
 env | sort > "$data/env.tmp" && mv "$data/env.tmp" "$data/env"
 id -u > "$data/uid"
 [ -e "$data/first-run" ] || echo "$$" > "$data/first-run"
-trap 'sleep 0.5; echo "stop $$" >> "$data/events"; kill $child 2>/dev/null; exit 0' TERM
+trap 'sleep 0.5; echo "stop $$" >> "$data/events"; kill $child $detached 2>/dev/null; exit 0' TERM
 sleep 1000 &
 child=$!
+if [ "$FAKE_AGENT_MODE" = detach ]; then
+  setsid sh -c 'echo $$ > "$1.tmp" && mv "$1.tmp" "$1"
+    while [ -d "/proc/$2" ]; do sleep 0.2; done' sh "$data/detached.$$" $$ &
+  detached=$!
+fi
 echo "$child" > "$data/sleep.pid"
 echo "fake agent $$ running"
 touch "$data/ready.$$"
@@ -590,4 +599,308 @@ async fn simulated_pods_report_ready_with_ordinal_0_as_primary() {
         .delete("sim", &DeleteParams::default())
         .await
         .unwrap();
+}
+
+/// A process's state (`R`, `S`, `T`...) and process group, from `/proc/<pid>/stat`.
+fn proc_state(pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let pgrp = fields.nth(1)?.parse().ok()?;
+    Some((state, pgrp))
+}
+
+fn is_stopped(pid: u32) -> bool {
+    proc_state(pid).is_some_and(|(state, _)| state == 'T')
+}
+
+/// Asserts `check` for `duration`, looking every 50 ms: for what must not happen.
+async fn holds_for(what: &str, duration: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + duration;
+    loop {
+        assert!(check(), "{what}");
+        if tokio::time::Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `kubeconfig` pointed at `server`.
+fn with_server(mut kubeconfig: Kubeconfig, server: &str) -> Kubeconfig {
+    for cluster in &mut kubeconfig.clusters {
+        if let Some(cluster) = cluster.cluster.as_mut() {
+            cluster.server = Some(server.to_string());
+        }
+    }
+    kubeconfig
+}
+
+fn server_of(kubeconfig: &Kubeconfig) -> String {
+    kubeconfig.clusters[0]
+        .cluster
+        .as_ref()
+        .and_then(|c| c.server.clone())
+        .unwrap()
+}
+
+/// `GET /version` with a fresh client (no pooled connection), given `timeout`: `Some(true)`
+/// answered, `Some(false)` failed, `None` timed out.
+async fn version_within(kubeconfig: &Kubeconfig, timeout: Duration) -> Option<bool> {
+    let client = devctl_testenv::kubeconfig::client(kubeconfig.clone())
+        .await
+        .unwrap();
+    tokio::time::timeout(timeout, client.apiserver_version())
+        .await
+        .ok()
+        .map(|answer| answer.is_ok())
+}
+
+/// A raw TCP connection to `addr` that is accepted but gets no byte back within 300 ms.
+async fn black_holed(addr: std::net::SocketAddr) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("a partitioned proxy accepts connections (it does not refuse them)");
+    stream
+        .write_all(b"\x16\x03\x01\x00\x05hello")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 64];
+    tokio::time::timeout(Duration::from_millis(300), stream.read(&mut buf))
+        .await
+        .is_err()
+}
+
+#[tokio::test]
+async fn faults_freeze_kill_and_hold_and_partition_a_pods_agent() {
+    let cluster = process_cluster().await;
+    let runner = cluster.pod_runner().unwrap();
+    let ns = cluster.create_namespace("faults").await.unwrap();
+    let client = cluster.client().await.unwrap();
+    create_inputs(&client, &ns, "f").await;
+    create_service_account(&client, &ns, "f-agent").await;
+    let mode = json!([{ "name": "FAKE_AGENT_MODE", "value": "detach" }]);
+    apply(&client, &ns, &statefulset("f", 1, mode)).await;
+    let agent = runner.wait_running(&ns, "f-0", TIMEOUT).await.unwrap();
+    let claim = runner.claim_dir(&ns, "data-f-0").unwrap();
+    let env = recorded_env(&claim, agent).await;
+    let data = claim.join("pgdata");
+    let sleeper: u32 = std::fs::read_to_string(data.join("sleep.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let detached_file = data.join(format!("detached.{agent}"));
+    let detached: u32 = eventually("the detached child's pid", TIMEOUT, || async {
+        std::fs::read_to_string(&detached_file)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    })
+    .await
+    .unwrap();
+    // The detached child left the agent's process group: only the tree walk finds it.
+    assert_eq!(proc_state(sleeper).unwrap().1, agent);
+    assert_ne!(proc_state(detached).unwrap().1, agent);
+    let pids = runner.agent_pids(&ns, "f-0");
+    assert_eq!(pids.first(), Some(&agent), "{pids:?}");
+    assert!(
+        pids.contains(&sleeper) && pids.contains(&detached),
+        "{pids:?}"
+    );
+
+    // Freeze: everything stopped, and the runner neither sees an exit nor restarts.
+    runner.freeze(&ns, "f-0").unwrap();
+    for pid in [agent, sleeper, detached] {
+        assert!(is_stopped(pid), "{pid}: {:?}", proc_state(pid));
+    }
+    holds_for(
+        "a frozen agent stays, stopped, and is not restarted",
+        Duration::from_secs(1),
+        || {
+            runner.pid(&ns, "f-0") == Some(agent)
+                && runner.exits(&ns, "f-0").is_empty()
+                && is_stopped(agent)
+        },
+    )
+    .await;
+    runner.thaw(&ns, "f-0").unwrap();
+    for pid in [agent, sleeper, detached] {
+        let state = proc_state(pid);
+        assert!(state.is_some_and(|(s, _)| s != 'T'), "{pid}: {state:?}");
+    }
+    assert_eq!(runner.pid(&ns, "f-0"), Some(agent));
+    assert!(runner.exits(&ns, "f-0").is_empty());
+
+    // The agent's kubeconfig names its pod's proxy: same address, another port, and TLS
+    // (the serving certificate's names) still holds through it.
+    let agent_config = Kubeconfig::read_from(&env["KUBECONFIG"]).unwrap();
+    let proxy = runner.api_proxy(&ns, "f-0").unwrap();
+    assert_eq!(server_of(&agent_config), format!("https://{proxy}"));
+    assert_eq!(proxy.ip().to_string(), "127.0.0.1");
+    assert_ne!(format!("https://{proxy}"), cluster.server());
+    assert_eq!(
+        version_within(&agent_config, TIMEOUT).await,
+        Some(true),
+        "GET /version through the proxy"
+    );
+    let admin_via_proxy = with_server(
+        cluster.admin_kubeconfig().unwrap(),
+        &format!("https://{proxy}"),
+    );
+    let watcher = devctl_testenv::kubeconfig::client(admin_via_proxy)
+        .await
+        .unwrap();
+    let mut watch = Api::<k8s_openapi::api::core::v1::Namespace>::all(watcher)
+        .watch(
+            &kube::api::WatchParams::default()
+                .fields(&format!("metadata.name={ns}"))
+                .timeout(290)
+                .disable_bookmarks(),
+            "0",
+        )
+        .await
+        .unwrap()
+        .boxed();
+    // From "0": the namespace itself comes first.
+    let first = tokio::time::timeout(TIMEOUT, watch.try_next()).await;
+    assert!(
+        matches!(first, Ok(Ok(Some(_)))),
+        "the watch through the proxy: {first:?}"
+    );
+
+    // Partition: the open watch ends at once, new connections hang, the rest works.
+    runner.partition(&ns, "f-0").unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(2), async {
+        loop {
+            match watch.try_next().await {
+                Ok(Some(kube::api::WatchEvent::Bookmark(_))) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await;
+    assert!(
+        matches!(ended, Ok(Ok(None) | Err(_))),
+        "the watch's connection was closed: {ended:?}"
+    );
+    assert!(black_holed(proxy).await, "a new connection got an answer");
+    assert_eq!(
+        version_within(&agent_config, Duration::from_secs(1)).await,
+        None,
+        "GET /version through a partitioned proxy must time out"
+    );
+    client.apiserver_version().await.unwrap();
+    // Heal: answers again.
+    runner.heal(&ns, "f-0").unwrap();
+    assert_eq!(
+        version_within(&agent_config, TIMEOUT).await,
+        Some(true),
+        "GET /version through a healed proxy"
+    );
+
+    // Kill and hold: the whole tree goes, the exit is recorded, nothing restarts.
+    runner.kill_and_hold(&ns, "f-0").unwrap();
+    let exit = runner.exits(&ns, "f-0").pop().unwrap();
+    assert_eq!(exit.pid, agent);
+    assert_eq!(exit.signal, Some(libc::SIGKILL), "{exit:?}");
+    assert!(!exit.requested, "{exit:?}");
+    for pid in [agent, sleeper, detached] {
+        assert!(!is_running(pid), "{pid} outlived kill_and_hold");
+    }
+    // Longer than the first back-off (1 s).
+    holds_for(
+        "a held pod's agent is not restarted",
+        Duration::from_millis(1500),
+        || runner.pid(&ns, "f-0").is_none() && runner.exits(&ns, "f-0").len() == 1,
+    )
+    .await;
+
+    // Holds and partitions are by name: the pod's replacement waits for the claim (kept by
+    // the holding supervisor until the old pod went), then for the release, and starts cut
+    // off from the API server, through a proxy of its own.
+    runner.partition(&ns, "f-0").unwrap();
+    let old_uid = pod_uid(&client, &ns, "f-0").await.unwrap();
+    let old_log = runner.log_path(&ns, "f-0").unwrap();
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .delete("f-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    let new_log = eventually("the replacement pod to be held", TIMEOUT, || async {
+        let log = runner.log_path(&ns, "f-0").filter(|l| *l != old_log)?;
+        std::fs::read_to_string(&log)
+            .ok()?
+            .contains("held (kill_and_hold)")
+            .then_some(log)
+    })
+    .await
+    .unwrap();
+    let new_uid = pod_uid(&client, &ns, "f-0").await.unwrap();
+    assert_ne!(new_uid, old_uid);
+    assert!(new_log.to_string_lossy().contains(&new_uid), "{new_log:?}");
+    holds_for(
+        "a held replacement does not start",
+        Duration::from_millis(500),
+        || runner.pid(&ns, "f-0").is_none(),
+    )
+    .await;
+    runner.release(&ns, "f-0").unwrap();
+    let replacement = runner.wait_running(&ns, "f-0", TIMEOUT).await.unwrap();
+    assert_ne!(replacement, agent);
+    let new_env = recorded_env(&claim, replacement).await;
+    let new_config = Kubeconfig::read_from(&new_env["KUBECONFIG"]).unwrap();
+    let new_proxy = runner.api_proxy(&ns, "f-0").unwrap();
+    assert_ne!(new_proxy, proxy);
+    assert_eq!(server_of(&new_config), format!("https://{new_proxy}"));
+    assert!(
+        black_holed(new_proxy).await,
+        "the replacement is not cut off"
+    );
+    runner.heal(&ns, "f-0").unwrap();
+    assert_eq!(
+        version_within(&new_config, TIMEOUT).await,
+        Some(true),
+        "GET /version through the replacement's healed proxy"
+    );
+
+    // Stopping a frozen agent: SIGTERM reaches it once continued, so it exits from its
+    // TERM trap (code 0) within the pod's grace instead of being killed after it.
+    let sleeper: u32 = std::fs::read_to_string(data.join("sleep.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let detached_file = data.join(format!("detached.{replacement}"));
+    let detached: u32 = eventually("the detached child's pid", TIMEOUT, || async {
+        std::fs::read_to_string(&detached_file)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    })
+    .await
+    .unwrap();
+    runner.freeze(&ns, "f-0").unwrap();
+    for pid in [replacement, sleeper, detached] {
+        assert!(is_stopped(pid), "{pid}: {:?}", proc_state(pid));
+    }
+    Api::<StatefulSet>::namespaced(client.clone(), &ns)
+        .delete("f", &DeleteParams::default())
+        .await
+        .unwrap();
+    let stopped = eventually("the frozen agent's exit", TIMEOUT, || async {
+        runner
+            .exits(&ns, "f-0")
+            .into_iter()
+            .find(|e| e.pid == replacement)
+    })
+    .await
+    .unwrap();
+    assert!(stopped.requested, "{stopped:?}");
+    assert_eq!(stopped.code, Some(0), "{stopped:?}");
+    for pid in [sleeper, detached] {
+        assert!(!is_running(pid), "{pid} outlived its frozen agent");
+    }
 }

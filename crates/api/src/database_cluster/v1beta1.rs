@@ -26,6 +26,9 @@ use serde::{Deserialize, Serialize};
     category = "all",
     category = "devctl",
     validation = Rule::new("size(self.metadata.name) <= 50").message("metadata.name must be at most 50 characters: the names devctl derives from it (pods, claims, Services) must stay within 63"),
+    validation = Rule::new("!has(self.spec.replication) || !has(self.spec.replication.synchronous) || self.spec.replication.synchronous.number < self.spec.replicas").message("spec.replication.synchronous.number must be less than spec.replicas: the primary waits for that many standbys").field_path(".spec.replication.synchronous.number"),
+    validation = Rule::new("!has(self.spec.replication) || !has(self.spec.replication.synchronous) || self.spec.engine == 'postgres'").message("spec.replication.synchronous is supported for PostgreSQL only").field_path(".spec.replication.synchronous"),
+    validation = Rule::new("!has(self.spec.highAvailability) || !self.spec.highAvailability.enabled || self.spec.engine == 'postgres'").message("spec.highAvailability.enabled: failover is supported for PostgreSQL only").field_path(".spec.highAvailability.enabled"),
     validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("metadata.name must be a DNS-1035 label: lowercase letters, digits and '-', starting with a letter and ending with a letter or digit (no dots)"),
     doc = "A replicated PostgreSQL or MySQL database managed by the devctl operator.",
     printcolumn(name = "Engine", type_ = "string", json_path = ".spec.engine"),
@@ -79,9 +82,63 @@ pub struct DatabaseClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupSpec>,
 
-    /// High availability: automatic failover to a replica.
+    /// High availability: a primary lock (a Lease), self-fencing and automatic failover to
+    /// the most advanced replica (PostgreSQL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub high_availability: Option<HighAvailabilitySpec>,
+
+    /// Streaming replication settings (PostgreSQL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<ReplicationSpec>,
+}
+
+/// Streaming replication settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicationSpec {
+    /// Synchronous replication: a commit is acknowledged only once `number` standbys have
+    /// flushed it, so a failover loses no acknowledged transaction. Asynchronous when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synchronous: Option<SynchronousSpec>,
+}
+
+/// Rendered as `synchronous_standby_names = '<METHOD> <number> (<the other instances>)'`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SynchronousSpec {
+    /// `any` (quorum: any `number` standbys) or `first` (the first `number` by ordinal).
+    #[serde(default)]
+    pub method: SynchronousMethod,
+    /// How many standbys must confirm each commit (at least 1, less than `spec.replicas`).
+    #[serde(default = "default_synchronous_number")]
+    #[schemars(range(min = 1, max = 6))]
+    pub number: i32,
+}
+
+fn default_synchronous_number() -> i32 {
+    1
+}
+
+/// How synchronous standbys are chosen.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum SynchronousMethod {
+    /// Quorum commit: any `number` of the standbys.
+    #[default]
+    Any,
+    /// Priority: the first `number` standbys in ordinal order.
+    First,
+}
+
+impl SynchronousMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SynchronousMethod::Any => "ANY",
+            SynchronousMethod::First => "FIRST",
+        }
+    }
 }
 
 fn default_replicas() -> i32 {
@@ -181,10 +238,34 @@ pub struct HighAvailabilitySpec {
     #[serde(default = "default_true")]
     pub auto_failover: bool,
 
-    /// How long the primary may be unavailable before failover, e.g. `30s` or `2m` (default 30s).
+    /// How long the primary may be unavailable before failover, e.g. `30s` or `2m` (default
+    /// 30s, 5s to 10m): the duration of the primary lock. The primary fences itself when it
+    /// cannot renew the lock within 40% of it.
     #[serde(default = "default_failover_timeout")]
     #[schemars(regex(pattern = r"^\d+(s|m)$"))]
+    #[x_kube(validation = Rule::new(
+        "!self.matches('^[0-9]+(s|m)$') || (duration(self) >= duration('5s') && duration(self) <= duration('10m'))"
+    ).message("spec.highAvailability.failoverTimeout must be between 5s and 10m"))]
     pub failover_timeout: String,
+}
+
+impl HighAvailabilitySpec {
+    /// `failover_timeout` as a duration (the schema guarantees the shape).
+    pub fn failover_timeout(&self) -> Option<std::time::Duration> {
+        parse_seconds_or_minutes(&self.failover_timeout)
+    }
+}
+
+/// `30s` / `2m` as a duration.
+pub fn parse_seconds_or_minutes(value: &str) -> Option<std::time::Duration> {
+    let value = value.trim();
+    let (number, unit) = value.split_at(value.len().checked_sub(1)?);
+    let number: u64 = number.parse().ok()?;
+    match unit {
+        "s" => Some(std::time::Duration::from_secs(number)),
+        "m" => Some(std::time::Duration::from_secs(number.checked_mul(60)?)),
+        _ => None,
+    }
 }
 
 fn default_failover_timeout() -> String {
@@ -273,10 +354,24 @@ pub struct DatabaseClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_primary: Option<String>,
 
-    /// The pod becoming primary during a switchover (`devctl db promote`); cleared when it has
+    /// The pod becoming primary during a switchover (`devctl db promote`) or a failover
+    /// (`pending` while the replicas report their final positions); cleared when it has
     /// promoted and `currentPrimary` names it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_primary: Option<String>,
+
+    /// Raised by one for each failover: replicas stop streaming when they see it rise, and a
+    /// primary that sees it rise while it runs fences itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover_epoch: Option<i64>,
+
+    /// The primary a failover under way replaces (cleared when it is done).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_primary: Option<String>,
+
+    /// When the last failover started (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failover_time: Option<String>,
 
     /// Each instance as its agent reports it, by pod name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

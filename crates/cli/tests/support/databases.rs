@@ -101,15 +101,24 @@ impl Env {
     }
 
     pub async fn create_with(&self, name: &str, engine: &str, version: &str, replicas: i32) {
+        self.create_spec(
+            name,
+            json!({
+                "engine": engine, "version": version, "replicas": replicas,
+                "storage": { "size": "1Gi" },
+                "backup": { "enabled": false },
+            }),
+        )
+        .await
+    }
+
+    /// Creates the cluster `name` with this `spec`.
+    pub async fn create_spec(&self, name: &str, spec: serde_json::Value) {
         let db: DatabaseCluster = serde_json::from_value(json!({
             "apiVersion": "db.devctl.io/v1beta1",
             "kind": "DatabaseCluster",
             "metadata": { "name": name },
-            "spec": {
-                "engine": engine, "version": version, "replicas": replicas,
-                "storage": { "size": "1Gi" },
-                "backup": { "enabled": false },
-            }
+            "spec": spec,
         }))
         .unwrap();
         self.api::<DatabaseCluster>()

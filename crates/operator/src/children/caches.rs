@@ -4,11 +4,18 @@
 //!
 //! Registering a kind is one line in [`CachesBuilder`]'s caller; controllers name the kinds
 //! they own by their `KIND` string and read typed objects with [`Caches::get`].
+//!
+//! Some objects change all the time without news for their owner: a lock its holder renews
+//! every second. Those are registered with [`CachesBuilder::add_observed`]: their owner is
+//! triggered only when the part that matters changes, and the cache notes on the operator's
+//! monotonic clock when each object last changed at all ([`Caches::changed_at`]), which is
+//! how the silence of a lock is measured without comparing clocks between machines.
 
 use std::any::Any;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt};
@@ -85,10 +92,70 @@ pub trait KindCache: Send + Sync {
     fn as_any(&self) -> &dyn Any;
 }
 
+/// What an observed kind's watch saw of one object last.
+#[derive(Debug, Clone)]
+struct Seen {
+    resource_version: Option<String>,
+    significant: u64,
+    changed_at: Instant,
+}
+
+/// The last change of every object of an observed kind, by namespace and name.
+#[derive(Debug, Default)]
+struct Observations {
+    seen: Mutex<HashMap<(String, String), Seen>>,
+}
+
+impl Observations {
+    /// Notes `object` as the watch delivers it at `now`; returns whether it is news for its
+    /// owner: new, or its `significant` value differs from the last one seen.
+    fn record<K: Resource>(&self, object: &K, significant: u64, now: Instant) -> bool {
+        let key = (object.namespace().unwrap_or_default(), object.name_any());
+        let resource_version = object.resource_version();
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        let previous = seen.get(&key);
+        let news = previous.is_none_or(|p| p.significant != significant);
+        // A re-list delivers unchanged objects again: they did not change then.
+        let changed_at = match previous {
+            Some(p) if p.resource_version == resource_version => p.changed_at,
+            _ => now,
+        };
+        seen.insert(
+            key,
+            Seen {
+                resource_version,
+                significant,
+                changed_at,
+            },
+        );
+        news
+    }
+
+    fn forget(&self, namespace: &str, name: &str) {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.remove(&(namespace.to_string(), name.to_string()));
+    }
+
+    /// Keeps only what `exists` says is still there: a re-list reports no deletions that
+    /// happened while the watch was down.
+    fn retain(&self, exists: impl Fn(&str, &str) -> bool) {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.retain(|(namespace, name), _| exists(namespace, name));
+    }
+
+    fn changed_at(&self, namespace: &str, name: &str) -> Option<Instant> {
+        let seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.get(&(namespace.to_string(), name.to_string()))
+            .map(|s| s.changed_at)
+    }
+}
+
 struct TypedCache<K: ChildKind> {
     store: Store<K>,
     api_resource: ApiResource,
     state: watch::Receiver<CacheState>,
+    /// For kinds registered with [`CachesBuilder::add_observed`].
+    observations: Option<Arc<Observations>>,
 }
 
 impl<K: ChildKind> TypedCache<K> {
@@ -201,6 +268,16 @@ impl Caches {
         self.typed::<K>()?.find(namespace, name)
     }
 
+    /// When the watch last saw the object change (any change of its `resourceVersion`) on
+    /// the operator's monotonic clock; objects present at the first list count as changed
+    /// then. Only for kinds registered with [`CachesBuilder::add_observed`].
+    pub fn changed_at<K: ChildKind>(&self, namespace: &str, name: &str) -> Option<Instant> {
+        self.typed::<K>()?
+            .observations
+            .as_ref()?
+            .changed_at(namespace, name)
+    }
+
     /// Cached objects of kind `K` that satisfy `predicate`.
     pub fn filter<K: ChildKind>(&self, predicate: impl Fn(&K) -> bool) -> Vec<Arc<K>> {
         self.typed::<K>()
@@ -293,32 +370,79 @@ impl CachesBuilder {
 
     /// Caches `K`, finding the owner with `owner_of` and keeping of each object only what
     /// `trim` leaves (for kinds the operator reads a few fields of, such as pods).
-    pub fn add_trimmed<K: ChildKind>(mut self, owner_of: OwnerOf<K>, trim: fn(&mut K)) -> Self {
+    pub fn add_trimmed<K: ChildKind>(self, owner_of: OwnerOf<K>, trim: fn(&mut K)) -> Self {
+        self.register(owner_of, trim, None)
+    }
+
+    /// Caches `K` like [`Self::add_trimmed`], but triggers the owner only when
+    /// `significant(object)` changed since the last event for that object (or the object is
+    /// new or deleted), and notes when each object last changed ([`Caches::changed_at`]).
+    /// For objects rewritten often without news, such as a lock its holder renews.
+    pub fn add_observed<K: ChildKind>(
+        self,
+        owner_of: OwnerOf<K>,
+        trim: fn(&mut K),
+        significant: fn(&K) -> u64,
+    ) -> Self {
+        self.register(owner_of, trim, Some(significant))
+    }
+
+    fn register<K: ChildKind>(
+        mut self,
+        owner_of: OwnerOf<K>,
+        trim: fn(&mut K),
+        significant: Option<fn(&K) -> u64>,
+    ) -> Self {
         let (store, writer) = reflector::store::<K>();
         let (set_state, state) = watch::channel(CacheState::Syncing);
         let config = watcher::Config::default().labels(&devctl_api::labels::managed_selector());
         let api: Api<K> = scoped_api(&self.client, self.namespace.as_deref());
         let triggers = self.triggers.clone();
         let applier = self.applier.clone();
+        let observations = significant.map(|_| Arc::new(Observations::default()));
+        let observed = observations.clone();
+        let reader = store.clone();
+        // Every object is news unless the kind is observed and its significant part is as
+        // it was.
+        let news = move |object: &K| match (significant, &observed) {
+            (Some(significant), Some(observed)) => {
+                observed.record(object, significant(object), Instant::now())
+            }
+            _ => true,
+        };
+        let forget = observations.clone();
         let watch = watcher(api, config)
             .default_backoff()
             .modify(trim)
             .reflect(writer)
             .for_each(move |event| {
                 let owner = match &event {
-                    Ok(watcher::Event::Apply(o)) => owner_of(o),
+                    Ok(watcher::Event::Apply(o)) => news(o).then(|| owner_of(o)).flatten(),
                     // Objects of a re-list may have changed while the watch was down; the
                     // first list is not news (each controller reconciles everything at start).
-                    Ok(watcher::Event::InitApply(o)) if *set_state.borrow() == CacheState::Synced => {
-                        owner_of(o)
+                    Ok(watcher::Event::InitApply(o)) => {
+                        let news = news(o);
+                        (news && *set_state.borrow() == CacheState::Synced)
+                            .then(|| owner_of(o))
+                            .flatten()
                     }
                     Ok(watcher::Event::Delete(o)) => {
                         if let Some(namespace) = o.namespace() {
                             applier.forget(K::KIND, &namespace, &o.name_any());
+                            if let Some(observations) = &forget {
+                                observations.forget(&namespace, &o.name_any());
+                            }
                         }
                         owner_of(o)
                     }
                     Ok(watcher::Event::InitDone) => {
+                        if let Some(observations) = &forget {
+                            observations.retain(|namespace, name| {
+                                reader
+                                    .get(&ObjectRef::new(name).within(namespace))
+                                    .is_some()
+                            });
+                        }
                         set_state.send_replace(CacheState::Synced);
                         None
                     }
@@ -354,6 +478,7 @@ impl CachesBuilder {
                 store,
                 api_resource: super::api_resource::<K>(),
                 state,
+                observations,
             }),
         );
         self
@@ -369,5 +494,56 @@ impl CachesBuilder {
         };
         let watches = futures::future::join_all(self.watches).map(|_| ());
         (caches, watches)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use std::time::Duration;
+
+    fn lease(resource_version: &str, holder: &str) -> Lease {
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "db-primary", "namespace": "ns", "resourceVersion": resource_version },
+            "spec": { "holderIdentity": holder }
+        }))
+        .unwrap()
+    }
+
+    fn holder(lease: &Lease) -> u64 {
+        lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            .map_or(0, |h| h.len() as u64)
+    }
+
+    #[test]
+    fn renewals_are_no_news_but_move_the_change_time() {
+        let observations = Observations::default();
+        let start = Instant::now();
+        let later = start + Duration::from_secs(3);
+        let first = lease("1", "db-0");
+        assert!(observations.record(&first, holder(&first), start), "new");
+        assert_eq!(observations.changed_at("ns", "db-primary"), Some(start));
+        // The same version again (a re-list): neither news nor a change.
+        assert!(!observations.record(&first, holder(&first), later));
+        assert_eq!(observations.changed_at("ns", "db-primary"), Some(start));
+        // A renewal: a new version, the same holder.
+        let renewed = lease("2", "db-0");
+        assert!(!observations.record(&renewed, holder(&renewed), later));
+        assert_eq!(observations.changed_at("ns", "db-primary"), Some(later));
+        // Another holder is news.
+        let taken = lease("3", "db-10");
+        assert!(observations.record(&taken, holder(&taken), later));
+        observations.retain(|_, _| false);
+        assert_eq!(observations.changed_at("ns", "db-primary"), None);
+        assert!(
+            observations.record(&taken, holder(&taken), later),
+            "new again"
+        );
+        observations.forget("ns", "db-primary");
+        assert_eq!(observations.changed_at("ns", "db-primary"), None);
     }
 }

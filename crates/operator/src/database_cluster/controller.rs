@@ -2,6 +2,7 @@
 //! shell around the pure desired state (`resources`) and status (`status`).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use devctl_api::database_cluster::{self, DatabaseCluster, FINALIZER, Phase};
 use devctl_api::labels;
@@ -10,6 +11,7 @@ use futures::Future;
 use futures::stream::BoxStream;
 use k8s_openapi::Resource as _;
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -18,17 +20,22 @@ use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
+use super::failover::{self, LeaseObservation};
 use super::instances::{self, Instances};
 use super::pods::{self, PodAction};
-use super::resources::{self, Inputs, Names, secret};
+use super::resources::{self, Inputs, Names, lease, secret};
 use super::status::{self, Observed};
 use super::switchover::{self, Primary, Step};
 use crate::children::caches::OwnerKey;
 use crate::children::{Caches, Change, Owner, applied};
 use crate::context::{Context, Settings};
 use crate::error::{Error, Result};
-use crate::reconciler::{key, now, publish, report, run_controller, write_status};
-use devctl_api::instance::{InstanceStatus, ROLE_LABEL, SWITCHOVER_ANNOTATION};
+use crate::reconciler::{
+    Announcement, Transition, key, now, publish, report_transition, run_controller, write_status,
+};
+use devctl_api::instance::{
+    InstanceStatus, ROLE_LABEL, SWITCHOVER_ANNOTATION, TARGET_PENDING, primary_lease_name,
+};
 
 /// The controller as a stream of finished reconciles.
 pub fn controller(
@@ -125,10 +132,12 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     )
     .await;
 
-    // One look at the pods serves the switchover, the pod changes and the status.
+    // One look at the pods serves the failover, the switchover, the pod changes and the
+    // status.
     let cached_pods = cluster_pods(ctx, &names);
     let pods: Vec<&Pod> = cached_pods.iter().map(|p| p.as_ref()).collect();
-    let primary = switchover_step(&db, ctx, &names, &pods).await;
+    let step = primary_step(&db, ctx, &names, &pods).await;
+    let primary = step.primary.clone();
     // Pods last: their labels and replacements follow the children just applied.
     let converged = match converged {
         Ok(c) => manage_pods(&db, ctx, &names, &primary, &pods)
@@ -136,34 +145,63 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
             .map(|()| c.changes),
         Err(e) => Err(e),
     };
-    report(ctx, db.as_ref(), converged, |outcome| {
-        let sts = ctx
-            .caches
-            .get::<StatefulSet>(&names.namespace, &names.stateful_set());
-        let target_image = resources::stateful_set::image(&db, &target_version);
-        let instances = observe_instances(&db, ctx, &names, &pods);
-        let observed = Observed {
-            stateful_set: sts.as_deref(),
-            target_version: &target_version,
-            target_image: &target_image,
-            version_refused,
-            replication_refused: resources::stateful_set::replication_refused(&db),
-            volumes_pending,
-            credentials_regenerated,
-            stateful_set_applied: applied(outcome, StatefulSet::KIND),
-            failure: outcome.err().map(Error::failure),
-            cluster_domain: &ctx.settings.cluster_domain,
-            instances,
-            primary: primary.clone(),
-        };
-        let status = status::compute(&db, &observed, &now());
-        (status.is_some() && status != db.status).then(|| json!(status))
-    })
-    .await
+    let timer = step.timer.map(|timer| timer + TIMER_MARGIN);
+    if let Some(timer) = timer {
+        ctx.backoff.retry_within(&key(db.as_ref()), timer);
+    }
+    let transition = (!step.events.is_empty()).then(|| Transition {
+        resource_version: db.resource_version(),
+        events: step.events.clone(),
+    });
+    let (action, recorded) = report_transition(
+        ctx,
+        db.as_ref(),
+        converged,
+        |outcome| {
+            let sts = ctx
+                .caches
+                .get::<StatefulSet>(&names.namespace, &names.stateful_set());
+            let target_image = resources::stateful_set::image(&db, &target_version);
+            let instances = observe_instances(&db, ctx, &names, &pods);
+            let observed = Observed {
+                stateful_set: sts.as_deref(),
+                target_version: &target_version,
+                target_image: &target_image,
+                version_refused,
+                replication_refused: resources::stateful_set::replication_refused(&db),
+                volumes_pending,
+                credentials_regenerated,
+                stateful_set_applied: applied(outcome, StatefulSet::KIND),
+                failure: outcome.err().map(Error::failure),
+                cluster_domain: &ctx.settings.cluster_domain,
+                instances,
+                primary: primary.clone(),
+                primary_lost: step.primary_lost.clone(),
+            };
+            let status = status::compute(&db, &observed, &now());
+            (status.is_some() && status != db.status).then(|| json!(status))
+        },
+        transition,
+        // The primary lock's expiry is the one deadline no event announces: nothing happens
+        // when nobody renews it, so the reconcile comes back when it would expire.
+        timer,
+    )
+    .await?;
+    if recorded && step.drop_request_when_recorded {
+        drop_request(ctx, &names).await;
+    }
+    Ok(action)
 }
 
-/// The pod named in `status.currentPrimary` (the first instance until one is recorded) and
-/// the switchover target, as the status says now.
+/// Past a deadline, so that the reconcile finds it passed rather than a moment short.
+const TIMER_MARGIN: Duration = Duration::from_millis(250);
+
+/// How soon to look again when the cache says the lock expired but the API server has a
+/// newer one: the watch is behind and catches up within moments.
+const LEASE_RECHECK: Duration = Duration::from_secs(1);
+
+/// The pod named in `status.currentPrimary` (the first instance until one is recorded), the
+/// switchover or failover target and the failover bookkeeping, as the status says now.
 fn recorded_primary(db: &DatabaseCluster, names: &Names) -> Primary {
     let status = db.status.as_ref();
     Primary {
@@ -171,6 +209,9 @@ fn recorded_primary(db: &DatabaseCluster, names: &Names) -> Primary {
             .and_then(|s| s.current_primary.clone())
             .unwrap_or_else(|| format!("{}-0", names.stateful_set())),
         target: status.and_then(|s| s.target_primary.clone()),
+        failed: status.and_then(|s| s.failed_primary.clone()),
+        epoch: status.and_then(|s| s.failover_epoch),
+        last_failover_time: status.and_then(|s| s.last_failover_time.clone()),
     }
 }
 
@@ -182,36 +223,265 @@ fn cluster_pods(ctx: &Context, names: &Names) -> Vec<Arc<Pod>> {
     })
 }
 
-/// Carries a switchover one step ([`switchover::plan`]) and returns who is primary (and
-/// becoming it) after this reconcile: what the status will say.
-async fn switchover_step(
+/// Who is primary after this reconcile and what else the failover or switchover step
+/// decided.
+#[derive(Debug, Clone)]
+struct PrimaryStep {
+    /// What the status will say.
+    primary: Primary,
+    /// The primary is lost and nothing fails over on its own: why ([`Observed`]).
+    primary_lost: Option<String>,
+    /// Events of a step the status records: published once, after its status write.
+    events: Vec<Announcement>,
+    /// The switchover request is answered once the status records the answer.
+    drop_request_when_recorded: bool,
+    /// When to look again although nothing may happen.
+    timer: Option<Duration>,
+}
+
+impl PrimaryStep {
+    fn unchanged(primary: Primary) -> Self {
+        Self {
+            primary,
+            primary_lost: None,
+            events: Vec::new(),
+            drop_request_when_recorded: false,
+            timer: None,
+        }
+    }
+}
+
+/// The agents' reports by pod name.
+fn reports<'a>(pods: impl Iterator<Item = &'a &'a Pod>) -> Vec<(String, Option<InstanceStatus>)> {
+    pods.map(|p| {
+        (
+            p.name_any(),
+            InstanceStatus::from_annotations(p.metadata.annotations.as_ref()),
+        )
+    })
+    .collect()
+}
+
+/// The primary lock as the cache saw it, and when it last changed.
+fn observe_lease(ctx: &Context, names: &Names) -> Option<(Arc<Lease>, LeaseObservation)> {
+    let name = primary_lease_name(&names.name);
+    let lease = ctx.caches.get::<Lease>(&names.namespace, &name)?;
+    let observation = LeaseObservation {
+        holder: lease::holder(&lease).map(str::to_string),
+        ever_held: lease::ever_held(&lease),
+        unchanged_for: ctx
+            .caches
+            .changed_at::<Lease>(&names.namespace, &name)
+            .map(|at| at.elapsed())
+            .unwrap_or_default(),
+    };
+    Some((lease, observation))
+}
+
+/// Whether the API server still has the lock at the cached version: a watch that fell
+/// behind (or broke) sees no renewals, and a failover is too disruptive to start on that.
+async fn lease_confirmed(ctx: &Context, names: &Names, cached: &Lease) -> bool {
+    let api: Api<Lease> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    match api.get_opt(&primary_lease_name(&names.name)).await {
+        Ok(live) => {
+            live.and_then(|l| l.metadata.resource_version) == cached.metadata.resource_version
+        }
+        Err(error) => {
+            tracing::warn!(%error, "reading the primary lock failed; the failover waits");
+            false
+        }
+    }
+}
+
+/// Time since `status.lastFailoverTime` on the wall clock (the only time the status keeps);
+/// unknown counts as long ago.
+fn since(time: Option<&str>) -> Duration {
+    use k8s_openapi::jiff::Timestamp;
+    let Some(started) = time.and_then(|t| t.parse::<Timestamp>().ok()) else {
+        return Duration::MAX;
+    };
+    Duration::try_from(Timestamp::now().duration_since(started)).unwrap_or_default()
+}
+
+/// Carries a failover ([`failover::plan`]) or, when none is due, a switchover
+/// ([`switchover::plan`]) one step; never both in one reconcile.
+async fn primary_step(
     db: &DatabaseCluster,
     ctx: &Context,
     names: &Names,
     pods: &[&Pod],
-) -> Primary {
+) -> PrimaryStep {
     let recorded = recorded_primary(db, names);
-    let reports: Vec<(String, Option<InstanceStatus>)> = pods
-        .iter()
-        .map(|p| {
-            (
-                p.name_any(),
-                InstanceStatus::from_annotations(p.metadata.annotations.as_ref()),
+    let all_reports = reports(pods.iter());
+    // A pod being deleted is no candidate and has nothing left to report.
+    let live_reports = reports(
+        pods.iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none()),
+    );
+    let observed_lease = observe_lease(ctx, names);
+    let high_availability = lease::failover_timeout(db).and(db.spec.high_availability.as_ref());
+    let requested = switchover::requested(db);
+    let step = failover::plan(&failover::Inputs {
+        cluster: &names.name,
+        high_availability,
+        synchronous: db
+            .spec
+            .replication
+            .as_ref()
+            .and_then(|r| r.synchronous.as_ref()),
+        primary: &recorded,
+        lease: observed_lease.as_ref().map(|(_, o)| o),
+        reports: &live_reports,
+        replicas: resources::stateful_set::instances(db),
+        requested,
+        since_start: since(recorded.last_failover_time.as_deref()),
+    });
+    match step {
+        failover::Step::Idle { expires_in } => {
+            let mut step = switchover_step(db, ctx, names, recorded, &all_reports).await;
+            step.timer = expires_in;
+            step
+        }
+        failover::Step::Lost { message } => {
+            let already = db
+                .status
+                .as_ref()
+                .and_then(|s| {
+                    devctl_api::conditions::find(&s.conditions, devctl_api::conditions::DEGRADED)
+                })
+                .is_some_and(|c| c.reason == status::PRIMARY_UNAVAILABLE && c.message == message);
+            let events = if already {
+                Vec::new()
+            } else {
+                vec![Announcement {
+                    type_: EventType::Warning,
+                    reason: "PrimaryLost",
+                    action: "Failover".into(),
+                    note: message.clone(),
+                }]
+            };
+            PrimaryStep {
+                primary_lost: Some(message),
+                events,
+                ..PrimaryStep::unchanged(recorded)
+            }
+        }
+        failover::Step::Refuse(message) => {
+            publish(
+                ctx,
+                db,
+                EventType::Warning,
+                "SwitchoverRefused",
+                "Switchover",
+                message,
             )
-        })
-        .collect();
+            .await;
+            drop_request(ctx, names).await;
+            PrimaryStep::unchanged(recorded)
+        }
+        failover::Step::AlreadyPrimary => {
+            drop_request(ctx, names).await;
+            PrimaryStep::unchanged(recorded)
+        }
+        failover::Step::Start {
+            failed,
+            epoch,
+            candidate: _,
+            message,
+        } => {
+            let confirmed = match &observed_lease {
+                Some((cached, _)) => lease_confirmed(ctx, names, cached).await,
+                None => false,
+            };
+            if !confirmed {
+                return PrimaryStep {
+                    timer: Some(LEASE_RECHECK),
+                    ..PrimaryStep::unchanged(recorded)
+                };
+            }
+            PrimaryStep {
+                events: vec![Announcement {
+                    type_: EventType::Warning,
+                    reason: "PrimaryLost",
+                    action: "Failover".into(),
+                    note: message,
+                }],
+                ..PrimaryStep::unchanged(Primary {
+                    target: Some(TARGET_PENDING.into()),
+                    failed: Some(failed),
+                    epoch: Some(epoch),
+                    last_failover_time: Some(now().0.to_string()),
+                    ..recorded
+                })
+            }
+        }
+        failover::Step::Pending { recheck_in } => PrimaryStep {
+            timer: recheck_in,
+            ..PrimaryStep::unchanged(recorded)
+        },
+        failover::Step::Elect(target) => {
+            let failed = recorded.failed.clone().unwrap_or_default();
+            let epoch = recorded.epoch.unwrap_or(0);
+            let why = if requested == Some(target.as_str()) {
+                "as requested".to_string()
+            } else {
+                "the most advanced of the replicas' final positions".to_string()
+            };
+            PrimaryStep {
+                events: vec![Announcement {
+                    type_: EventType::Normal,
+                    reason: "FailingOver",
+                    action: format!("Elect {target}"),
+                    note: format!(
+                        "Failing over from {failed} (epoch {epoch}): {target} promotes, {why}"
+                    ),
+                }],
+                ..PrimaryStep::unchanged(Primary {
+                    target: Some(target),
+                    ..recorded
+                })
+            }
+        }
+        failover::Step::Promoting(_) => PrimaryStep::unchanged(recorded),
+        failover::Step::Done { from, to, epoch } => PrimaryStep {
+            events: vec![Announcement {
+                type_: EventType::Normal,
+                reason: "Promoted",
+                action: format!("Promote {to}"),
+                note: format!(
+                    "Promoted {to} (failover from {from}, epoch {epoch}); {from} rejoins as a standby once it is back"
+                ),
+            }],
+            drop_request_when_recorded: requested.is_some(),
+            ..PrimaryStep::unchanged(Primary {
+                current: to,
+                target: None,
+                failed: None,
+                ..recorded
+            })
+        },
+    }
+}
+
+/// Carries a switchover one step ([`switchover::plan`]) from the `recorded` status.
+async fn switchover_step(
+    db: &DatabaseCluster,
+    ctx: &Context,
+    names: &Names,
+    recorded: Primary,
+    reports: &[(String, Option<InstanceStatus>)],
+) -> PrimaryStep {
     let step = switchover::plan(
         &recorded,
         switchover::requested(db),
-        &reports,
+        reports,
         resources::stateful_set::instances(db),
     );
-    let mut drop_request = false;
-    let next = match step {
-        Step::Idle | Step::Waiting(_) => recorded,
+    match step {
+        Step::Idle | Step::Waiting(_) => PrimaryStep::unchanged(recorded),
         Step::AlreadyPrimary => {
-            drop_request = true;
-            recorded
+            drop_request(ctx, names).await;
+            PrimaryStep::unchanged(recorded)
         }
         Step::Refuse(message) => {
             publish(
@@ -223,55 +493,53 @@ async fn switchover_step(
                 message,
             )
             .await;
-            drop_request = true;
-            recorded
+            drop_request(ctx, names).await;
+            PrimaryStep::unchanged(recorded)
         }
-        Step::Start(target) => {
-            publish(
-                ctx,
-                db,
-                EventType::Normal,
-                "SwitchingOver",
-                "Switchover",
-                format!(
+        Step::Start(target) => PrimaryStep {
+            events: vec![Announcement {
+                type_: EventType::Normal,
+                reason: "SwitchingOver",
+                action: "Switchover".into(),
+                note: format!(
                     "Switching over from {} to {target}: the primary checkpoints and stops, {target} promotes once it has all of its WAL",
                     recorded.current
                 ),
-            )
-            .await;
-            Primary {
-                current: recorded.current,
+            }],
+            ..PrimaryStep::unchanged(Primary {
                 target: Some(target),
-            }
-        }
-        Step::Done { from, to } => {
-            publish(
-                ctx,
-                db,
-                EventType::Normal,
-                "Promoted",
-                &format!("Promote {to}"),
-                format!("Promoted {to} (switchover from {from}); {from} rejoins as a standby"),
-            )
-            .await;
-            drop_request = switchover::requested(db).is_some();
-            Primary {
+                ..recorded
+            })
+        },
+        Step::Done { from, to } => PrimaryStep {
+            events: vec![Announcement {
+                type_: EventType::Normal,
+                reason: "Promoted",
+                action: format!("Promote {to}"),
+                note: format!(
+                    "Promoted {to} (switchover from {from}); {from} rejoins as a standby"
+                ),
+            }],
+            drop_request_when_recorded: switchover::requested(db).is_some(),
+            ..PrimaryStep::unchanged(Primary {
                 current: to,
                 target: None,
-            }
-        }
-    };
-    if drop_request {
-        let api: Api<DatabaseCluster> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        let patch = json!({ "metadata": { "annotations": { SWITCHOVER_ANNOTATION: null } } });
-        if let Err(error) = api
-            .patch(&names.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            tracing::warn!(%error, "removing the switchover request failed; retried next time");
-        }
+                ..recorded
+            })
+        },
     }
-    next
+}
+
+/// Removes the switchover request (answered: done, refused or moot).
+async fn drop_request(ctx: &Context, names: &Names) {
+    let api: Api<DatabaseCluster> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let patch = json!({ "metadata": { "annotations": { SWITCHOVER_ANNOTATION: null } } });
+    if let Err(error) = api
+        .patch(&names.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        tracing::warn!(%error, "removing the switchover request failed; retried next time");
+    }
 }
 
 /// Labels each pod with its role and replaces at most one outdated pod ([`pods::plan`]).

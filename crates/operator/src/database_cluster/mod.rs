@@ -1,6 +1,7 @@
 //! The DatabaseCluster controller.
 
 pub mod controller;
+pub mod failover;
 pub mod instances;
 pub mod pods;
 pub mod resources;

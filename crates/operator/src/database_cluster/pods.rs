@@ -36,9 +36,13 @@ pub enum PodAction {
 }
 
 /// The role each pod should carry: the primary is the pod named in `status.currentPrimary`.
-/// During a switchover the old primary carries none: it has stopped writing, and neither
-/// `-rw` nor `-ro` may send clients to it.
+/// During a switchover or a failover the old primary carries none: it has stopped writing
+/// (or is lost), and neither `-rw` nor `-ro` may send clients to it. The failover's elected
+/// target stays a replica until it has promoted and holds the lock (`currentPrimary`).
 pub fn role_of(pod: &str, primary: &Primary) -> Option<&'static str> {
+    if primary.failed.as_deref() == Some(pod) {
+        return None;
+    }
     if pod == primary.current {
         primary.target.is_none().then_some(ROLE_PRIMARY)
     } else {
@@ -81,7 +85,8 @@ pub fn plan(
     });
     let everyone_ready = ready >= replicas && pods.len() as i32 >= replicas;
     let anyone_leaving = pods.iter().any(|p| p.metadata.deletion_timestamp.is_some());
-    let switching = primary.target.is_some();
+    // A pod deleted now could be the one the switchover or failover needs.
+    let switching = primary.target.is_some() || primary.failed.is_some();
     if !revision_current || !everyone_ready || anyone_leaving || switching {
         return actions;
     }
@@ -137,6 +142,7 @@ mod tests {
         Primary {
             current: current.into(),
             target: None,
+            ..Default::default()
         }
     }
 
@@ -162,6 +168,7 @@ mod tests {
         let switching = Primary {
             current: "db-1".into(),
             target: Some("db-0".into()),
+            ..Default::default()
         };
         let pods = [
             pod("db-0", "a", Some("replica")),
@@ -204,6 +211,59 @@ mod tests {
             matches!(&last[..], [PodAction::Replace { pod, primary: true, .. }] if pod == "db-0")
         );
         assert!(step(&mk(["new", "new", "new"])).is_empty());
+    }
+
+    #[test]
+    fn during_a_failover_the_failed_primary_has_no_role_and_the_target_waits_as_a_replica() {
+        let pods = [
+            pod("db-0", "old", Some("primary")),
+            pod("db-1", "old", Some("replica")),
+            pod("db-2", "old", Some("replica")),
+        ];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let failing = |target: &str| Primary {
+            current: "db-0".into(),
+            target: Some(target.into()),
+            failed: Some("db-0".into()),
+            epoch: Some(1),
+            last_failover_time: Some("2025-01-01T00:00:00Z".into()),
+        };
+        for target in [devctl_api::instance::TARGET_PENDING, "db-2"] {
+            // Nothing replaced although every revision is outdated and all pods are ready.
+            assert_eq!(
+                plan(&refs, Some(&sts("new")), &failing(target), 3, 3),
+                [PodAction::Label {
+                    pod: "db-0".into(),
+                    role: None
+                }]
+            );
+            assert_eq!(role_of("db-2", &failing(target)), Some(ROLE_REPLICA));
+        }
+        // Done: the new primary and the old one as a replica.
+        let done = Primary {
+            current: "db-2".into(),
+            epoch: Some(1),
+            last_failover_time: Some("2025-01-01T00:00:00Z".into()),
+            ..Default::default()
+        };
+        assert_eq!(role_of("db-2", &done), Some(ROLE_PRIMARY));
+        assert_eq!(role_of("db-0", &done), Some(ROLE_REPLICA));
+        // And a later rollout replaces replicas before the new primary.
+        let refs: Vec<&Pod> = pods.iter().collect();
+        assert!(matches!(
+            &plan(&refs, Some(&sts("new")), &done, 3, 3)[..],
+            [.., PodAction::Replace { pod, primary: false, .. }] if pod == "db-1"
+        ));
+        let updated = [
+            pod("db-0", "new", Some("replica")),
+            pod("db-1", "new", Some("replica")),
+            pod("db-2", "old", Some("primary")),
+        ];
+        let refs: Vec<&Pod> = updated.iter().collect();
+        assert!(matches!(
+            &plan(&refs, Some(&sts("new")), &done, 3, 3)[..],
+            [PodAction::Replace { pod, primary: true, .. }] if pod == "db-2"
+        ));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use devctl_api::conditions::{self, DEGRADED, Desired, FALSE, PROGRESSING, READY, TRUE};
 use devctl_api::database_cluster::{DatabaseCluster, DatabaseClusterStatus, Phase};
+use devctl_api::instance::TARGET_PENDING;
 use devctl_api::labels;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -35,16 +36,28 @@ pub struct Observed<'a> {
     pub cluster_domain: &'a str,
     /// The instances as their agents report them.
     pub instances: Instances,
-    /// Who is primary after this reconcile, and who is becoming it (a switchover).
+    /// Who is primary after this reconcile, who is becoming it (a switchover or a
+    /// failover) and the failover bookkeeping.
     pub primary: Primary,
+    /// The primary is lost and nothing fails over on its own (no `autoFailover`, no
+    /// replica): why, and what a human can do.
+    pub primary_lost: Option<String>,
 }
 
 /// Reason of `Degraded` while a regenerated password has not reached the database. It stays
 /// until the instances report the new password applied (the agent does that).
 pub const CREDENTIALS_REGENERATED: &str = "CredentialsRegenerated";
 
-/// Reason of `Degraded` while the primary does not accept connections.
+/// Reason of `Degraded` while the primary does not accept connections, or is lost and
+/// nothing fails over on its own.
 pub const PRIMARY_UNAVAILABLE: &str = "PrimaryUnavailable";
+
+/// Reason of `Degraded` while fewer instances are ready than `spec.replicas` and nothing
+/// more specific explains it.
+pub const INSTANCES_UNAVAILABLE: &str = "InstancesUnavailable";
+
+/// Reason of `Progressing` (and `Ready` false) while a failover is under way.
+pub const FAILING_OVER: &str = "FailingOver";
 
 /// Reason of `Degraded`/`Stalled` while a MySQL cluster asks for more than one instance.
 pub const REPLICATION_UNSUPPORTED: &str = "ReplicationUnsupported";
@@ -114,8 +127,22 @@ pub fn compute(
         && !complete;
 
     let switching_to = observed.primary.target.as_deref();
-    let complete = complete && switching_to.is_none();
-    let (phase, progress_reason, progress_message) = if let Some(target) = switching_to {
+    let failing_over = observed.primary.failed.as_deref();
+    let complete = complete && switching_to.is_none() && failing_over.is_none();
+    let (phase, progress_reason, progress_message) = if let Some(failed) = failing_over {
+        let step = match switching_to {
+            Some(target) if target != TARGET_PENDING => format!("promoting {target}"),
+            _ => "waiting for the replicas' final positions".to_string(),
+        };
+        (
+            Phase::Running,
+            FAILING_OVER,
+            format!(
+                "failing over from {failed} (epoch {}): {step}",
+                observed.primary.epoch.unwrap_or(0)
+            ),
+        )
+    } else if let Some(target) = switching_to {
         (
             Phase::Running,
             "SwitchingOver",
@@ -216,13 +243,40 @@ pub fn compute(
                 st.current_revision.is_some() && st.current_revision == st.update_revision
             })
         });
+    // Fewer instances serve than declared, once the cluster has served and all of them
+    // exist (not while creating, scaling up or replacing pods, which Progressing says).
+    let instances_unavailable = previous.current_version.is_some()
+        && ready < want
+        && !upgrading
+        && observed.stateful_set.is_some_and(|s| {
+            s.spec.replicas == Some(want)
+                && s.status.as_ref().is_some_and(|st| {
+                    st.replicas >= want
+                        && st.current_revision.is_some()
+                        && st.current_revision == st.update_revision
+                })
+        });
+    let failover_hint = match &db.spec.high_availability {
+        Some(ha) if ha.enabled && ha.auto_failover => format!(
+            "writes wait until it is back, or until a replica is promoted if it does not renew the primary lock within {}",
+            ha.failover_timeout
+        ),
+        Some(ha) if ha.enabled => {
+            "writes wait until it is back (automatic failover is off)".to_string()
+        }
+        _ => "writes wait until it is back (spec.highAvailability is off: no automatic failover)"
+            .to_string(),
+    };
     // Cleared once every ready instance reports the regenerated Secret applied.
     let regenerated = observed.credentials_regenerated
         || (conditions::find(&previous.conditions, DEGRADED)
             .is_some_and(|c| c.status == TRUE && c.reason == CREDENTIALS_REGENERATED)
             && !observed.instances.credentials_applied);
-    desired.push(match (&observed.failure, refused) {
-        (Some(failure), _) => Desired::new(DEGRADED, TRUE, failure.reason, failure.message.clone()),
+    // A lost primary comes first: no writes until a human acts. Its event is published when
+    // this message first appears, so it must not hide behind another reason.
+    desired.push(match (&observed.failure, refused, &observed.primary_lost) {
+        (_, _, Some(lost)) => Desired::new(DEGRADED, TRUE, PRIMARY_UNAVAILABLE, lost.clone()),
+        (Some(failure), _, _) => Desired::new(DEGRADED, TRUE, failure.reason, failure.message.clone()),
         _ if regenerated => Desired::new(
             DEGRADED,
             TRUE,
@@ -232,17 +286,23 @@ pub fn compute(
                 names.secret()
             ),
         ),
-        (None, Some((reason, message))) => Desired::new(DEGRADED, TRUE, reason, message.clone()),
-        (None, None) if primary_unavailable => Desired::new(
+        (None, Some((reason, message)), None) => Desired::new(DEGRADED, TRUE, reason, message.clone()),
+        (None, None, None) if primary_unavailable => Desired::new(
             DEGRADED,
             TRUE,
             PRIMARY_UNAVAILABLE,
             format!(
-                "the primary {} does not accept connections; writes wait until it is back (automatic failover is not available yet)",
+                "the primary {} does not accept connections; {failover_hint}",
                 observed.primary.current
             ),
         ),
-        (None, None) => Desired::new(DEGRADED, FALSE, "AsExpected", "no problems found"),
+        (None, None, None) if instances_unavailable => Desired::new(
+            DEGRADED,
+            TRUE,
+            INSTANCES_UNAVAILABLE,
+            format!("{ready}/{want} instances ready{instance_problem}"),
+        ),
+        (None, None, None) => Desired::new(DEGRADED, FALSE, "AsExpected", "no problems found"),
     });
     let in_progress = match &observed.failure {
         // A transient failure is retried: still under way.
@@ -279,9 +339,12 @@ pub fn compute(
         current_version,
         storage_size,
         last_backup: previous.last_backup,
-        // The first instance at bootstrap; only a switchover (or, later, a failover) moves it.
+        // The first instance at bootstrap; only a switchover or a failover moves it.
         current_primary: Some(observed.primary.current.clone()),
         target_primary: observed.primary.target.clone(),
+        failover_epoch: observed.primary.epoch,
+        failed_primary: observed.primary.failed.clone(),
+        last_failover_time: observed.primary.last_failover_time.clone(),
         instances: observed.instances.summaries.clone(),
     })
 }
@@ -326,7 +389,9 @@ mod tests {
             primary: Primary {
                 current: "my-postgres-0".into(),
                 target: None,
+                ..Default::default()
             },
+            primary_lost: None,
             instances: Instances {
                 ready: sts
                     .and_then(|s| s.status.as_ref())
@@ -494,5 +559,135 @@ mod tests {
             TRUE,
             "a denied child needs a human"
         );
+    }
+
+    fn served(s: &StatefulSet) -> DatabaseCluster {
+        let mut db = sample();
+        db.status = compute(&db, &observed(Some(s)), &now());
+        assert_eq!(
+            db.status.as_ref().unwrap().current_version.as_deref(),
+            Some("16.2")
+        );
+        db
+    }
+
+    #[test]
+    fn a_failover_is_progressing_and_recorded_in_the_status() {
+        let s = sts(2, 3, true);
+        let db = served(&sts(3, 3, true));
+        let mut o = observed(Some(&s));
+        o.primary = Primary {
+            current: "my-postgres-0".into(),
+            target: Some(devctl_api::instance::TARGET_PENDING.into()),
+            failed: Some("my-postgres-0".into()),
+            epoch: Some(2),
+            last_failover_time: Some("2025-01-01T00:00:00Z".into()),
+        };
+        let status = compute(&db, &o, &now()).unwrap();
+        let progressing = condition(&status, PROGRESSING);
+        assert_eq!(progressing.status, TRUE);
+        assert_eq!(progressing.reason, FAILING_OVER);
+        assert_eq!(
+            progressing.message,
+            "failing over from my-postgres-0 (epoch 2): waiting for the replicas' final positions"
+        );
+        assert_eq!(condition(&status, READY).status, FALSE);
+        assert_eq!(status.target_primary.as_deref(), Some("pending"));
+        assert_eq!(status.failover_epoch, Some(2));
+        assert_eq!(status.failed_primary.as_deref(), Some("my-postgres-0"));
+        assert_eq!(
+            status.last_failover_time.as_deref(),
+            Some("2025-01-01T00:00:00Z")
+        );
+        // The failed primary is down: fewer instances, not a primary nobody replaces.
+        assert_eq!(condition(&status, DEGRADED).reason, INSTANCES_UNAVAILABLE);
+
+        o.primary.target = Some("my-postgres-2".into());
+        let status = compute(&db, &o, &now()).unwrap();
+        assert_eq!(
+            condition(&status, PROGRESSING).message,
+            "failing over from my-postgres-0 (epoch 2): promoting my-postgres-2"
+        );
+
+        // Done: the new primary, the epoch and time kept, nothing in progress.
+        let s = sts(3, 3, true);
+        let mut o = observed(Some(&s));
+        o.primary = Primary {
+            current: "my-postgres-2".into(),
+            epoch: Some(2),
+            last_failover_time: Some("2025-01-01T00:00:00Z".into()),
+            ..Default::default()
+        };
+        let status = compute(&db, &o, &now()).unwrap();
+        assert_eq!(condition(&status, READY).status, TRUE);
+        assert_eq!(condition(&status, DEGRADED).status, FALSE);
+        assert_eq!(status.current_primary.as_deref(), Some("my-postgres-2"));
+        assert_eq!(status.target_primary, None);
+        assert_eq!(status.failed_primary, None);
+        assert_eq!(status.failover_epoch, Some(2));
+    }
+
+    #[test]
+    fn a_lost_primary_without_automatic_failover_is_degraded_with_what_to_do() {
+        let s = sts(2, 3, true);
+        let db = served(&sts(3, 3, true));
+        let mut o = observed(Some(&s));
+        o.version_refused = Some("spec.version 16.1: downgrade".into());
+        o.primary_lost = Some(
+            "the primary my-postgres-0 did not renew the lock for 30s; automatic failover is off (spec.highAvailability.autoFailover): promote a replica with `devctl db promote my-postgres POD`".into(),
+        );
+        let status = compute(&db, &o, &now()).unwrap();
+        let degraded = condition(&status, DEGRADED);
+        assert_eq!(degraded.status, TRUE);
+        assert_eq!(degraded.reason, PRIMARY_UNAVAILABLE);
+        assert!(degraded.message.contains("devctl db promote my-postgres"));
+        assert_eq!(status.failover_epoch, None, "nothing started");
+    }
+
+    #[test]
+    fn fewer_ready_instances_than_declared_is_degraded_once_the_cluster_has_served() {
+        let s = sts(2, 3, true);
+        let mut o = observed(Some(&s));
+        o.instances.summaries = vec![
+            devctl_api::database_cluster::InstanceSummary {
+                name: "my-postgres-0".into(),
+                ready: true,
+                ..Default::default()
+            },
+            devctl_api::database_cluster::InstanceSummary {
+                name: "my-postgres-1".into(),
+                message: Some("the engine does not accept connections yet".into()),
+                ..Default::default()
+            },
+        ];
+        // Creating: not degraded yet.
+        let status = compute(&sample(), &o, &now()).unwrap();
+        assert_eq!(condition(&status, DEGRADED).status, FALSE);
+        let status = compute(&served(&sts(3, 3, true)), &o, &now()).unwrap();
+        let degraded = condition(&status, DEGRADED);
+        assert_eq!(degraded.reason, INSTANCES_UNAVAILABLE);
+        assert!(
+            degraded
+                .message
+                .starts_with("2/3 instances ready; my-postgres-1"),
+            "{}",
+            degraded.message
+        );
+        // A primary that does not accept connections says more.
+        o.instances.summaries[0].ready = false;
+        let status = compute(&served(&sts(3, 3, true)), &o, &now()).unwrap();
+        let degraded = condition(&status, DEGRADED);
+        assert_eq!(degraded.reason, PRIMARY_UNAVAILABLE);
+        assert!(
+            degraded.message.contains("no automatic failover"),
+            "{}",
+            degraded.message
+        );
+        // While pods are replaced by a rollout, it is progress, not degradation.
+        let rolling = sts(2, 3, false);
+        let mut o = observed(Some(&rolling));
+        o.instances.ready = 2;
+        let status = compute(&served(&sts(3, 3, true)), &o, &now()).unwrap();
+        assert_eq!(condition(&status, DEGRADED).status, FALSE);
     }
 }

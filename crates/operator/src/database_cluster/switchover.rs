@@ -13,11 +13,16 @@ use devctl_api::instance::{InstanceStatus, ROLE_PRIMARY, ROLE_REPLICA, SWITCHOVE
 
 use super::instances::ordinal;
 
-/// Who is primary, and who is becoming it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Who is primary, and who is becoming it; the failover bookkeeping of the status.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Primary {
     pub current: String,
+    /// A pod, or [`devctl_api::instance::TARGET_PENDING`] while a failover elects one.
     pub target: Option<String>,
+    /// The primary a failover under way replaces.
+    pub failed: Option<String>,
+    pub epoch: Option<i64>,
+    pub last_failover_time: Option<String>,
 }
 
 /// What to do about a switchover in this reconcile.
@@ -124,7 +129,7 @@ mod tests {
     fn idle() -> Primary {
         Primary {
             current: "db-0".into(),
-            target: None,
+            ..Default::default()
         }
     }
 
@@ -160,6 +165,7 @@ mod tests {
         let switching = Primary {
             current: "db-0".into(),
             target: Some("db-1".into()),
+            ..Default::default()
         };
         assert_eq!(
             plan(&switching, None, &reports(), 3),

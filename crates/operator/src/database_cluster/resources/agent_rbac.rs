@@ -2,11 +2,14 @@
 //! exactly this cluster's objects, and the RoleBinding between them.
 //!
 //! An agent may read its cluster and its credentials Secret, patch its own instance's pod
-//! (the report annotation) and record events — nothing else in the namespace. `resourceNames`
+//! (the report annotation), take and renew its cluster's primary lock (`update` with the
+//! Lease's `resourceVersion` as precondition, so two agents never both win; see
+//! docs/failover.md) and record events — nothing else in the namespace. `resourceNames`
 //! scopes every rule that Kubernetes lets it scope; the operator holds every right it grants
 //! here (RBAC forbids granting more than one has).
 
 use devctl_api::database_cluster::DatabaseCluster;
+use devctl_api::instance::primary_lease_name;
 use serde_json::json;
 
 use super::{Inputs, Names, metadata};
@@ -56,6 +59,12 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
                 "verbs": ["get", "patch"],
             },
             {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "resourceNames": [primary_lease_name(&names.name)],
+                "verbs": ["get", "list", "watch", "update"],
+            },
+            {
                 "apiGroups": ["events.k8s.io"],
                 "resources": ["events"],
                 "verbs": ["create", "patch"],
@@ -95,7 +104,7 @@ mod tests {
             );
             for verb in rule["verbs"].as_array().unwrap() {
                 assert!(
-                    ["get", "list", "watch", "patch"].contains(&verb.as_str().unwrap()),
+                    ["get", "list", "watch", "patch", "update"].contains(&verb.as_str().unwrap()),
                     "{rule}"
                 );
             }
@@ -103,6 +112,15 @@ mod tests {
         assert_eq!(
             role["rules"][2]["resourceNames"],
             json!(["my-postgres-0", "my-postgres-1", "my-postgres-2"])
+        );
+        assert_eq!(
+            role["rules"][3],
+            json!({
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "resourceNames": ["my-postgres-primary"],
+                "verbs": ["get", "list", "watch", "update"],
+            })
         );
         assert_eq!(children[2].body["subjects"][0]["name"], "my-postgres-agent");
     }

@@ -3,6 +3,7 @@
 
 pub mod agent_rbac;
 pub mod config_map;
+pub mod lease;
 pub mod pod_disruption_budget;
 pub mod secret;
 pub mod services;
@@ -18,6 +19,7 @@ use serde_json::{Value, json};
 
 use k8s_openapi::Resource as _;
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
@@ -37,10 +39,11 @@ pub const KINDS: &[&str] = &[
     RoleBinding::KIND,
     StatefulSet::KIND,
     PodDisruptionBudget::KIND,
+    Lease::KIND,
 ];
 
-/// Every kind the controller reads from the caches: what it owns, the volume claims and the
-/// pods (whose annotations carry the agents' reports).
+/// Every kind the controller reads from the caches: what it owns (the primary lock
+/// included), the volume claims and the pods (whose annotations carry the agents' reports).
 pub const READS: &[&str] = &[
     ConfigMap::KIND,
     Secret::KIND,
@@ -50,6 +53,7 @@ pub const READS: &[&str] = &[
     RoleBinding::KIND,
     StatefulSet::KIND,
     PodDisruptionBudget::KIND,
+    Lease::KIND,
     PersistentVolumeClaim::KIND,
     Pod::KIND,
 ];
@@ -163,6 +167,8 @@ pub fn desired(db: &DatabaseCluster, inputs: &Inputs<'_>) -> Result<Vec<Child>> 
     children.extend(services::desired(db, &names, inputs)?);
     // The agents' rights exist before the pods that use them.
     children.extend(agent_rbac::desired(db, &names, inputs)?);
+    // The primary lock exists before the pods whose agents take it.
+    children.extend(lease::desired(db, &names, inputs)?);
     children.push(stateful_set::desired(db, &names, inputs)?);
     children.extend(pod_disruption_budget::desired(db, &names, inputs)?);
     Ok(children)
@@ -235,6 +241,21 @@ mod tests {
             assert_eq!(meta["labels"]["app.kubernetes.io/instance"], "my-postgres");
             assert_eq!(meta["labels"]["app.kubernetes.io/version"], "16.2");
         }
+    }
+
+    #[test]
+    fn high_availability_adds_the_primary_lock_before_the_pods() {
+        let mut db = sample();
+        db.spec.high_availability = Some(devctl_api::database_cluster::HighAvailabilitySpec {
+            enabled: true,
+            auto_failover: true,
+            failover_timeout: "30s".into(),
+        });
+        let children = desired(&db, &inputs()).unwrap();
+        let at = |kind: &str| children.iter().position(|c| c.kind == kind).unwrap();
+        assert_eq!(children[at("Lease")].name, "my-postgres-primary");
+        assert!(at("Lease") < at("StatefulSet"));
+        assert!(KINDS.contains(&"Lease") && READS.contains(&"Lease"));
     }
 
     #[test]

@@ -1,0 +1,583 @@
+//! Failover on process-backed pods with real PostgreSQL (docs/failover.md): a primary that is
+//! killed, frozen or cut off from the API server is replaced by the most advanced replica,
+//! never while it can still write; acknowledged commits survive with synchronous
+//! replication; the old primary rewinds and rejoins.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use devctl_api::database_cluster::DatabaseCluster;
+use devctl_testenv::workload::{self, Ack};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::ListParams;
+use serde_json::json;
+use support::databases::{Env, READY_TIMEOUT, ready};
+
+/// The failover timeout of every cluster here (the lock's duration).
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// The bound: a new primary accepts writes within the timeout plus this.
+const PROMOTION_SLACK: Duration = Duration::from_secs(10);
+
+fn spec(replicas: i32, auto_failover: bool, synchronous: bool) -> serde_json::Value {
+    let mut spec = json!({
+        "engine": "postgres", "version": "16.2", "replicas": replicas,
+        "storage": { "size": "1Gi" },
+        "backup": { "enabled": false },
+        "highAvailability": {
+            "enabled": true,
+            "autoFailover": auto_failover,
+            "failoverTimeout": format!("{}s", TIMEOUT.as_secs()),
+        },
+    });
+    if synchronous {
+        spec["replication"] = json!({ "synchronous": { "method": "any", "number": 1 } });
+    }
+    spec
+}
+
+async fn wait_ready_with(env: &Env, name: &str, replicas: i32) -> DatabaseCluster {
+    env.wait_db(
+        name,
+        &format!("Ready with {replicas} instances"),
+        move |db| {
+            ready(db)
+                && db
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.ready_replicas == replicas)
+        },
+    )
+    .await
+}
+
+/// Everything the agents of `pod` logged (all its pods' logs: a replaced pod has a new one).
+fn full_log(env: &Env, pod: &str) -> String {
+    let runner = env.cluster.pod_runner().unwrap();
+    let prefix = format!("{}_{pod}_", env.namespace);
+    let mut logs: Vec<_> = std::fs::read_dir(runner.logs_dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    logs.sort();
+    logs.iter()
+        .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+        .collect()
+}
+
+async fn passfile(env: &Env, name: &str, dir: &tempfile::TempDir) -> PathBuf {
+    workload::app_passfile(dir.path(), &env.password(name).await).unwrap()
+}
+
+async fn address(env: &Env, pod: &str) -> (String, String) {
+    workload::reported_address(&env.client, &env.namespace, pod)
+        .await
+        .unwrap_or_else(|| panic!("{pod} reports no address"))
+}
+
+/// The `-rw` writer of the acceptance, with waits on what it saw.
+struct Writer(workload::Writer);
+
+impl Writer {
+    fn start(env: &Env, name: &str, passfile: PathBuf) -> Self {
+        Self(workload::Writer::start(
+            env.client.clone(),
+            &env.namespace,
+            name,
+            passfile,
+            1,
+            Duration::from_millis(50),
+        ))
+    }
+
+    /// Waits until `count` rows have been acknowledged by `pod` after `since`.
+    async fn wait_acks_from(&self, pod: &str, count: usize, since: SystemTime) {
+        let what = format!("{count} writes acknowledged by {pod}");
+        devctl_testenv::eventually(&what, READY_TIMEOUT, || async {
+            let n = self
+                .0
+                .acks()
+                .iter()
+                .filter(|a| a.pod == pod && a.at > since)
+                .count();
+            (n >= count).then_some(())
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Waits for the first row acknowledged by another pod than `old`, after `since`.
+    async fn wait_ack_not_from(&self, old: &str, since: SystemTime, within: Duration) -> Ack {
+        let what = format!("a write acknowledged by a pod other than {old}");
+        devctl_testenv::eventually(&what, within, || async {
+            self.0
+                .acks()
+                .into_iter()
+                .find(|a| a.pod != old && a.at > since)
+        })
+        .await
+        .unwrap()
+    }
+
+    async fn finish(self) -> Vec<Ack> {
+        self.0.finish().await
+    }
+}
+
+/// The `reason` events, once there is at least one (events follow the status write they
+/// announce).
+async fn wait_events(env: &Env, reason: &str) -> Vec<Event> {
+    devctl_testenv::eventually(&format!("a {reason} event"), READY_TIMEOUT, || async {
+        let found = events(env, reason).await;
+        (!found.is_empty()).then_some(found)
+    })
+    .await
+    .unwrap()
+}
+
+async fn events(env: &Env, reason: &str) -> Vec<Event> {
+    env.api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
+}
+
+/// Waits until `status.currentPrimary` is another pod than `old` and Ready again.
+async fn wait_new_primary(env: &Env, name: &str, old: &str) -> DatabaseCluster {
+    let old = old.to_string();
+    env.wait_db(name, "a new primary", move |db| {
+        db.status.as_ref().is_some_and(|s| {
+            s.current_primary.as_deref().is_some_and(|p| p != old) && s.target_primary.is_none()
+        })
+    })
+    .await
+}
+
+/// md5 of the table's values on `pod`, once it has `count` rows.
+async fn checksum_with(env: &Env, name: &str, pod: &str, count: usize) -> String {
+    let expected = count.to_string();
+    devctl_testenv::eventually(
+        &format!("{pod} to hold {count} rows"),
+        READY_TIMEOUT,
+        || async {
+            let out = env.instance_sql(name, pod, "select count(*) from t").await;
+            (support::stdout(&out).trim() == expected).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    env.instance_sql_ok(
+        name,
+        pod,
+        "select md5(coalesce(string_agg(v::text, ',' order by v), '')) from t",
+    )
+    .await
+}
+
+/// Waits until `pod` streams from `primary`.
+async fn wait_streaming(env: &Env, name: &str, primary: &str, pod: &str) {
+    devctl_testenv::eventually(
+        &format!("{pod} to stream from {primary}"),
+        READY_TIMEOUT,
+        || async {
+            let out = env
+                .instance_sql(
+                    name,
+                    primary,
+                    "select application_name from pg_stat_replication where state = 'streaming'",
+                )
+                .await;
+            support::stdout(&out)
+                .lines()
+                .any(|l| l.trim() == pod)
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{pod} agent log:\n{}", env.agent_log(pod)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_fails_over_with_every_acknowledged_row_and_rejoins_by_rewind() {
+    let env = Env::start("failover-kill").await;
+    env.create_spec("fk", spec(3, true, true)).await;
+    wait_ready_with(&env, "fk", 3).await;
+    env.shell_ok("fk", "create table t (v bigint primary key, pod text)")
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let writer = Writer::start(&env, "fk", passfile(&env, "fk", &dir).await);
+    writer
+        .wait_acks_from("fk-0", 20, SystemTime::UNIX_EPOCH)
+        .await;
+
+    let runner = env.cluster.pod_runner().unwrap();
+    let killed_at = SystemTime::now();
+    let started = Instant::now();
+    runner.kill_and_hold(&env.namespace, "fk-0").unwrap();
+    let first = writer
+        .wait_ack_not_from(
+            "fk-0",
+            killed_at,
+            TIMEOUT + PROMOTION_SLACK + Duration::from_secs(5),
+        )
+        .await;
+    let took = first.at.duration_since(killed_at).unwrap();
+    eprintln!("failover: first write on {} after {took:?}", first.pod);
+    assert!(
+        took <= TIMEOUT + PROMOTION_SLACK,
+        "a new primary took writes only after {took:?}"
+    );
+    let db = wait_new_primary(&env, "fk", "fk-0").await;
+    let status = db.status.clone().unwrap();
+    let new = status.current_primary.clone().unwrap();
+    writer.wait_acks_from(&new, 20, killed_at).await;
+    assert_eq!(status.failover_epoch, Some(1));
+    assert!(status.last_failover_time.is_some());
+    assert_eq!(status.failed_primary, None);
+    let acks = writer.finish().await;
+    eprintln!(
+        "{} rows acknowledged in {:?}",
+        acks.len(),
+        started.elapsed()
+    );
+
+    // Every acknowledged row is on the new primary (synchronous replication).
+    let rows: BTreeSet<i64> = env
+        .instance_sql_ok("fk", &new, "select v from t order by v")
+        .await
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    let lost: Vec<i64> = acks
+        .iter()
+        .map(|a| a.value)
+        .filter(|v| !rows.contains(v))
+        .collect();
+    assert!(lost.is_empty(), "acknowledged rows lost: {lost:?}");
+
+    assert_eq!(wait_events(&env, "PrimaryLost").await.len(), 1);
+    let promoted = wait_events(&env, "Promoted").await;
+    assert_eq!(promoted.len(), 1, "{promoted:#?}");
+    assert!(
+        promoted[0].series.is_none(),
+        "Promoted repeated: {promoted:#?}"
+    );
+
+    // The old primary comes back: rewound, a standby of the new primary; same data everywhere.
+    runner.release(&env.namespace, "fk-0").unwrap();
+    wait_streaming(&env, "fk", &new, "fk-0").await;
+    let log = full_log(&env, "fk-0");
+    assert!(
+        log.contains("rewinding the former primary") && !log.contains("pg_rewind from"),
+        "fk-0 did not rewind:\n{log}"
+    );
+    assert_eq!(
+        env.instance_sql_ok("fk", "fk-0", "select pg_is_in_recovery()")
+            .await,
+        "t"
+    );
+    env.shell_ok("fk", "insert into t values (-1, 'after')")
+        .await;
+    let count = rows.len() + 1;
+    let expected = checksum_with(&env, "fk", &new, count).await;
+    for pod in ["fk-0", "fk-1", "fk-2"] {
+        assert_eq!(
+            checksum_with(&env, "fk", pod, count).await,
+            expected,
+            "{pod}"
+        );
+    }
+    wait_events(&env, "Rejoined").await;
+    wait_ready_with(&env, "fk", 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_primary_stops_writing_before_another_is_promoted() {
+    let env = Env::start("failover-partition").await;
+    env.create_spec("fp", spec(3, true, false)).await;
+    wait_ready_with(&env, "fp", 3).await;
+    env.shell_ok("fp", "create table t (v bigint primary key, pod text)")
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let passfile = passfile(&env, "fp", &dir).await;
+    let pods = ["fp-0", "fp-1", "fp-2"];
+    let mut addresses = Vec::new();
+    for pod in pods {
+        addresses.push(address(&env, pod).await);
+    }
+
+    // A prober asks every instance directly, ten times a second, whether it is writable.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let probe_file = passfile.clone();
+    let prober = tokio::spawn(async move {
+        let mut samples: Vec<(Instant, Vec<bool>)> = Vec::new();
+        while !*stopped.borrow() {
+            let at = Instant::now();
+            let mut row = Vec::new();
+            for address in &addresses {
+                row.push(workload::writable(&probe_file, address).await);
+            }
+            samples.push((at, row));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        samples
+    });
+    let writer = Writer::start(&env, "fp", passfile.clone());
+
+    let runner = env.cluster.pod_runner().unwrap();
+    let cut_at = SystemTime::now();
+    runner.partition(&env.namespace, "fp-0").unwrap();
+    writer
+        .wait_ack_not_from(
+            "fp-0",
+            cut_at,
+            TIMEOUT + PROMOTION_SLACK + Duration::from_secs(5),
+        )
+        .await;
+    let db = wait_new_primary(&env, "fp", "fp-0").await;
+    let epoch_at: SystemTime = db
+        .status
+        .as_ref()
+        .and_then(|s| s.last_failover_time.as_deref())
+        .map(|t| t.parse::<k8s_openapi::jiff::Timestamp>().unwrap())
+        .map(SystemTime::from)
+        .unwrap();
+    let acks = writer.finish().await;
+    let _ = stop.send(true);
+    let samples = prober.await.unwrap();
+
+    // Never two writable instances; the old primary stopped before any other could write.
+    for (at, row) in &samples {
+        let count = row.iter().filter(|w| **w).count();
+        assert!(count <= 1, "two writable instances at {at:?}: {row:?}");
+    }
+    let first_new = samples
+        .iter()
+        .position(|(_, row)| row[1] || row[2])
+        .expect("a new primary was promoted");
+    let last_old = samples.iter().rposition(|(_, row)| row[0]);
+    assert!(
+        last_old.is_none_or(|i| i < first_new),
+        "fp-0 wrote after another instance was promoted"
+    );
+    // No write is acknowledged by the old primary after the new epoch.
+    let late: Vec<&Ack> = acks
+        .iter()
+        .filter(|a| a.pod == "fp-0" && a.at > epoch_at)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "fp-0 acknowledged after the failover: {late:?}"
+    );
+
+    // Healed, the old primary rejoins as a standby of the new one.
+    runner.heal(&env.namespace, "fp-0").unwrap();
+    let new = db.status.unwrap().current_primary.unwrap();
+    wait_streaming(&env, "fp", &new, "fp-0").await;
+    wait_ready_with(&env, "fp", 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_primary_is_demoted_on_thaw_and_never_acknowledges_after_the_failover() {
+    let env = Env::start("failover-freeze").await;
+    env.create_spec("ff", spec(2, true, false)).await;
+    wait_ready_with(&env, "ff", 2).await;
+    env.shell_ok("ff", "create table t (v bigint primary key, pod text)")
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let passfile = passfile(&env, "ff", &dir).await;
+    let old_address = address(&env, "ff-0").await;
+    let writer = Writer::start(&env, "ff", passfile.clone());
+
+    let runner = env.cluster.pod_runner().unwrap();
+    let frozen_at = SystemTime::now();
+    runner.freeze(&env.namespace, "ff-0").unwrap();
+    writer
+        .wait_ack_not_from(
+            "ff-0",
+            frozen_at,
+            TIMEOUT + PROMOTION_SLACK + Duration::from_secs(5),
+        )
+        .await;
+    let db = wait_new_primary(&env, "ff", "ff-0").await;
+    assert_eq!(
+        db.status.as_ref().unwrap().current_primary.as_deref(),
+        Some("ff-1")
+    );
+
+    // Thawed: it fences itself at once (its lock lapsed) and never takes a write again.
+    runner.thaw(&env.namespace, "ff-0").unwrap();
+    let thawed = Instant::now();
+    devctl_testenv::eventually(
+        "ff-0 to stop accepting writes",
+        Duration::from_secs(5),
+        || async { (!workload::writable(&passfile, &old_address).await).then_some(()) },
+    )
+    .await
+    .unwrap();
+    eprintln!("ff-0 demoted {:?} after SIGCONT", thawed.elapsed());
+    let acks = writer.finish().await;
+    let late: Vec<&Ack> = acks
+        .iter()
+        .filter(|a| a.pod == "ff-0" && a.at > frozen_at)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "ff-0 acknowledged while frozen or after: {late:?}"
+    );
+    wait_streaming(&env, "ff", "ff-1", "ff-0").await;
+    wait_ready_with(&env, "ff", 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_auto_failover_a_lost_primary_is_reported_and_promote_fails_over() {
+    let mut env = Env::start("failover-manual").await;
+    env.create_spec("fm", spec(3, false, false)).await;
+    wait_ready_with(&env, "fm", 3).await;
+    env.shell_ok(
+        "fm",
+        "create table t (v bigint primary key, pod text); insert into t select g, 'seed' from generate_series(1, 100) g",
+    )
+    .await;
+    let runner = env.cluster.pod_runner().unwrap();
+    runner.kill_and_hold(&env.namespace, "fm-0").unwrap();
+    let db = env
+        .wait_db("fm", "Degraded PrimaryUnavailable", |db| {
+            support::databases::condition(db, "Degraded")
+                .is_some_and(|(s, r, _)| s == "True" && r == "PrimaryUnavailable")
+        })
+        .await;
+    let (_, _, message) = support::databases::condition(&db, "Degraded").unwrap();
+    assert!(message.contains("devctl db promote"), "{message}");
+    wait_events(&env, "PrimaryLost").await;
+    // Nothing is promoted on its own, however long it waits.
+    tokio::time::sleep(TIMEOUT * 2).await;
+    let status = env
+        .api::<DatabaseCluster>()
+        .get("fm")
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(status.current_primary.as_deref(), Some("fm-0"));
+    assert_eq!(status.failover_epoch, None);
+
+    // A human promotes fm-2; the operator is restarted in the middle of it: exactly one
+    // failover, one Promoted event.
+    let kubeconfig = env.kubeconfig.clone();
+    let promote = tokio::task::spawn_blocking(move || {
+        support::devctl(&kubeconfig, &["db", "promote", "fm", "fm-2"])
+    });
+    assert!(promote.await.unwrap().status.success());
+    env.wait_db("fm", "a failover under way", |db| {
+        db.status
+            .as_ref()
+            .is_some_and(|s| s.failed_primary.as_deref() == Some("fm-0"))
+    })
+    .await;
+    env.stop_operator();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    env.start_operator();
+    let db = wait_new_primary(&env, "fm", "fm-0").await;
+    let status = db.status.unwrap();
+    assert_eq!(status.current_primary.as_deref(), Some("fm-2"));
+    assert_eq!(status.failover_epoch, Some(1));
+    let promoted = wait_events(&env, "Promoted").await;
+    assert_eq!(promoted.len(), 1, "{promoted:#?}");
+    assert!(
+        promoted[0].series.is_none(),
+        "Promoted repeated: {promoted:#?}"
+    );
+    assert_eq!(
+        env.instance_sql_ok("fm", "fm-2", "select count(*) from t")
+            .await,
+        "100"
+    );
+    wait_streaming(&env, "fm", "fm-2", "fm-1").await;
+
+    // The old primary's WAL is gone, so it cannot be rewound: it moves its data aside, clones
+    // the new primary and rejoins. Then a minor version change replaces the replicas before
+    // the new primary.
+    let claim = runner.claim_dir(&env.namespace, "data-fm-0").unwrap();
+    let mut removed = 0;
+    for entry in std::fs::read_dir(claim.join("data/pg_wal")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::remove_file(&path).unwrap();
+            removed += 1;
+        }
+    }
+    assert!(removed > 0, "no WAL segment in {}", claim.display());
+    runner.release(&env.namespace, "fm-0").unwrap();
+    wait_streaming(&env, "fm", "fm-2", "fm-0").await;
+    let log = full_log(&env, "fm-0");
+    assert!(
+        log.contains("pg_rewind from"),
+        "fm-0 did not try to rewind:\n{log}"
+    );
+    let aside = std::fs::read_dir(&claim)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .any(|e| e.file_name().to_string_lossy().starts_with("data.old-"));
+    assert!(aside, "fm-0's unrewindable data was not moved aside");
+    assert_eq!(
+        env.instance_sql_ok("fm", "fm-0", "select count(*) from t")
+            .await,
+        "100"
+    );
+    wait_ready_with(&env, "fm", 3).await;
+    env.api::<DatabaseCluster>()
+        .patch(
+            "fm",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({ "spec": { "version": "16.3" } })),
+        )
+        .await
+        .unwrap();
+    env.wait_db("fm", "Ready at 16.3", |db| {
+        ready(db)
+            && db
+                .status
+                .as_ref()
+                .and_then(|s| s.current_version.as_deref())
+                == Some("16.3")
+    })
+    .await;
+    let mut replaced: Vec<(Option<String>, String)> = events(&env, "ReplacingInstance")
+        .await
+        .iter()
+        .map(|e| {
+            (
+                e.event_time.as_ref().map(|t| t.0.to_string()),
+                e.note.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    replaced.sort();
+    let last = replaced
+        .last()
+        .map(|(_, note)| note.clone())
+        .unwrap_or_default();
+    assert!(
+        last.contains("pod fm-2 "),
+        "the primary fm-2 was not last: {replaced:#?}"
+    );
+    let promoted = events(&env, "Promoted").await;
+    assert_eq!(
+        promoted.len(),
+        1,
+        "one failover, one Promoted: {promoted:#?}"
+    );
+    assert!(
+        promoted[0].series.is_none(),
+        "Promoted repeated: {promoted:#?}"
+    );
+}

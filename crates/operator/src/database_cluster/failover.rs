@@ -1,0 +1,721 @@
+//! Failover (docs/failover.md), decided from what is observed (pure).
+//!
+//! The primary's agent renews the primary lock (the Lease `<cluster>-primary`) while its
+//! instance is healthy and fences itself when it cannot. The operator notes on its own
+//! monotonic clock when the lock last changed; a lock that was held and has not changed for
+//! `failoverTimeout` means the primary is lost — by then it has stopped writing, whatever
+//! happened to it. The operator then runs the failover one step per reconcile, keeping every
+//! step in the status (`failoverEpoch`, `failedPrimary`, `targetPrimary`), so a restarted
+//! operator carries on where the previous one stopped:
+//!
+//! 1. **Start**: a new epoch, the lost primary as `failedPrimary`, `targetPrimary: pending`.
+//!    The replicas stop their WAL receivers and acknowledge the epoch in their reports with
+//!    final positions.
+//! 2. **Elect**: once enough replicas acknowledged ([`enough_acknowledged`]), the most
+//!    advanced one ([`most_advanced`]) becomes `targetPrimary`.
+//! 3. **Done**: the target reports itself a ready primary and holds the lock: it becomes
+//!    `currentPrimary`.
+//!
+//! A human can pick the new primary (`devctl db promote`, the switchover request) once the
+//! primary is lost; it is the only way without `autoFailover`.
+
+use std::cmp::Reverse;
+use std::time::Duration;
+
+use devctl_api::database_cluster::{HighAvailabilitySpec, SynchronousSpec};
+use devctl_api::instance::{InstanceStatus, ROLE_PRIMARY, SWITCHOVER_ANNOTATION, TARGET_PENDING};
+
+use super::instances::ordinal;
+use super::switchover::Primary;
+
+/// What the operator's watch saw of the primary lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseObservation {
+    /// `spec.holderIdentity` (none when released).
+    pub holder: Option<String>,
+    /// Someone took the lock once: a lock nobody ever took (a new cluster, agents without
+    /// failover support) never counts as lost.
+    pub ever_held: bool,
+    /// How long the lock has been unchanged, on the operator's monotonic clock.
+    pub unchanged_for: Duration,
+}
+
+/// Everything a failover step depends on.
+#[derive(Debug, Clone)]
+pub struct Inputs<'a> {
+    pub cluster: &'a str,
+    /// Only when high availability is enabled.
+    pub high_availability: Option<&'a HighAvailabilitySpec>,
+    pub synchronous: Option<&'a SynchronousSpec>,
+    /// The status as recorded.
+    pub primary: &'a Primary,
+    /// The primary lock, when it exists.
+    pub lease: Option<&'a LeaseObservation>,
+    /// The agents' reports by pod name, for the pods that are not being deleted.
+    pub reports: &'a [(String, Option<InstanceStatus>)],
+    /// Instances the cluster runs.
+    pub replicas: i32,
+    /// The pod named by the switchover request.
+    pub requested: Option<&'a str>,
+    /// Time since the failover under way started (`status.lastFailoverTime`).
+    pub since_start: Duration,
+}
+
+/// What to do about failover in this reconcile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing for failover: no high availability, a healthy or never-held lock, or a
+    /// switchover under way (which [`super::switchover`] carries). `expires_in`: when the lock
+    /// counts as lost unless it changes before.
+    Idle { expires_in: Option<Duration> },
+    /// The primary is lost and nothing fails over on its own: report it and wait.
+    Lost { message: String },
+    /// The request cannot be carried out: say why and drop it.
+    Refuse(String),
+    /// The request names the current primary: drop it.
+    AlreadyPrimary,
+    /// Begin a failover away from `failed` in `epoch`; `candidate` when a human picked it.
+    Start {
+        failed: String,
+        epoch: i64,
+        candidate: Option<String>,
+        /// For the `PrimaryLost` event.
+        message: String,
+    },
+    /// Waiting for the replicas' final positions; `recheck_in` when time alone can make
+    /// enough of them (asynchronous replication).
+    Pending { recheck_in: Option<Duration> },
+    /// Make this replica `targetPrimary`.
+    Elect(String),
+    /// The target has not promoted (or not taken the lock) yet.
+    Promoting(String),
+    /// The target runs as the primary and holds the lock: make it `currentPrimary`.
+    Done {
+        from: String,
+        to: String,
+        epoch: i64,
+    },
+}
+
+/// A PostgreSQL LSN (`X/Y`, two hexadecimal halves) as a number.
+pub fn parse_lsn(lsn: &str) -> Option<u64> {
+    let (high, low) = lsn.trim().split_once('/')?;
+    let high = u32::from_str_radix(high, 16).ok()?;
+    let low = u32::from_str_radix(low, 16).ok()?;
+    Some((u64::from(high) << 32) | u64::from(low))
+}
+
+/// How a candidate ranks: highest timeline, then received LSN, then replayed LSN, then the
+/// lowest ordinal (name). What a report lacks ranks lowest.
+type Rank<'a> = (
+    Option<i64>,
+    Option<u64>,
+    Option<u64>,
+    Reverse<i32>,
+    Reverse<&'a str>,
+);
+
+fn rank<'a>(name: &'a str, report: &InstanceStatus) -> Rank<'a> {
+    let replayed = report.replayed_lsn.as_deref().and_then(parse_lsn);
+    // A replica restarted during the failover has no receive position: what it replayed is
+    // what it has.
+    let received = report
+        .received_lsn
+        .as_deref()
+        .and_then(parse_lsn)
+        .max(replayed);
+    (
+        report.timeline,
+        received,
+        replayed,
+        Reverse(ordinal(name).unwrap_or(i32::MAX)),
+        Reverse(name),
+    )
+}
+
+/// The most advanced of `candidates` (pod name and final report).
+pub fn most_advanced<'a>(candidates: &[(&'a str, &InstanceStatus)]) -> Option<&'a str> {
+    candidates
+        .iter()
+        .max_by(|(a, ra), (b, rb)| rank(a, ra).cmp(&rank(b, rb)))
+        .map(|(name, _)| *name)
+}
+
+/// Whether the election may happen with `acknowledged` of `live` replicas reporting final
+/// positions, `since_start` into the failover.
+///
+/// Synchronous (`ANY k` of `m = replicas − 1` standbys): every acknowledged commit is on `k`
+/// standbys, so any `m − k + 1` of them include one that has it — never fewer, however long
+/// it takes (a human can still pick a replica). `FIRST k` is treated the same way: which
+/// standbys were the first `k` at the moment of the failure is not known. Asynchronous:
+/// every live replica, or after a further `timeout` at least one (a replica that died with
+/// the primary does not block the failover forever).
+pub fn enough_acknowledged(
+    synchronous: Option<&SynchronousSpec>,
+    replicas: i32,
+    acknowledged: usize,
+    live: usize,
+    since_start: Duration,
+    timeout: Duration,
+) -> bool {
+    if acknowledged == 0 {
+        return false;
+    }
+    match synchronous {
+        Some(sync) => {
+            let standbys = i64::from(replicas) - 1;
+            let needed = (standbys - i64::from(sync.number) + 1).max(1);
+            i64::try_from(acknowledged).unwrap_or(i64::MAX) >= needed
+        }
+        None => acknowledged >= live || since_start >= timeout,
+    }
+}
+
+/// Decides the step (see the module documentation).
+pub fn plan(inputs: &Inputs<'_>) -> Step {
+    let primary = inputs.primary;
+    if let Some(failed) = &primary.failed {
+        return carry_on(inputs, failed);
+    }
+    let (Some(ha), Some(lease)) = (inputs.high_availability, inputs.lease) else {
+        return Step::Idle { expires_in: None };
+    };
+    // A switchover hands the lock over on purpose; it is not a loss.
+    if primary.target.is_some() || !lease.ever_held {
+        return Step::Idle { expires_in: None };
+    }
+    let timeout = ha.failover_timeout().unwrap_or(Duration::from_secs(30));
+    if lease.unchanged_for < timeout {
+        return Step::Idle {
+            expires_in: Some(timeout - lease.unchanged_for),
+        };
+    }
+    let current = &primary.current;
+    let what = match &lease.holder {
+        Some(_) => format!(
+            "primary {current} did not renew the lock for {}",
+            ha.failover_timeout
+        ),
+        None => format!(
+            "primary {current} released the lock and nobody took it for {}",
+            ha.failover_timeout
+        ),
+    };
+    let epoch = primary.epoch.unwrap_or(0) + 1;
+    if let Some(pod) = inputs.requested {
+        if pod == current {
+            return Step::AlreadyPrimary;
+        }
+        if !is_instance(inputs, pod) {
+            return Step::Refuse(not_an_instance(pod));
+        }
+        return Step::Start {
+            failed: current.clone(),
+            epoch,
+            candidate: Some(pod.to_string()),
+            message: format!("{what}; failing over to {pod} as requested (epoch {epoch})"),
+        };
+    }
+    if !ha.auto_failover {
+        return Step::Lost {
+            message: format!(
+                "the {what}; automatic failover is off (spec.highAvailability.autoFailover): promote a replica with `devctl db promote {} POD`",
+                inputs.cluster
+            ),
+        };
+    }
+    let has_replica = inputs
+        .reports
+        .iter()
+        .any(|(name, report)| name != current && report.is_some() && is_instance(inputs, name));
+    if !has_replica {
+        return Step::Lost {
+            message: format!(
+                "the {what}; there is no replica to fail over to, writes wait until it is back"
+            ),
+        };
+    }
+    Step::Start {
+        failed: current.clone(),
+        epoch,
+        candidate: None,
+        message: format!("{what}; failing over (epoch {epoch})"),
+    }
+}
+
+/// The steps of a failover under way, away from `failed`.
+fn carry_on(inputs: &Inputs<'_>, failed: &str) -> Step {
+    let primary = inputs.primary;
+    let epoch = primary.epoch.unwrap_or(0);
+    let report = |pod: &str| {
+        inputs
+            .reports
+            .iter()
+            .find(|(name, _)| name == pod)
+            .and_then(|(_, r)| r.as_ref())
+    };
+    match primary.target.as_deref() {
+        Some(target) if target != TARGET_PENDING => {
+            let promoted =
+                report(target).is_some_and(|r| r.ready && r.role.as_deref() == Some(ROLE_PRIMARY));
+            // Without a lock (high availability turned off meanwhile) the report is all.
+            let holds_lock = inputs
+                .lease
+                .is_none_or(|l| l.holder.as_deref() == Some(target));
+            if promoted && holds_lock {
+                Step::Done {
+                    from: failed.to_string(),
+                    to: target.to_string(),
+                    epoch,
+                }
+            } else {
+                Step::Promoting(target.to_string())
+            }
+        }
+        // Pending (or a status without a target, which only a hand edit makes).
+        _ => {
+            let acknowledged =
+                |name: &str| report(name).and_then(|r| r.failover_epoch) == Some(epoch);
+            if let Some(pod) = inputs.requested {
+                if pod == failed {
+                    return Step::Refuse(format!(
+                        "{SWITCHOVER_ANNOTATION}: {pod} is the primary being failed over"
+                    ));
+                }
+                if !is_instance(inputs, pod) {
+                    return Step::Refuse(not_an_instance(pod));
+                }
+                // A human's pick needs only its own final position.
+                return if acknowledged(pod) {
+                    Step::Elect(pod.to_string())
+                } else {
+                    Step::Pending { recheck_in: None }
+                };
+            }
+            let replicas: Vec<(&str, &InstanceStatus)> = inputs
+                .reports
+                .iter()
+                .filter(|(name, _)| name != failed && is_instance(inputs, name))
+                .filter_map(|(name, r)| Some((name.as_str(), r.as_ref()?)))
+                .collect();
+            let final_positions: Vec<(&str, &InstanceStatus)> = replicas
+                .iter()
+                .copied()
+                .filter(|(_, r)| r.failover_epoch == Some(epoch))
+                .collect();
+            let live = replicas
+                .iter()
+                .filter(|(_, r)| r.ready || r.failover_epoch == Some(epoch))
+                .count();
+            let timeout = inputs
+                .high_availability
+                .and_then(HighAvailabilitySpec::failover_timeout)
+                .unwrap_or(Duration::from_secs(30));
+            let enough = enough_acknowledged(
+                inputs.synchronous,
+                inputs.replicas,
+                final_positions.len(),
+                live,
+                inputs.since_start,
+                timeout,
+            );
+            match most_advanced(&final_positions) {
+                Some(best) if enough => Step::Elect(best.to_string()),
+                // Asynchronous with some positions in: the further timeout elects alone.
+                Some(_) if inputs.synchronous.is_none() => Step::Pending {
+                    recheck_in: timeout.checked_sub(inputs.since_start),
+                },
+                _ => Step::Pending { recheck_in: None },
+            }
+        }
+    }
+}
+
+fn is_instance(inputs: &Inputs<'_>, pod: &str) -> bool {
+    ordinal(pod).is_some_and(|o| o < inputs.replicas)
+        && inputs.reports.iter().any(|(name, _)| name == pod)
+}
+
+fn not_an_instance(pod: &str) -> String {
+    format!("{SWITCHOVER_ANNOTATION}: {pod} is not an instance of this cluster")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use devctl_api::database_cluster::SynchronousMethod;
+
+    fn ha(auto_failover: bool) -> HighAvailabilitySpec {
+        HighAvailabilitySpec {
+            enabled: true,
+            auto_failover,
+            failover_timeout: "30s".into(),
+        }
+    }
+
+    fn replica(
+        timeline: i64,
+        received: &str,
+        replayed: &str,
+        epoch: Option<i64>,
+    ) -> InstanceStatus {
+        InstanceStatus {
+            role: Some("replica".into()),
+            ready: true,
+            timeline: Some(timeline),
+            received_lsn: Some(received.into()),
+            replayed_lsn: Some(replayed.into()),
+            failover_epoch: epoch,
+            ..Default::default()
+        }
+    }
+
+    fn reports(epoch: Option<i64>) -> Vec<(String, Option<InstanceStatus>)> {
+        vec![
+            (
+                "db-0".into(),
+                Some(InstanceStatus {
+                    role: Some("primary".into()),
+                    ready: true,
+                    ..Default::default()
+                }),
+            ),
+            (
+                "db-1".into(),
+                Some(replica(1, "0/3000000", "0/3000000", epoch)),
+            ),
+            (
+                "db-2".into(),
+                Some(replica(1, "0/3000100", "0/3000000", epoch)),
+            ),
+        ]
+    }
+
+    fn healthy() -> Primary {
+        Primary {
+            current: "db-0".into(),
+            ..Default::default()
+        }
+    }
+
+    fn pending(epoch: i64) -> Primary {
+        Primary {
+            current: "db-0".into(),
+            target: Some(TARGET_PENDING.into()),
+            failed: Some("db-0".into()),
+            epoch: Some(epoch),
+            last_failover_time: Some("2025-01-01T00:00:00Z".into()),
+        }
+    }
+
+    fn lease(holder: Option<&str>, ever_held: bool, unchanged_for: u64) -> LeaseObservation {
+        LeaseObservation {
+            holder: holder.map(str::to_string),
+            ever_held,
+            unchanged_for: Duration::from_secs(unchanged_for),
+        }
+    }
+
+    struct Case {
+        ha: HighAvailabilitySpec,
+        synchronous: Option<SynchronousSpec>,
+        primary: Primary,
+        lease: Option<LeaseObservation>,
+        reports: Vec<(String, Option<InstanceStatus>)>,
+        requested: Option<&'static str>,
+        since_start: Duration,
+    }
+
+    impl Case {
+        fn new(primary: Primary, lease: Option<LeaseObservation>) -> Self {
+            Self {
+                ha: ha(true),
+                synchronous: None,
+                primary,
+                lease,
+                reports: reports(None),
+                requested: None,
+                since_start: Duration::ZERO,
+            }
+        }
+
+        fn plan(&self) -> Step {
+            plan(&Inputs {
+                cluster: "db",
+                high_availability: Some(&self.ha),
+                synchronous: self.synchronous.as_ref(),
+                primary: &self.primary,
+                lease: self.lease.as_ref(),
+                reports: &self.reports,
+                replicas: 3,
+                requested: self.requested,
+                since_start: self.since_start,
+            })
+        }
+    }
+
+    #[test]
+    fn lsns_are_two_hexadecimal_halves() {
+        assert_eq!(parse_lsn("0/3000060"), Some(0x300_0060));
+        assert_eq!(parse_lsn("1/0"), Some(1 << 32));
+        assert!(parse_lsn("16/B374D848") > parse_lsn("F/FFFFFFFF"));
+        assert_eq!(parse_lsn("nonsense"), None);
+        assert_eq!(parse_lsn("0/"), None);
+    }
+
+    #[test]
+    fn election_order_is_timeline_then_received_then_replayed_then_lowest_name() {
+        let pick = |a: InstanceStatus, b: InstanceStatus| {
+            most_advanced(&[("db-2", &a), ("db-1", &b)]).map(str::to_string)
+        };
+        // A higher timeline wins over more WAL on an older one.
+        assert_eq!(
+            pick(
+                replica(2, "0/1000000", "0/1000000", None),
+                replica(1, "0/9000000", "0/9000000", None)
+            ),
+            Some("db-2".into())
+        );
+        // Received before replayed; compared as numbers, not text ("0/A..." > "0/9...").
+        assert_eq!(
+            pick(
+                replica(1, "0/A000000", "0/1000000", None),
+                replica(1, "0/9000000", "0/9000000", None)
+            ),
+            Some("db-2".into())
+        );
+        assert_eq!(
+            pick(
+                replica(1, "0/9000000", "0/9000000", None),
+                replica(1, "0/9000000", "0/8000000", None)
+            ),
+            Some("db-2".into())
+        );
+        // Equal: the lowest ordinal (db-2 < db-10 by ordinal, not by text).
+        let same = replica(1, "0/9000000", "0/9000000", None);
+        assert_eq!(pick(same.clone(), same.clone()), Some("db-1".into()));
+        assert_eq!(
+            most_advanced(&[("db-10", &same), ("db-2", &same)]),
+            Some("db-2")
+        );
+        // A report without positions ranks last.
+        assert_eq!(
+            most_advanced(&[("db-1", &InstanceStatus::default()), ("db-2", &same)]),
+            Some("db-2")
+        );
+        assert_eq!(most_advanced(&[]), None);
+    }
+
+    #[test]
+    fn quorum_rule() {
+        let any = |number| SynchronousSpec {
+            method: SynchronousMethod::Any,
+            number,
+        };
+        let t = Duration::from_secs(30);
+        let now = Duration::ZERO;
+        // 5 instances: 4 standbys, ANY 2 → 3 positions needed, whatever time passes.
+        assert!(!enough_acknowledged(
+            Some(&any(2)),
+            5,
+            2,
+            4,
+            Duration::from_secs(3600),
+            t
+        ));
+        assert!(enough_acknowledged(Some(&any(2)), 5, 3, 4, now, t));
+        // ANY 1 of 2 standbys → both; ANY 2 of 2 → one suffices.
+        assert!(!enough_acknowledged(Some(&any(1)), 3, 1, 2, now, t));
+        assert!(enough_acknowledged(Some(&any(1)), 3, 2, 2, now, t));
+        assert!(enough_acknowledged(Some(&any(2)), 3, 1, 2, now, t));
+        // FIRST k counts the same way.
+        let first = SynchronousSpec {
+            method: SynchronousMethod::First,
+            number: 1,
+        };
+        assert!(!enough_acknowledged(Some(&first), 3, 1, 2, now, t));
+        assert!(enough_acknowledged(Some(&first), 3, 2, 2, now, t));
+        // Asynchronous: every live replica, or one after a further timeout; never none.
+        assert!(!enough_acknowledged(
+            None,
+            3,
+            1,
+            2,
+            Duration::from_secs(29),
+            t
+        ));
+        assert!(enough_acknowledged(None, 3, 2, 2, now, t));
+        assert!(enough_acknowledged(None, 3, 1, 2, t, t));
+        assert!(!enough_acknowledged(None, 3, 0, 0, t, t));
+    }
+
+    #[test]
+    fn a_lock_counts_as_lost_only_once_unchanged_for_the_timeout() {
+        let step = |lease| Case::new(healthy(), Some(lease)).plan();
+        assert_eq!(
+            step(lease(Some("db-0"), true, 12)),
+            Step::Idle {
+                expires_in: Some(Duration::from_secs(18))
+            }
+        );
+        assert!(matches!(
+            step(lease(Some("db-0"), true, 30)),
+            Step::Start { epoch: 1, candidate: None, ref failed, ref message }
+                if failed == "db-0" && message.contains("did not renew the lock for 30s")
+        ));
+        // Released and not taken back counts; never held does not.
+        assert!(matches!(
+            step(lease(None, true, 31)),
+            Step::Start { ref message, .. } if message.contains("released")
+        ));
+        assert_eq!(
+            step(lease(None, true, 5)),
+            Step::Idle {
+                expires_in: Some(Duration::from_secs(25))
+            }
+        );
+        assert_eq!(
+            step(lease(None, false, 3600)),
+            Step::Idle { expires_in: None }
+        );
+        // Not during a switchover, nor without high availability or a lock.
+        let mut switching = Case::new(healthy(), Some(lease(None, true, 3600)));
+        switching.primary.target = Some("db-1".into());
+        assert_eq!(switching.plan(), Step::Idle { expires_in: None });
+        assert_eq!(
+            Case::new(healthy(), None).plan(),
+            Step::Idle { expires_in: None }
+        );
+        let off = Case::new(healthy(), Some(lease(Some("db-0"), true, 3600)));
+        let step = plan(&Inputs {
+            high_availability: None,
+            cluster: "db",
+            synchronous: None,
+            primary: &off.primary,
+            lease: off.lease.as_ref(),
+            reports: &off.reports,
+            replicas: 3,
+            requested: None,
+            since_start: Duration::ZERO,
+        });
+        assert_eq!(step, Step::Idle { expires_in: None });
+        // The next epoch follows the last one.
+        let mut again = Case::new(healthy(), Some(lease(Some("db-0"), true, 30)));
+        again.primary.epoch = Some(4);
+        assert!(matches!(again.plan(), Step::Start { epoch: 5, .. }));
+    }
+
+    #[test]
+    fn without_automatic_failover_or_a_replica_the_loss_is_reported() {
+        let mut off = Case::new(healthy(), Some(lease(Some("db-0"), true, 40)));
+        off.ha = ha(false);
+        assert!(matches!(
+            off.plan(),
+            Step::Lost { ref message } if message.contains("automatic failover is off")
+                && message.contains("devctl db promote db POD")
+        ));
+        let mut alone = Case::new(healthy(), Some(lease(Some("db-0"), true, 40)));
+        alone.reports.truncate(1);
+        assert!(matches!(
+            alone.plan(),
+            Step::Lost { ref message } if message.contains("no replica")
+        ));
+    }
+
+    #[test]
+    fn a_promote_request_after_the_loss_fails_over_to_that_pod_only() {
+        let mut manual = Case::new(healthy(), Some(lease(Some("db-0"), true, 40)));
+        manual.ha = ha(false);
+        manual.requested = Some("db-1");
+        assert!(matches!(
+            manual.plan(),
+            Step::Start { epoch: 1, candidate: Some(ref c), .. } if c == "db-1"
+        ));
+        manual.requested = Some("db-7");
+        assert!(matches!(manual.plan(), Step::Refuse(m) if m.contains("not an instance")));
+        manual.requested = Some("db-0");
+        assert_eq!(manual.plan(), Step::AlreadyPrimary);
+
+        // Pending: only the requested pod, once it has its own final position, even though
+        // db-2 is further ahead and acknowledged first.
+        let mut pending_manual = Case::new(pending(1), Some(lease(Some("db-0"), true, 40)));
+        pending_manual.ha = ha(false);
+        pending_manual.requested = Some("db-1");
+        pending_manual.reports[2].1 = Some(replica(1, "0/9000000", "0/9000000", Some(1)));
+        assert_eq!(pending_manual.plan(), Step::Pending { recheck_in: None });
+        pending_manual.reports[1].1 = Some(replica(1, "0/1000000", "0/1000000", Some(1)));
+        assert_eq!(pending_manual.plan(), Step::Elect("db-1".into()));
+        pending_manual.requested = Some("db-0");
+        assert!(matches!(pending_manual.plan(), Step::Refuse(m) if m.contains("failed over")));
+    }
+
+    #[test]
+    fn the_election_waits_for_final_positions_of_this_epoch() {
+        // Positions acknowledged for an older epoch do not count.
+        let mut case = Case::new(pending(2), Some(lease(Some("db-0"), true, 40)));
+        case.reports = reports(Some(1));
+        assert_eq!(case.plan(), Step::Pending { recheck_in: None });
+        // One of two: asynchronous waits for the other, or the further timeout.
+        case.reports[1].1 = Some(replica(1, "0/3000000", "0/3000000", Some(2)));
+        case.since_start = Duration::from_secs(10);
+        assert_eq!(
+            case.plan(),
+            Step::Pending {
+                recheck_in: Some(Duration::from_secs(20))
+            }
+        );
+        case.since_start = Duration::from_secs(30);
+        assert_eq!(case.plan(), Step::Elect("db-1".into()));
+        // Both: the most advanced.
+        case.since_start = Duration::ZERO;
+        case.reports = reports(Some(2));
+        assert_eq!(case.plan(), Step::Elect("db-2".into()));
+        // A replica that is down does not hold up an asynchronous election.
+        case.reports[2].1 = Some(InstanceStatus {
+            ready: false,
+            ..replica(1, "0/3000100", "0/3000000", None)
+        });
+        assert_eq!(case.plan(), Step::Elect("db-1".into()));
+        // Synchronous ANY 1 of 2: both positions, however long it takes.
+        case.synchronous = Some(SynchronousSpec {
+            method: SynchronousMethod::Any,
+            number: 1,
+        });
+        case.since_start = Duration::from_secs(3600);
+        assert_eq!(case.plan(), Step::Pending { recheck_in: None });
+    }
+
+    #[test]
+    fn done_once_the_target_reports_primary_and_holds_the_lock() {
+        let mut case = Case::new(
+            Primary {
+                target: Some("db-2".into()),
+                ..pending(3)
+            },
+            Some(lease(Some("db-0"), true, 40)),
+        );
+        assert_eq!(case.plan(), Step::Promoting("db-2".into()));
+        case.reports[2].1 = Some(InstanceStatus {
+            role: Some("primary".into()),
+            ready: true,
+            ..Default::default()
+        });
+        assert_eq!(
+            case.plan(),
+            Step::Promoting("db-2".into()),
+            "not the holder yet"
+        );
+        case.lease = Some(lease(Some("db-2"), true, 0));
+        assert_eq!(
+            case.plan(),
+            Step::Done {
+                from: "db-0".into(),
+                to: "db-2".into(),
+                epoch: 3
+            }
+        );
+        // Requests wait until the failover is done.
+        case.requested = Some("db-1");
+        assert!(matches!(case.plan(), Step::Done { .. }));
+    }
+}

@@ -1,0 +1,173 @@
+//! A client's view of a process-backed PostgreSQL cluster, for failover tests and benches:
+//! where the `-rw` Service sends a client, and a writer that commits one row at a time
+//! through it, recording which commits were acknowledged, by whom and when.
+//!
+//! The writer resolves `-rw` for every row as a client resolving the Service would: the
+//! EndpointSlices' ready endpoints (kept by kube-controller-manager from the role labels),
+//! then the address that pod's agent reports (the runner's pods have no routable IP). Each
+//! row is a new `psql` connection with a hard limit: the client is killed rather than told
+//! to cancel, so a commit waiting for a synchronous standby is never acknowledged by a
+//! timeout.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use devctl_api::instance::InstanceStatus;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Api;
+use kube::api::ListParams;
+
+/// How long one statement may take before the client is killed.
+pub const STATEMENT_LIMIT: Duration = Duration::from_secs(4);
+
+/// The ready pods behind the `<cluster>-rw` Service.
+pub async fn rw_pods(client: &kube::Client, namespace: &str, cluster: &str) -> BTreeSet<String> {
+    let api: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
+    let selector = format!("kubernetes.io/service-name={cluster}-rw");
+    let Ok(slices) = api.list(&ListParams::default().labels(&selector)).await else {
+        return BTreeSet::new();
+    };
+    slices
+        .items
+        .iter()
+        .flat_map(|s| s.endpoints.iter().flatten())
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+        .filter_map(|e| e.target_ref.as_ref()?.name.clone())
+        .collect()
+}
+
+/// `(host, port)` from the report of `pod`'s agent.
+pub async fn reported_address(
+    client: &kube::Client,
+    namespace: &str,
+    pod: &str,
+) -> Option<(String, String)> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pod = api.get_opt(pod).await.ok()??;
+    let report = InstanceStatus::from_annotations(pod.metadata.annotations.as_ref())?;
+    let address = report.address?;
+    let (host, port) = address.rsplit_once(':')?;
+    Some((
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+        port.to_string(),
+    ))
+}
+
+/// Writes a password file for `app` on any host (mode 0600) into `dir`.
+pub fn app_passfile(dir: &Path, password: &str) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("pgpass");
+    std::fs::write(&path, format!("*:*:app:app:{password}\n"))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(path)
+}
+
+/// Runs one statement as `app` on database `app` at `address`, within [`STATEMENT_LIMIT`];
+/// the unaligned output or the error.
+pub async fn psql_at(
+    passfile: &Path,
+    address: &(String, String),
+    sql: &str,
+) -> Result<String, String> {
+    let mut command = tokio::process::Command::new("psql");
+    command
+        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .env("PGHOST", &address.0)
+        .env("PGPORT", &address.1)
+        .env("PGUSER", "app")
+        .env("PGDATABASE", "app")
+        .env("PGPASSFILE", passfile)
+        .env("PGCONNECT_TIMEOUT", "2")
+        .env_remove("PGPASSWORD")
+        .kill_on_drop(true);
+    match tokio::time::timeout(STATEMENT_LIMIT, command.output()).await {
+        Ok(Ok(out)) if out.status.success() => {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        }
+        Ok(Ok(out)) => Err(String::from_utf8_lossy(&out.stderr).trim().to_string()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {STATEMENT_LIMIT:?}")),
+    }
+}
+
+/// Whether the instance at `address` accepts writes now (asked directly, not through the
+/// API server).
+pub async fn writable(passfile: &Path, address: &(String, String)) -> bool {
+    psql_at(passfile, address, "select pg_is_in_recovery()")
+        .await
+        .is_ok_and(|out| out == "f")
+}
+
+/// One acknowledged row: its value, the pod that acknowledged it and when (wall clock).
+#[derive(Clone, Debug)]
+pub struct Ack {
+    pub value: i64,
+    pub pod: String,
+    pub at: SystemTime,
+}
+
+/// Commits rows `(v, pod)` into the table `t` one at a time through `-rw`, every `pause`.
+pub struct Writer {
+    stop: tokio::sync::watch::Sender<bool>,
+    acks: Arc<Mutex<Vec<Ack>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Writer {
+    /// Starts writing (values from `first`) into the cluster `cluster`'s table `t`.
+    pub fn start(
+        client: kube::Client,
+        namespace: &str,
+        cluster: &str,
+        passfile: PathBuf,
+        first: i64,
+        pause: Duration,
+    ) -> Self {
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let acks = Arc::new(Mutex::new(Vec::new()));
+        let (namespace, cluster) = (namespace.to_string(), cluster.to_string());
+        let recorded = acks.clone();
+        let task = tokio::spawn(async move {
+            let mut value = first;
+            while !*stopped.borrow() {
+                if let Some(pod) = rw_pods(&client, &namespace, &cluster).await.pop_first()
+                    && let Some(address) = reported_address(&client, &namespace, &pod).await
+                {
+                    let sql = format!("insert into t (v, pod) values ({value}, '{pod}')");
+                    if psql_at(&passfile, &address, &sql).await.is_ok()
+                        && let Ok(mut acks) = recorded.lock()
+                    {
+                        acks.push(Ack {
+                            value,
+                            pod,
+                            at: SystemTime::now(),
+                        });
+                    }
+                    value += 1;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = stopped.changed() => {}
+                }
+            }
+        });
+        Self { stop, acks, task }
+    }
+
+    /// The rows acknowledged so far.
+    pub fn acks(&self) -> Vec<Ack> {
+        self.acks.lock().map(|a| a.clone()).unwrap_or_default()
+    }
+
+    /// Stops writing and returns every acknowledged row.
+    pub async fn finish(self) -> Vec<Ack> {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+        self.acks.lock().map(|a| a.clone()).unwrap_or_default()
+    }
+}
