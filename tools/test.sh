@@ -22,6 +22,9 @@ trap report EXIT
 
 phase "install prerequisites" tools/install-prerequisites.sh
 phase "build control plane" tools/control-plane/build.sh
+# The S3-compatible object store of the backup tests; the tests find it through this variable.
+build_versitygw() { DEVCTL_VERSITYGW="$(tools/versitygw/build.sh)"; export DEVCTL_VERSITYGW; }
+phase "build versitygw" build_versitygw
 phase "cargo fmt --check" cargo fmt --all --check
 phase "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 phase "cargo test" cargo test --workspace --locked
@@ -34,6 +37,11 @@ leftovers() {
     echo "error: control-plane processes are still running after the test suite" >&2
     failed=1
   fi
+  # Object stores (crates/testenv's S3Server) run the cached versitygw build.
+  if pgrep -af "^$DEVCTL_VERSITYGW( |\$)" ; then
+    echo "error: versitygw (object store) processes are still running after the test suite" >&2
+    failed=1
+  fi
   # Database pods the pod runner backs with processes: every devctl-agent, and any engine
   # whose command line names a testenv directory (/tmp/devctl-testenv-pods-*/claims/...).
   if pgrep -a -x devctl-agent || pgrep -af '(^|/)(postgres|mariadbd|mysqld) .*/tmp/devctl-testenv' ; then
@@ -41,6 +49,6 @@ leftovers() {
     failed=1
   fi
   [ "$failed" = 0 ] || return 1
-  echo "no control-plane, agent or engine process left running"
+  echo "no control-plane, object store, agent or engine process left running"
 }
 phase "no leftover processes" leftovers

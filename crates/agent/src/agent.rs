@@ -15,6 +15,10 @@ use tokio::process::Child;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 
+use crate::backup::{
+    BackupContext, MYSQL_RESTORED, PodView, RestoreError, Shared, SwitchVia, restore_mysql,
+    restore_postgres, run_backup, should_start,
+};
 use crate::cluster::{
     ClusterView, PrimaryAddress, read_report, resolve_primary, watch_cluster,
     watch_error_is_forbidden,
@@ -130,12 +134,12 @@ pub enum Outcome {
 
 /// What the credentials watch has seen.
 #[derive(Clone, Debug, Default)]
-struct SecretView {
+pub(crate) struct SecretView {
     /// The initial list completed.
-    listed: bool,
-    secret: Option<Secret>,
+    pub listed: bool,
+    pub secret: Option<Secret>,
     /// The last watch error (message, forbidden) since the last successful event.
-    error: Option<(String, bool)>,
+    pub error: Option<(String, bool)>,
 }
 
 impl SecretView {
@@ -181,7 +185,7 @@ fn take_in_secret<C>(
 
 /// Watches one Secret (field selector on its name: the agent's Role allows only that name,
 /// so it never lists all Secrets).
-fn watch_secret(
+pub(crate) fn watch_secret(
     client: kube::Client,
     namespace: &str,
     name: &str,
@@ -318,6 +322,25 @@ struct Agent {
     /// A former primary was rewound and waits to stream (for the `Rejoined` event).
     rejoining: bool,
     recorder: Recorder,
+    /// Backups, WAL archiving and restore (docs/backup.md), shared with the WAL socket
+    /// and the backup task.
+    shared: Arc<Shared>,
+    /// The pod's annotations (wakes the loop when a backup request arrives).
+    pod_view: watch::Receiver<PodView>,
+    /// The backup being taken.
+    backup_task: Option<tokio::task::JoinHandle<()>>,
+    /// A malformed backup request (logged once).
+    backup_request_problem: Option<String>,
+    /// PostgreSQL: a restored data directory replays the archive and has not promoted yet.
+    recovering: bool,
+    /// Leftover recovery settings were looked for once this engine ran as the primary.
+    recovery_settings_checked: bool,
+    /// MySQL family, `DEVCTL_BOOTSTRAP=recovery`: the dump is still to be replayed.
+    mysql_restore_pending: bool,
+    mysql_restore_at: Option<Instant>,
+    mysql_restore_backoff: Duration,
+    /// What the restore waits for or why it failed.
+    restore_problem: Option<String>,
 }
 
 /// Runs the instance described by `config` until SIGTERM/SIGINT, a replaced pod, or an
@@ -331,6 +354,11 @@ pub async fn run(config: Config) -> Result<Outcome> {
     prepare_dir(&config.data_dir, "data directory", env::DATA_DIR)?;
     prepare_dir(&config.run_dir, "run directory", env::RUN_DIR)?;
     let client = kube_client().await?;
+    let shared = Arc::new(Shared::new(config.clone(), engine.clone(), client.clone()));
+    if config.engine == EngineKind::Postgres {
+        // Before the engine starts: its archive_command talks to this socket.
+        crate::archive::serve(shared.clone())?;
+    }
     let health = Arc::new(Health::default());
     health::serve(config.health_port, health.clone()).await?;
     let pod = PodRef {
@@ -364,6 +392,16 @@ pub async fn run(config: Config) -> Result<Outcome> {
         },
     );
     let mut agent = Agent {
+        pod_view: shared.pod.clone(),
+        shared,
+        backup_task: None,
+        backup_request_problem: None,
+        recovering: false,
+        recovery_settings_checked: false,
+        mysql_restore_pending: false,
+        mysql_restore_at: None,
+        mysql_restore_backoff: Duration::from_secs(1),
+        restore_problem: None,
         lock,
         lock_problem: None,
         failover_ack: None,
@@ -436,6 +474,8 @@ impl Agent {
             data_dir = %self.config.data_dir.display(),
             "devctl-agent starting"
         );
+        // Before the first report: the backup it names must survive this restart.
+        self.shared.load_previous_backup().await;
         let credentials = match self.wait_for_credentials().await? {
             Ok(c) => c,
             Err(outcome) => return Ok(outcome),
@@ -453,8 +493,14 @@ impl Agent {
             if fresh {
                 self.engine.bootstrap().await?;
             }
+            self.mysql_restore_pending =
+                self.config.recovery && !self.config.data_dir.join(MYSQL_RESTORED).exists();
             fresh
         };
+        if self.cluster.is_some() && self.mode == Mode::Primary && self.engine.is_recovering() {
+            // A restored data directory not promoted yet (also after an agent restart).
+            self.recovering = true;
+        }
         self.supervise(fresh).await
     }
 
@@ -490,6 +536,26 @@ impl Agent {
                 let lock_duration = view.lock_duration;
                 match view.current_primary {
                     None => Some("waiting for status.currentPrimary".to_string()),
+                    Some(primary) if primary == me && !bootstrapped && self.config.recovery => {
+                        // A restored cluster's first instance: the backup instead of initdb
+                        // (before the primary lock: no engine runs while it downloads).
+                        match self.restore().await? {
+                            Ok(Ok(())) => {
+                                backoff = Duration::from_secs(1);
+                                continue;
+                            }
+                            Ok(Err(RestoreError::Wait(why))) => Some(why),
+                            Ok(Err(RestoreError::Failed(why))) => {
+                                retry_in = backoff;
+                                backoff = (backoff * 2).min(MAX_BACKOFF);
+                                Some(format!(
+                                    "restoring: {why}; retrying in {}s",
+                                    retry_in.as_secs()
+                                ))
+                            }
+                            Err(outcome) => return Ok(Err(outcome)),
+                        }
+                    }
                     Some(primary) if primary == me => {
                         if bootstrapped && standby {
                             tracing::warn!(
@@ -634,6 +700,38 @@ impl Agent {
                 _ = self.sigint.recv() => return Ok(Err(Outcome::Stopped)),
             }
         }
+    }
+
+    /// PostgreSQL, `DEVCTL_BOOTSTRAP=recovery`, empty data directory: restores the base
+    /// backup the annotation names (`recovery.signal`, `restore_command`, the target); the
+    /// engine then replays the archive and promotes. `Err` on SIGTERM/SIGINT or a replaced
+    /// pod.
+    async fn restore(&mut self) -> Result<Result<Result<(), RestoreError>, Outcome>> {
+        // Only once there is something to restore: "waiting" is reported without flicker.
+        if let Ok(view) = self.shared.pod_view().await
+            && view.restore.is_some()
+        {
+            self.role_problem = Some("restoring a backup: downloading the base backup".into());
+            if let Some(outcome) = self.report().await? {
+                return Ok(Err(outcome));
+            }
+        }
+        let shared = self.shared.clone();
+        let result = tokio::select! {
+            result = restore_postgres(&shared) => result,
+            _ = self.sigterm.recv() => return Ok(Err(Outcome::Stopped)),
+            _ = self.sigint.recv() => return Ok(Err(Outcome::Stopped)),
+        };
+        match &result {
+            Ok(message) => {
+                tracing::info!("{message}");
+                self.recovering = true;
+                self.role_problem = None;
+            }
+            Err(RestoreError::Failed(why)) => tracing::error!("restoring: {why}"),
+            Err(RestoreError::Wait(_)) => {}
+        }
+        Ok(Ok(result.map(|_| ())))
     }
 
     /// High availability: takes (or renews) the primary lock before the engine may run as the
@@ -1187,6 +1285,14 @@ impl Agent {
                     }
                     next_probe = tokio::time::Instant::now();
                 }
+                // A backup's progress, or a new request on the pod: act and report promptly.
+                _ = self.shared.changed.notified() => next_probe = tokio::time::Instant::now(),
+                changed = self.pod_view.changed() => {
+                    if changed.is_err() {
+                        return Err(Error::Internal("the pod watch ended".into()));
+                    }
+                    next_probe = tokio::time::Instant::now();
+                }
                 _ = reaper.tick() => process::reap_orphans(),
                 _ = tokio::time::sleep_until(next_probe) => {
                     self.tick(fresh, &mut was_ready).await;
@@ -1304,6 +1410,19 @@ impl Agent {
                     }
                     *fresh = false;
                 }
+                if self.cluster.is_some()
+                    && let Some(id) = &probe.system_identifier
+                {
+                    self.shared.set_system_identifier(id);
+                }
+                if !self.tick_restore(&probe).await {
+                    // Restoring: not ready, no credentials, no backups yet.
+                    self.ready = false;
+                    self.probe = Some(probe);
+                    self.health.set_ready(false);
+                    return;
+                }
+                self.tend_backup(&probe);
                 if self.mode == Mode::Replica {
                     let view = self.view();
                     let promoted = if view.failed_primary.is_some() {
@@ -1377,6 +1496,132 @@ impl Agent {
             }
         }
         self.health.set_ready(self.ready);
+    }
+
+    /// A restore's progress on the running engine; `false` while it is not done.
+    /// PostgreSQL: done once the engine has promoted (then the recovery settings are
+    /// cleared, also leftovers of an agent that stopped in between). MySQL family: replays
+    /// the dump (retried with backoff) before anything else touches the server.
+    async fn tick_restore(&mut self, probe: &Probe) -> bool {
+        if self.cluster.is_some() {
+            if self.mode != Mode::Primary {
+                return true;
+            }
+            let leftovers = !self.recovery_settings_checked
+                && probe.role == devctl_api::instance::ROLE_PRIMARY
+                && self.engine.has_recovery_settings();
+            if !self.recovering && !leftovers {
+                self.recovery_settings_checked |= probe.role == devctl_api::instance::ROLE_PRIMARY;
+                return true;
+            }
+            if probe.role != devctl_api::instance::ROLE_PRIMARY {
+                self.restore_problem = Some(format!(
+                    "restoring a backup: replaying archived WAL (replayed {})",
+                    probe.replayed_lsn.as_deref().unwrap_or("nothing yet")
+                ));
+                return false;
+            }
+            match self.engine.clear_recovery_settings().await {
+                Ok(()) => {
+                    tracing::info!(
+                        timeline = ?probe.timeline,
+                        "the restored instance promoted: recovery settings cleared; running as the primary"
+                    );
+                    self.recovering = false;
+                    self.recovery_settings_checked = true;
+                    self.restore_problem = None;
+                    true
+                }
+                Err(e) => {
+                    self.restore_problem = Some(format!(
+                        "clearing the recovery settings after the restore: {e}"
+                    ));
+                    false
+                }
+            }
+        } else {
+            if !self.mysql_restore_pending {
+                return true;
+            }
+            if self.mysql_restore_at.is_some_and(|at| Instant::now() < at) {
+                return false;
+            }
+            let shared = self.shared.clone();
+            match restore_mysql(&shared).await {
+                Ok(message) => {
+                    tracing::info!("{message}");
+                    self.mysql_restore_pending = false;
+                    self.restore_problem = None;
+                    true
+                }
+                Err(RestoreError::Wait(why)) => {
+                    self.restore_problem = Some(why);
+                    self.mysql_restore_at = Some(Instant::now() + WAIT_INTERVAL);
+                    false
+                }
+                Err(RestoreError::Failed(why)) => {
+                    let retry_in = self.mysql_restore_backoff;
+                    self.mysql_restore_backoff = (retry_in * 2).min(MAX_BACKOFF);
+                    let message = format!("restoring: {why}; retrying in {}s", retry_in.as_secs());
+                    tracing::error!("{message}");
+                    self.restore_problem = Some(message);
+                    self.mysql_restore_at = Some(Instant::now() + retry_in);
+                    false
+                }
+            }
+        }
+    }
+
+    /// Starts the backup the pod's request names, unless one runs or that request (same
+    /// uid) already finished. It runs as its own task: probes, reports and the primary lock
+    /// go on meanwhile.
+    fn tend_backup(&mut self, probe: &Probe) {
+        if let Some(task) = &self.backup_task {
+            if !task.is_finished() {
+                return;
+            }
+            self.backup_task = None;
+        }
+        let view = self.pod_view.borrow().clone();
+        let request = match view.backup_request() {
+            None => {
+                self.backup_request_problem = None;
+                return;
+            }
+            Some(Err(e)) => {
+                if self.backup_request_problem.as_ref() != Some(&e) {
+                    tracing::warn!("{e}");
+                }
+                self.backup_request_problem = Some(e);
+                return;
+            }
+            Some(Ok(request)) => request,
+        };
+        self.backup_request_problem = None;
+        if !should_start(&request, self.shared.backup().as_ref()) {
+            return;
+        }
+        let replica = probe.role == devctl_api::instance::ROLE_REPLICA;
+        let switch_via = if replica && self.replication_desired.is_some() {
+            self.known_primary_address().map(|address| SwitchVia {
+                host: address.host,
+                port: address.port,
+                user: self.replication_user(),
+                passfile: self.passfile(),
+            })
+        } else {
+            None
+        };
+        let context = BackupContext {
+            version: probe.engine_version.clone(),
+            replica,
+            switch_via,
+        };
+        self.backup_task = Some(tokio::spawn(run_backup(
+            self.shared.clone(),
+            request,
+            context,
+        )));
     }
 
     /// Compares this instance's mode with `status.currentPrimary`/`targetPrimary`: a
@@ -1750,6 +1995,7 @@ impl Agent {
                 .or_else(|| self.invalid_error.clone())
                 .or_else(|| self.engine_error.clone())
                 .or_else(|| self.role_problem.clone())
+                .or_else(|| self.restore_problem.clone())
                 .or_else(|| self.apply_error.clone())
                 .or_else(|| self.switchover_problem.clone())
                 .or_else(|| self.replica_problem.clone())
@@ -1757,6 +2003,13 @@ impl Agent {
                 .or_else(|| self.replication_invalid.clone())
                 .or_else(|| self.replication_apply_error.clone()),
             final_lsn: self.final_lsn.clone(),
+            backup: self.shared.backup(),
+            // The primary's archiving, while there is a destination to archive to.
+            wal_archive: (self.cluster.is_some()
+                && self.mode == Mode::Primary
+                && self.pod_view.borrow().destination.is_some())
+            .then(|| self.shared.wal_archive())
+            .flatten(),
             failover_epoch: self
                 .failover_ack
                 .filter(|_| self.mode == Mode::Replica && self.view().failed_primary.is_some()),

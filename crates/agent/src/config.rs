@@ -59,6 +59,9 @@ pub struct Config {
     pub engine_bin_dir: Option<PathBuf>,
     pub replication_secret: Option<String>,
     pub primary_from: PrimaryFrom,
+    /// `DEVCTL_BOOTSTRAP=recovery`: the first instance restores a backup instead of
+    /// initialising (docs/backup.md).
+    pub recovery: bool,
 }
 
 /// The pod identity, when the environment names it (used to report even a bad
@@ -178,7 +181,18 @@ impl Config {
                 )));
             }
         };
+        let recovery = match optional(env::BOOTSTRAP).as_deref().map(str::trim) {
+            None => false,
+            Some("recovery") => true,
+            Some(other) => {
+                return Err(Error::Usage(format!(
+                    "environment variable {} must be recovery or unset, got {other:?}",
+                    env::BOOTSTRAP
+                )));
+            }
+        };
         Ok(Config {
+            recovery,
             engine,
             cluster,
             credentials_secret: name_like(env::CREDENTIALS_SECRET)?,
@@ -282,6 +296,13 @@ mod tests {
                 host: "db-rw.ns.svc.example".into()
             }
         );
+        assert!(!parse(&vars).unwrap().recovery);
+        vars.insert(env::BOOTSTRAP, "recovery");
+        assert!(parse(&vars).unwrap().recovery);
+        vars.insert(env::BOOTSTRAP, "clone");
+        let e = parse(&vars).unwrap_err();
+        assert!(e.to_string().contains("DEVCTL_BOOTSTRAP"), "{e}");
+        vars.remove(env::BOOTSTRAP);
         vars.insert(extra_env::PRIMARY_FROM, "dns");
         let e = parse(&vars).unwrap_err();
         assert!(e.to_string().contains("DEVCTL_PRIMARY_FROM"), "{e}");

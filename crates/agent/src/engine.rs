@@ -78,6 +78,39 @@ pub const STANDBY_SIGNAL: &str = "standby.signal";
 pub const AUTO_CONF: &str = "postgresql.auto.conf";
 /// Settings the agent owns in [`AUTO_CONF`] on a replica.
 const STANDBY_SETTINGS: [&str; 2] = ["primary_conninfo", "recovery_target_timeline"];
+/// PostgreSQL's `archive_timeout`: the longest a committed change waits before its WAL
+/// segment is switched and archived (docs/backup.md).
+pub const ARCHIVE_TIMEOUT_SECONDS: u32 = 60;
+/// Marker file of a PostgreSQL data directory recovering from an archive.
+pub const RECOVERY_SIGNAL: &str = "recovery.signal";
+/// Settings a restore writes into [`AUTO_CONF`] and removes once promoted; replicas drop
+/// them too (a clone must never inherit a recovery target).
+pub const RECOVERY_SETTINGS: [&str; 8] = [
+    "restore_command",
+    "recovery_target",
+    "recovery_target_time",
+    "recovery_target_lsn",
+    "recovery_target_xid",
+    "recovery_target_name",
+    "recovery_target_action",
+    "recovery_target_inclusive",
+];
+/// Settings of the source cluster a restored data directory must not keep.
+const SOURCE_SETTINGS: [&str; 3] = [
+    "primary_conninfo",
+    "primary_slot_name",
+    "synchronous_standby_names",
+];
+/// The MySQL family has no system identifier of its own for the store's layout: a random
+/// one is kept in this file of the data directory.
+const SYSTEM_ID_FILE: &str = ".devctl-system-identifier";
+
+/// `text` as one word for `/bin/sh`, with `%` doubled for PostgreSQL's `%p`/`%f`
+/// substitution in `archive_command`/`restore_command`.
+pub fn shell_word_for_postgres(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "'\\''").replace('%', "%%"))
+}
+
 /// A clone may take long on big databases; this only bounds a hung `pg_basebackup`.
 const CLONE_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
 
@@ -117,6 +150,11 @@ pub fn with_standby_settings(current: &str, conninfo: Option<&str>) -> String {
         .lines()
         .filter(|line| {
             let key = line.split('=').next().unwrap_or_default().trim();
+            if RECOVERY_SETTINGS.contains(&key) {
+                // A clone of a restored primary that had not yet cleared its recovery
+                // target: a standby must never stop (and promote) at it.
+                return false;
+            }
             // Without a new conninfo the previous one stays (a restart while the primary's
             // address is unknown keeps streaming from where it did).
             !STANDBY_SETTINGS.contains(&key) || (conninfo.is_none() && key == "primary_conninfo")
@@ -133,6 +171,44 @@ pub fn with_standby_settings(current: &str, conninfo: Option<&str>) -> String {
     out
 }
 
+/// `postgresql.auto.conf` of a restored data directory: the source's recovery, standby and
+/// synchronous-replication settings removed, then `restore_command`, the target and
+/// `recovery_target_action = 'promote'`, `recovery_target_timeline = 'latest'`.
+pub fn with_recovery_settings(
+    current: &str,
+    restore_command: &str,
+    target_time: Option<&str>,
+) -> String {
+    let mut out: String = current
+        .lines()
+        .filter(|line| {
+            let key = line.split('=').next().unwrap_or_default().trim();
+            !RECOVERY_SETTINGS.contains(&key)
+                && !SOURCE_SETTINGS.contains(&key)
+                && key != "recovery_target_timeline"
+        })
+        .map(|line| format!("{line}\n"))
+        .collect();
+    out.push_str(&format!(
+        "restore_command = {}\n",
+        quote_setting(restore_command)
+    ));
+    if let Some(time) = target_time {
+        out.push_str(&format!("recovery_target_time = {}\n", quote_setting(time)));
+    }
+    out.push_str("recovery_target_action = 'promote'\n");
+    out.push_str("recovery_target_timeline = 'latest'\n");
+    out
+}
+
+/// Whether `postgresql.auto.conf` still holds recovery settings.
+pub fn has_recovery_settings(auto_conf: &str) -> bool {
+    auto_conf.lines().any(|line| {
+        let key = line.split('=').next().unwrap_or_default().trim();
+        RECOVERY_SETTINGS.contains(&key)
+    })
+}
+
 /// One engine instance as configured by the environment.
 #[derive(Clone, Debug)]
 pub struct Engine {
@@ -140,6 +216,8 @@ pub struct Engine {
     bins: Binaries,
     /// The OS user the agent (and so the engine) runs as.
     os_user: String,
+    /// This executable: PostgreSQL's `archive_command`/`restore_command` run it.
+    agent_exe: PathBuf,
 }
 
 impl Engine {
@@ -204,10 +282,13 @@ impl Engine {
                 }
             }
         };
+        let agent_exe = std::env::current_exe()
+            .map_err(|e| Error::Internal(format!("cannot find the agent's own executable: {e}")))?;
         let engine = Engine {
             config: config.clone(),
             bins,
             os_user,
+            agent_exe,
         };
         for file in engine.config_files() {
             require_file(&file)?;
@@ -353,6 +434,14 @@ impl Engine {
                     format!("unix_socket_directories={}", c.run_dir.display()),
                     "-c".into(),
                     "unix_socket_permissions=0700".into(),
+                    // WAL archiving through the agent (docs/backup.md); on a standby
+                    // `on` archives nothing until it is promoted.
+                    "-c".into(),
+                    "archive_mode=on".into(),
+                    "-c".into(),
+                    format!("archive_command={}", self.archive_command()),
+                    "-c".into(),
+                    format!("archive_timeout={ARCHIVE_TIMEOUT_SECONDS}"),
                 ],
             ),
             Binaries::Mysql { server, .. } => {
@@ -490,7 +579,8 @@ impl Engine {
     /// PostgreSQL: creates (or updates) the replication role from `replication` and makes
     /// sure it can read no application database (it may connect to the empty `postgres`
     /// database and run the file functions `pg_rewind` needs — what physical replication
-    /// already gives it): `CONNECT` on the app database goes to its owner only,
+    /// already gives it — and `pg_switch_wal()`, so a replica's backup can have its last WAL
+    /// segment archived at once): `CONNECT` on the app database goes to its owner only,
     /// and no database is connectable by `PUBLIC` (the superuser connects regardless).
     /// Physical replication connections need no `CONNECT` privilege.
     pub async fn apply_replication_role(
@@ -518,7 +608,8 @@ impl Engine {
              SELECT format('REVOKE CONNECT, TEMPORARY ON DATABASE %I FROM PUBLIC', datname) FROM pg_database WHERE datallowconn\\gexec\n\
              SELECT 'GRANT CONNECT, TEMPORARY ON DATABASE \"{app_db}\" TO \"{app_user}\"' WHERE EXISTS (SELECT FROM pg_database WHERE datname = '{app_db}')\\gexec\n\
              GRANT CONNECT ON DATABASE postgres TO \"{user}\";\n\
-             GRANT EXECUTE ON FUNCTION pg_catalog.pg_ls_dir(text, boolean, boolean), pg_catalog.pg_stat_file(text, boolean), pg_catalog.pg_read_binary_file(text), pg_catalog.pg_read_binary_file(text, bigint, bigint, boolean) TO \"{user}\";\n"
+             GRANT EXECUTE ON FUNCTION pg_catalog.pg_ls_dir(text, boolean, boolean), pg_catalog.pg_stat_file(text, boolean), pg_catalog.pg_read_binary_file(text), pg_catalog.pg_read_binary_file(text, bigint, bigint, boolean) TO \"{user}\";\n\
+             GRANT EXECUTE ON FUNCTION pg_catalog.pg_switch_wal() TO \"{user}\";\n"
         );
         self.admin_sql(&sql).await.map(|_| ())
     }
@@ -764,6 +855,243 @@ impl Engine {
         Ok(())
     }
 
+    pub fn data_dir(&self) -> &Path {
+        &self.config.data_dir
+    }
+
+    /// PostgreSQL's `archive_command`: hands `%p` to the running agent over its socket.
+    pub fn archive_command(&self) -> String {
+        format!(
+            "{} wal-push %p",
+            shell_word_for_postgres(&self.agent_exe.display().to_string())
+        )
+    }
+
+    /// PostgreSQL's `restore_command` during a restore: the agent downloads `%f` to `%p`.
+    pub fn restore_command(&self) -> String {
+        format!(
+            "{} wal-fetch %f %p",
+            shell_word_for_postgres(&self.agent_exe.display().to_string())
+        )
+    }
+
+    /// PostgreSQL: whether the data directory recovers from an archive (a restore not yet
+    /// promoted).
+    pub fn is_recovering(&self) -> bool {
+        self.config.data_dir.join(RECOVERY_SIGNAL).is_file()
+    }
+
+    /// PostgreSQL: `pg_basebackup` of this very instance as a tar on stdout (`-D - -Ft -X
+    /// none`), as the superuser over the private socket (which needs `local replication`
+    /// for it in pg_hba.conf), C locale so its `-v` lines can be read.
+    pub fn base_backup_command(&self, label: &str) -> Result<Command, String> {
+        let Binaries::Postgres { dir } = &self.bins else {
+            return Err("base backups are only for PostgreSQL".into());
+        };
+        let program = dir.join("pg_basebackup");
+        if !is_executable(&program) {
+            return Err(format!("{} not found", program.display()));
+        }
+        let c = &self.config;
+        let mut command = Command::new(program);
+        command
+            .args([
+                "-D",
+                "-",
+                "-Ft",
+                "-X",
+                "none",
+                "--checkpoint=fast",
+                "-v",
+                "-w",
+            ])
+            .arg("-h")
+            .arg(&c.run_dir)
+            .args(["-p", &c.port.to_string(), "-U", PG_SUPERUSER, "-l", label])
+            .env_remove("PGPASSWORD")
+            .env_remove("PGPASSFILE")
+            .env("LC_ALL", "C")
+            .env("LANG", "C")
+            .env("PGAPPNAME", "devctl-backup")
+            .env("PGCONNECT_TIMEOUT", "10")
+            .current_dir(&c.run_dir);
+        Ok(command)
+    }
+
+    /// MySQL family: the logical dump of everything on stdout, as the socket account.
+    pub fn dump_command(&self) -> Result<Command, String> {
+        let Binaries::Mysql { .. } = &self.bins else {
+            return Err("logical dumps are only for the MySQL family".into());
+        };
+        let c = &self.config;
+        let dirs = search_dirs(c.engine_bin_dir.as_deref(), &["/usr/sbin", "/usr/bin"]);
+        let program = find(&dirs, "mariadb-dump")
+            .or_else(|| find(&dirs, "mysqldump"))
+            .ok_or_else(|| {
+                format!(
+                    "neither mariadb-dump nor mysqldump found in {}",
+                    describe(&dirs)
+                )
+            })?;
+        let mut command = Command::new(program);
+        command
+            .arg("--no-defaults")
+            .arg("--protocol=socket")
+            .arg(format!(
+                "--socket={}",
+                c.run_dir.join(MYSQL_SOCKET).display()
+            ))
+            .arg(format!("--user={}", self.os_user))
+            .args([
+                "--single-transaction",
+                "--all-databases",
+                "--routines",
+                "--events",
+                "--triggers",
+            ])
+            .env_remove("MYSQL_PWD")
+            .current_dir(&c.run_dir);
+        Ok(command)
+    }
+
+    /// MySQL family: the client that replays a dump from its stdin, as the socket account.
+    pub fn replay_command(&self) -> Result<Command, String> {
+        let Binaries::Mysql { client, .. } = &self.bins else {
+            return Err("replaying a dump is only for the MySQL family".into());
+        };
+        let c = &self.config;
+        let mut command = Command::new(client);
+        command
+            .arg("--no-defaults")
+            .arg("--protocol=socket")
+            .arg(format!(
+                "--socket={}",
+                c.run_dir.join(MYSQL_SOCKET).display()
+            ))
+            .arg(format!("--user={}", self.os_user))
+            .args(["--batch", "--binary-mode"])
+            .env_remove("MYSQL_PWD")
+            .current_dir(&c.run_dir);
+        Ok(command)
+    }
+
+    /// PostgreSQL: `wal_segment_size` in bytes.
+    pub async fn wal_segment_size(&self) -> Result<u64, String> {
+        let out = self
+            .admin_sql("SELECT setting, unit FROM pg_settings WHERE name = 'wal_segment_size';\n")
+            .await?;
+        let line = out.lines().next().unwrap_or_default();
+        let (value, unit) = line.split_once('|').unwrap_or((line, ""));
+        let value: u64 = value
+            .trim()
+            .parse()
+            .map_err(|_| format!("unexpected wal_segment_size {line:?}"))?;
+        Ok(match unit.trim() {
+            "8kB" => value * 8192,
+            "MB" => value * 1024 * 1024,
+            _ => value,
+        })
+    }
+
+    /// PostgreSQL, from a replica: asks the primary at `host:port` to switch to a new WAL
+    /// segment (`pg_switch_wal()`, which the primary grants the replication role), so the
+    /// segment a replica's backup ends in is archived now rather than at `archive_timeout`.
+    pub async fn switch_wal_on(
+        &self,
+        host: &str,
+        port: u16,
+        user: &str,
+        passfile: &Path,
+    ) -> Result<String, String> {
+        let Binaries::Postgres { dir } = &self.bins else {
+            return Err("switching WAL is only for PostgreSQL".into());
+        };
+        let conninfo = format!(
+            "host={} port={port} user={} dbname=postgres passfile={} connect_timeout=5 application_name=devctl-backup",
+            conninfo_value(host),
+            conninfo_value(user),
+            conninfo_value(&passfile.display().to_string())
+        );
+        let args = vec![
+            "-X".to_string(),
+            "-q".into(),
+            "-A".into(),
+            "-t".into(),
+            "-w".into(),
+            "-v".into(),
+            "ON_ERROR_STOP=1".into(),
+            "-d".into(),
+            conninfo,
+            "-c".into(),
+            "SELECT pg_switch_wal()".into(),
+        ];
+        let output = process::run(
+            &dir.join("psql"),
+            &args,
+            &[],
+            &self.config.run_dir,
+            b"",
+            CLIENT_TIMEOUT,
+        )
+        .await?;
+        if output.status.success() {
+            Ok(output.stdout.trim().to_string())
+        } else {
+            Err(format!(
+                "pg_switch_wal() on {host}:{port}: {}",
+                output.error_line()
+            ))
+        }
+    }
+
+    /// PostgreSQL, promoted after a restore: removes the recovery settings from
+    /// `postgresql.auto.conf` (`ALTER SYSTEM RESET`), so neither a restart nor a clone of
+    /// this primary ever recovers towards the old target again.
+    pub async fn clear_recovery_settings(&self) -> Result<(), String> {
+        let mut sql: String = RECOVERY_SETTINGS
+            .iter()
+            .map(|name| format!("ALTER SYSTEM RESET {name};\n"))
+            .collect();
+        sql.push_str("SELECT pg_reload_conf();\n");
+        self.admin_sql(&sql).await.map(|_| ())
+    }
+
+    /// PostgreSQL: whether `postgresql.auto.conf` still holds recovery settings.
+    pub fn has_recovery_settings(&self) -> bool {
+        std::fs::read_to_string(self.config.data_dir.join(AUTO_CONF))
+            .map(|text| has_recovery_settings(&text))
+            .unwrap_or(false)
+    }
+
+    /// The identifier the store's layout is keyed by: PostgreSQL's system identifier
+    /// (`pg_controldata`, also while the server runs); for the MySQL family a random number
+    /// kept in the data directory (created on first use).
+    pub async fn system_identifier(&self) -> Result<String, String> {
+        match &self.bins {
+            Binaries::Postgres { .. } => self
+                .control_data()
+                .await?
+                .system_identifier
+                .ok_or_else(|| "pg_controldata shows no system identifier".to_string()),
+            Binaries::Mysql { .. } => {
+                let path = self.config.data_dir.join(SYSTEM_ID_FILE);
+                match std::fs::read_to_string(&path) {
+                    Ok(text) if !text.trim().is_empty() => return Ok(text.trim().to_string()),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+                }
+                if !self.is_bootstrapped() {
+                    return Err("the data directory is not initialised yet".into());
+                }
+                // 19 digits, like PostgreSQL's.
+                let id = rand::random_range(1_000_000_000_000_000_000u64..=u64::MAX).to_string();
+                write_private(&path, id.as_bytes())?;
+                Ok(id)
+            }
+        }
+    }
+
     /// For MySQL 8 after `--initialize-insecure`: root only over the socket (best effort).
     pub async fn secure_root(&self) -> Result<(), String> {
         match &self.bins {
@@ -860,6 +1188,8 @@ pub struct ControlData {
     pub checkpoint: String,
     /// `Latest checkpoint's TimeLineID`.
     pub timeline: Option<i64>,
+    /// `Database system identifier`.
+    pub system_identifier: Option<String>,
 }
 
 impl ControlData {
@@ -882,6 +1212,8 @@ pub fn parse_control_data(out: &str) -> Option<ControlData> {
         state: field("Database cluster state")?,
         checkpoint,
         timeline: field("Latest checkpoint's TimeLineID").and_then(|t| t.parse().ok()),
+        system_identifier: field("Database system identifier")
+            .filter(|s| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit())),
     })
 }
 

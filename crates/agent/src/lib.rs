@@ -11,16 +11,24 @@
 //!   ([`devctl_api::instance::env`]).
 //! - `devctl-agent install <DIR>`: copy this executable to `<DIR>/devctl-agent` (mode 0755)
 //!   and exit; an init container uses it to put the agent into the database image.
+//! - `devctl-agent wal-push <PATH>`: PostgreSQL's `archive_command`; asks the running agent
+//!   (socket `$DEVCTL_RUN_DIR/agent.sock`) to archive the file. Exit 0 once stored, or when
+//!   the pod has no backup destination (acknowledged without upload); 1 otherwise.
+//! - `devctl-agent wal-fetch <NAME> <PATH>`: PostgreSQL's `restore_command` during a
+//!   restore; the agent downloads the archived file. Exit 0 when in place, 1 when the
+//!   archive has no such file (how recovery finds its end), 126 when the archive cannot be
+//!   read (PostgreSQL then aborts recovery instead of promoting early; the agent restarts
+//!   it).
 //!
 //! # Exit codes
 //! | code | meaning |
 //! |------|---------|
 //! | 0  | clean shutdown on SIGTERM/SIGINT, or the pod was deleted/replaced by a newer one of the same name (this process is stale; the engine is stopped) |
-//! | 64 | missing or malformed environment variable or argument (also: a replica to clone without `DEVCTL_REPLICATION_SECRET`) |
+//! | 64 | missing or malformed environment variable or argument (also: a replica to clone without `DEVCTL_REPLICATION_SECRET`; `DEVCTL_BOOTSTRAP` other than `recovery`) |
 //! | 65 | unusable credentials Secret at startup (password missing, empty, not UTF-8, control characters or NUL, longer than 1024 bytes; malformed `username`/`dbname`) |
 //! | 69 | engine binaries not found, bootstrap failed, the engine would not stop, or it exited 5 times in a row |
 //! | 70 | internal error (e.g. no Kubernetes client configuration, health port in use) |
-//! | 73 | data or run directory cannot be created or written |
+//! | 73 | data or run directory cannot be created or written (or the agent socket cannot be served there) |
 //! | 77 | forbidden by the API server (watching a Secret or the DatabaseCluster before the engine runs, or the first report) |
 //! | 78 | a rendered configuration file is missing from `DEVCTL_CONFIG_DIR` |
 //!
@@ -122,11 +130,51 @@
 //! running primary is not supported (a restarted agent rejoins as above). MariaDB/MySQL
 //! ignore `status.currentPrimary`.
 //!
+//! # Backups, WAL archiving and restore (docs/backup.md)
+//! The agent watches its own pod (field selector on its name) for the operator's
+//! annotations `db.devctl.io/backup-destination` (JSON `StoreLocation`),
+//! `db.devctl.io/backup-request` (`BackupRequest`) and `db.devctl.io/restore`
+//! (`RestoreRequest`), and — from the first use — the Secrets `<cluster>-backup-store` and
+//! `<cluster>-restore-store` (`accessKeyId`, `secretAccessKey`, optional `ca.crt`, which is
+//! then the only CA trusted). The store is S3 (`object_store`, path-style, region default
+//! `us-east-1`); transient errors are retried per request (1 s doubling, 5 attempts). Keys
+//! never appear in logs, reports or errors. Layout under `<prefix>`: `owner.json` (the
+//! cluster's uid, written before the first upload; another uid there refuses every write),
+//! `<systemIdentifier>/wal/<file>`, `<systemIdentifier>/base/<backupId>/{data.tar|dump.sql,
+//! backup.json}`.
+//! - WAL (PostgreSQL): the server runs with `archive_mode=on`, `archive_command='<agent>'
+//!   wal-push %p`, `archive_timeout=60`. The primary reports `walArchive` (`lastArchived`,
+//!   `lastArchivedAt`, `failing`, `error`) while the pod has a destination.
+//! - Backup (on the pod the request names, primary or replica; one at a time; a request
+//!   whose uid already finished — as the last report says, read from the pod at start — is
+//!   not rerun): PostgreSQL streams `pg_basebackup -D - -Ft -X none --checkpoint=fast -v`
+//!   (superuser over the private socket: pg_hba.conf needs `local replication postgres peer
+//!   map=devctl`) as a multipart upload into `data.tar`; the start comes from `backup_label`
+//!   in the stream, the end from the `backup_manifest` pg_basebackup appends; it is
+//!   `Completed` once every WAL segment from `beginWAL` to `endWAL` is archived (a replica
+//!   asks the primary for `pg_switch_wal()` as the replication role, which the primary
+//!   grants it; else `archive_timeout` bounds the wait; at most 10 minutes), then
+//!   `backup.json` is written last. MySQL family: `mariadb-dump`/`mysqldump
+//!   --single-transaction --all-databases --routines --events --triggers` into `dump.sql`.
+//!   Progress in the report's `backup` (`Running`, `Completed`, `Failed` with `error`).
+//! - Restore (`DEVCTL_BOOTSTRAP=recovery`): PostgreSQL's first instance (the one
+//!   `status.currentPrimary` names, empty data directory) waits for the annotation and the
+//!   Secret, reads `backup.json` (missing: refused, the backup is incomplete), unpacks
+//!   `data.tar` into `.<data>.restore` and renames it into place with `recovery.signal`,
+//!   `restore_command = '<agent>' wal-fetch %f %p`, `recovery_target_time` (when asked),
+//!   `recovery_target_action = 'promote'`, `recovery_target_timeline = 'latest'`; it is not
+//!   ready while it replays, and once promoted it removes those settings (`ALTER SYSTEM
+//!   RESET`) and runs as the primary; its own WAL goes under its own prefix. MySQL family:
+//!   the fresh server replays `dump.sql` (then `FLUSH PRIVILEGES`) before credentials are
+//!   applied or it is ready; `.devctl-restored` in the data directory marks it done.
+//!
 //! The engine gets `PR_SET_PDEATHSIG` (SIGKILL) so it never outlives the agent; the binary
 //! runs a current-thread runtime so the forking thread lives as long as the process. When
 //! the agent is PID 1 it also reaps orphaned zombies.
 
 pub mod agent;
+pub mod archive;
+pub mod backup;
 pub mod cluster;
 pub mod config;
 pub mod credentials;
@@ -136,6 +184,8 @@ pub mod health;
 pub mod lease;
 pub mod process;
 pub mod report;
+pub mod store;
+pub mod wal;
 
 use std::time::Duration;
 

@@ -24,6 +24,21 @@ enum Command {
         /// Target directory (created if missing).
         dir: PathBuf,
     },
+    /// PostgreSQL's archive_command: have the running agent archive a WAL file (exit 0
+    /// once stored, or when archiving is off; 1 otherwise).
+    WalPush {
+        /// The file (%p), relative to the working directory or absolute.
+        path: String,
+    },
+    /// PostgreSQL's restore_command during a restore: have the running agent fetch an
+    /// archived file (exit 0 when in place, 1 when the archive has no such file, 126 when
+    /// the archive cannot be read).
+    WalFetch {
+        /// The archived file's name (%f).
+        name: String,
+        /// Where to put it (%p).
+        path: String,
+    },
 }
 
 fn exit(code: i32) -> ExitCode {
@@ -46,6 +61,9 @@ fn main() -> ExitCode {
         }
     };
     match cli.command.unwrap_or(Command::Run) {
+        // Run by PostgreSQL: no log setup (stderr goes to the server's log), no runtime.
+        Command::WalPush { path } => exit(devctl_agent::archive::wal_push(&path)),
+        Command::WalFetch { name, path } => exit(devctl_agent::archive::wal_fetch(&name, &path)),
         Command::Install { dir } => match devctl_agent::install(&dir) {
             Ok(target) => {
                 println!("installed {}", target.display());
@@ -57,6 +75,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Run => {
+            devctl_agent::store::install_crypto_provider();
             tracing_subscriber::fmt()
                 .with_writer(std::io::stdout)
                 .with_ansi(false)

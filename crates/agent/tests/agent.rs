@@ -1378,3 +1378,721 @@ async fn postgres_planned_switchover_promotes_the_target_and_the_old_primary_rej
         assert_no_password_in(&instance.annotation().await.unwrap(), &secrets);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Backups, WAL archiving and restore (docs/backup.md) against a real S3 server (versitygw).
+
+/// `status.backup`/`walArchive` waits: a base backup, WAL switches and a restore.
+const BACKUP_TIMEOUT: Duration = Duration::from_secs(180);
+
+impl Instance {
+    /// The pod's annotations merged with `annotations` (`null` removes one).
+    async fn annotate(&self, annotations: serde_json::Value) {
+        self.pods()
+            .await
+            .patch(
+                &self.pod,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "metadata": { "annotations": annotations } })),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// The store Secret `<cluster>-<suffix>` (keys and the test CA).
+    async fn set_store_secret(&self, name: &str, s3: &devctl_testenv::S3Server) {
+        let secret: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": { "name": name },
+            "stringData": {
+                "accessKeyId": s3.access_key_id(),
+                "secretAccessKey": s3.secret_access_key(),
+                "ca.crt": s3.ca_pem(),
+            }
+        }))
+        .unwrap();
+        let params = PatchParams::apply("agent-test").force();
+        self.secrets()
+            .await
+            .patch(name, &params, &Patch::Apply(&secret))
+            .await
+            .unwrap();
+    }
+
+    /// pg_basebackup runs as the superuser over the private socket: a replication
+    /// connection, which `local all` does not match.
+    fn allow_local_replication(&self) {
+        use std::io::Write;
+        let mut hba = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.path().join("conf/pg_hba.conf"))
+            .unwrap();
+        hba.write_all(b"local   replication  postgres             peer map=devctl\n")
+            .unwrap();
+    }
+
+    /// Like [`Instance::wait_for_report`] with [`BACKUP_TIMEOUT`].
+    async fn wait_long(
+        &self,
+        what: &str,
+        agent: &mut Agent,
+        check: impl Fn(&InstanceStatus) -> bool,
+    ) -> InstanceStatus {
+        let deadline = tokio::time::Instant::now() + BACKUP_TIMEOUT;
+        loop {
+            let raw = self.annotation().await;
+            if let Some(status) = raw.as_deref().and_then(|r| serde_json::from_str(r).ok())
+                && check(&status)
+            {
+                return status;
+            }
+            if let Ok(Some(code)) = agent.child.try_wait() {
+                panic!(
+                    "agent exited ({code}) while waiting for {what}; report {raw:?}\n{}",
+                    agent.logs()
+                );
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out after {BACKUP_TIMEOUT:?} waiting for {what}; report {raw:?}\n{}",
+                agent.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+}
+
+fn destination(s3: &devctl_testenv::S3Server, prefix: &str) -> String {
+    json!({ "endpoint": s3.endpoint(), "bucket": s3.bucket(), "prefix": prefix, "region": s3.region() })
+        .to_string()
+}
+
+/// A new cluster `db` in its own namespace whose first instance restores `backup_id` from
+/// `source_prefix` (optionally to `target_time`), archiving into its own prefix; returns
+/// the instance and its running agent, ready as the primary.
+async fn restore_into_new_cluster(
+    s3: &devctl_testenv::S3Server,
+    source_prefix: &str,
+    backup_id: &str,
+    target_time: Option<&str>,
+    password: &str,
+) -> (Instance, Agent, String) {
+    let (client, namespace) = namespace_with_cluster("restored", Some("db-0")).await;
+    let own_prefix = format!("{namespace}/db/");
+    let annotations = BTreeMap::from([(
+        devctl_api::instance::BACKUP_DESTINATION_ANNOTATION.to_string(),
+        destination(s3, &own_prefix),
+    )]);
+    let mut instance =
+        Instance::in_namespace(client, namespace, "db-0", "postgres", Some(annotations)).await;
+    instance.allow_local_replication();
+    let version = instance.set_password(password).await;
+    instance.set_store_secret("db-backup-store", s3).await;
+    instance.set_store_secret("db-restore-store", s3).await;
+    let mut env = instance.env();
+    env.insert(env::BOOTSTRAP, "recovery".into());
+    let mut agent = instance.start_with(env.clone());
+    instance
+        .wait_for_report("the wait for the restore annotation", &mut agent, |s| {
+            s.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains(devctl_api::instance::RESTORE_ANNOTATION))
+        })
+        .await;
+    assert!(!instance.data_dir().join("PG_VERSION").exists());
+    let mut request = json!({
+        "endpoint": s3.endpoint(), "bucket": s3.bucket(), "prefix": source_prefix,
+        "region": s3.region(), "backupId": backup_id,
+    });
+    if let Some(time) = target_time {
+        request["targetTime"] = json!(time);
+    }
+    instance
+        .annotate(json!({ devctl_api::instance::RESTORE_ANNOTATION: request.to_string() }))
+        .await;
+    let status = instance
+        .wait_long("the restored instance to be ready", &mut agent, |s| {
+            s.ready && s.credentials_version.as_deref() == Some(version.as_str())
+        })
+        .await;
+    assert_eq!(status.role.as_deref(), Some("primary"), "{status:?}");
+    assert_eq!(status.last_error, None);
+    // Promoted on a new timeline; the recovery settings are gone (a clone never inherits
+    // them).
+    assert!(status.timeline.is_some_and(|t| t >= 2), "{status:?}");
+    assert!(!instance.data_dir().join("recovery.signal").exists());
+    let auto_conf =
+        std::fs::read_to_string(instance.data_dir().join("postgresql.auto.conf")).unwrap();
+    assert!(
+        !auto_conf.contains("restore_command") && !auto_conf.contains("recovery_target_time "),
+        "{auto_conf}"
+    );
+    (instance, agent, own_prefix)
+}
+
+#[tokio::test]
+async fn postgres_archives_wal_backs_up_to_s3_and_restores_into_new_clusters() {
+    let s3 = devctl_testenv::shared_s3().await.unwrap();
+    let store_secrets = [s3.access_key_id(), s3.secret_access_key()];
+    let (client, namespace) = namespace_with_cluster("backup", Some("db-0")).await;
+    let prefix = format!("{namespace}/db/");
+    let annotations = BTreeMap::from([(
+        devctl_api::instance::BACKUP_DESTINATION_ANNOTATION.to_string(),
+        destination(s3, &prefix),
+    )]);
+    let mut source =
+        Instance::in_namespace(client, namespace, "db-0", "postgres", Some(annotations)).await;
+    source.allow_local_replication();
+    let password = "backup-Password-1";
+    let version = source.set_password(password).await;
+    source.set_store_secret("db-backup-store", s3).await;
+    let mut agent = source.start();
+    let status = source
+        .wait_for_report("the primary to be ready", &mut agent, |s| {
+            s.ready && s.credentials_version.as_deref() == Some(version.as_str())
+        })
+        .await;
+    let sysid = status.system_identifier.unwrap();
+    let sys_prefix = format!("{prefix}{sysid}/");
+
+    // WAL archiving: a switched segment reaches the store, owner.json first.
+    source
+        .admin_sql(
+            "app",
+            "CREATE TABLE t (x int); INSERT INTO t SELECT generate_series(1, 100)",
+        )
+        .await
+        .unwrap();
+    let switched = source
+        .admin_sql("postgres", "SELECT pg_walfile_name(pg_switch_wal())")
+        .await
+        .unwrap();
+    let status = source
+        .wait_long("the switched segment to be archived", &mut agent, |s| {
+            s.wal_archive
+                .as_ref()
+                .and_then(|w| w.last_archived.as_deref())
+                .is_some_and(|l| l >= switched.as_str())
+        })
+        .await;
+    let archive = status.wal_archive.unwrap();
+    assert!(!archive.failing && archive.error.is_none(), "{archive:?}");
+    assert!(archive.last_archived_at.is_some());
+    let objects = s3.objects(&prefix);
+    let keys: Vec<&str> = objects.iter().map(|(k, _)| k.as_str()).collect();
+    assert!(
+        keys.contains(&format!("{prefix}owner.json").as_str()),
+        "{keys:?}"
+    );
+    assert!(
+        keys.contains(&format!("{sys_prefix}wal/{switched}").as_str()),
+        "{keys:?}"
+    );
+    let (_, size) = objects
+        .iter()
+        .find(|(k, _)| k.ends_with(&switched))
+        .unwrap();
+    assert_eq!(*size, 16 * 1024 * 1024);
+
+    // A backup on request: data.tar, the WAL it needs, then backup.json.
+    let backup_id = "20261130T120000Z-nightly";
+    source
+        .annotate(json!({
+            devctl_api::instance::BACKUP_REQUEST_ANNOTATION:
+                json!({ "name": "nightly", "uid": "uid-1", "backupId": backup_id }).to_string()
+        }))
+        .await;
+    let status = source
+        .wait_long("the backup to complete", &mut agent, |s| {
+            s.backup
+                .as_ref()
+                .is_some_and(|b| b.phase == "Completed" || b.phase == "Failed")
+        })
+        .await;
+    let backup = status.backup.unwrap();
+    assert_eq!(backup.phase, "Completed", "{backup:?}\n{}", agent.logs());
+    assert_eq!(backup.uid, "uid-1");
+    assert_eq!(backup.engine.as_deref(), Some("postgres"));
+    assert_eq!(backup.prefix.as_deref(), Some(sys_prefix.as_str()));
+    assert_eq!(
+        backup.object_path.as_deref(),
+        Some(format!("s3://{}/{sys_prefix}base/{backup_id}/", s3.bucket()).as_str())
+    );
+    assert!(backup.size.is_some_and(|s| s > 1024 * 1024), "{backup:?}");
+    assert_eq!(backup.timeline, Some(1));
+    let (begin_wal, end_wal) = (
+        backup.begin_wal.clone().unwrap(),
+        backup.end_wal.clone().unwrap(),
+    );
+    assert!(begin_wal <= end_wal, "{backup:?}");
+    assert!(backup.begin_lsn.is_some() && backup.end_lsn.is_some());
+    assert!(backup.started_at.is_some() && backup.stopped_at.is_some());
+    let base = format!("{sys_prefix}base/{backup_id}/");
+    let objects = s3.objects(&base);
+    let keys: Vec<&str> = objects.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        [format!("{base}backup.json"), format!("{base}data.tar")],
+        "{objects:?}"
+    );
+    assert_eq!(objects[1].1 as i64, backup.size.unwrap());
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(s3.bucket_dir().join(format!("{base}backup.json"))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(manifest["phase"], "Completed");
+    assert_eq!(manifest["beginWAL"], begin_wal.as_str());
+    assert_eq!(manifest["systemIdentifier"], sysid.as_str());
+    for segment in [&begin_wal, &end_wal] {
+        let key = format!("{sys_prefix}wal/{segment}");
+        assert!(
+            s3.objects(&key).iter().any(|(k, _)| *k == key),
+            "{segment} not archived"
+        );
+    }
+
+    // Rows after the backup, committed after a point in time: PITR restores without them,
+    // a restore to the end of the archive with them.
+    let target_time = source
+        .admin_sql(
+            "postgres",
+            "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    source
+        .admin_sql("app", "INSERT INTO t SELECT generate_series(101, 150)")
+        .await
+        .unwrap();
+    let switched = source
+        .admin_sql("postgres", "SELECT pg_walfile_name(pg_switch_wal())")
+        .await
+        .unwrap();
+    source
+        .wait_long(
+            "the rows after the backup to be archived",
+            &mut agent,
+            |s| {
+                s.wal_archive
+                    .as_ref()
+                    .and_then(|w| w.last_archived.as_deref())
+                    .is_some_and(|l| l >= switched.as_str())
+            },
+        )
+        .await;
+
+    // A restarted agent reports the finished backup and does not take it again.
+    assert_eq!(
+        source.terminate_and_check(&mut agent).await,
+        0,
+        "{}",
+        agent.logs()
+    );
+    let mut agent = source.start();
+    let status = source
+        .wait_for_report("the restarted primary", &mut agent, |s| {
+            s.ready && s.heartbeat.is_some()
+        })
+        .await;
+    assert_eq!(
+        status.backup.as_ref().map(|b| b.phase.as_str()),
+        Some("Completed")
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !agent.stdout_contains("taking a backup"),
+        "{}",
+        agent.logs()
+    );
+
+    // A new cluster restores to the end of the archive: every row, a new timeline, and
+    // its own WAL under its own prefix.
+    let password2 = "restored-Password-2";
+    let (restored, mut restored_agent, own_prefix) =
+        restore_into_new_cluster(s3, &sys_prefix, backup_id, None, password2).await;
+    assert_eq!(
+        restored.admin_sql("app", "SELECT count(*) FROM t").await,
+        Ok("150".to_string())
+    );
+    assert_eq!(restored.login(password2).await, Ok("app".to_string()));
+    let status = restored
+        .wait_long(
+            "the restored cluster's own archive",
+            &mut restored_agent,
+            |s| {
+                s.wal_archive
+                    .as_ref()
+                    .is_some_and(|w| w.last_archived.is_some())
+            },
+        )
+        .await;
+    let restored_sysid = status.system_identifier.unwrap();
+    assert_eq!(
+        restored_sysid, sysid,
+        "a restore keeps the system identifier"
+    );
+    assert!(
+        !s3.objects(&format!("{own_prefix}{sysid}/wal/")).is_empty(),
+        "{:?}",
+        s3.objects(&own_prefix)
+    );
+    assert_eq!(
+        restored.terminate_and_check(&mut restored_agent).await,
+        0,
+        "{}",
+        restored_agent.logs()
+    );
+
+    // A restore to a point in time before those rows.
+    let (pitr, mut pitr_agent, _) =
+        restore_into_new_cluster(s3, &sys_prefix, backup_id, Some(&target_time), password2).await;
+    assert_eq!(
+        pitr.admin_sql("app", "SELECT count(*) FROM t").await,
+        Ok("100".to_string())
+    );
+    assert_eq!(
+        pitr.terminate_and_check(&mut pitr_agent).await,
+        0,
+        "{}",
+        pitr_agent.logs()
+    );
+
+    assert_eq!(
+        source.terminate_and_check(&mut agent).await,
+        0,
+        "{}",
+        agent.logs()
+    );
+    for a in [&agent, &restored_agent, &pitr_agent] {
+        a.assert_no_secrets(&store_secrets);
+    }
+    for instance in [&source, &restored, &pitr] {
+        assert_no_password_in(&instance.annotation().await.unwrap(), &store_secrets);
+    }
+}
+
+#[tokio::test]
+async fn a_restore_refuses_an_incomplete_backup_and_another_clusters_prefix() {
+    let s3 = devctl_testenv::shared_s3().await.unwrap();
+    let (client, namespace) = namespace_with_cluster("refuse", Some("db-0")).await;
+    // Another cluster's owner.json where this cluster would archive.
+    let prefix = format!("{namespace}/db/");
+    let owner = s3.bucket_dir().join(format!("{prefix}owner.json"));
+    std::fs::create_dir_all(owner.parent().unwrap()).unwrap();
+    std::fs::write(&owner, br#"{"uid":"another-cluster"}"#).unwrap();
+    let annotations = BTreeMap::from([
+        (
+            devctl_api::instance::BACKUP_DESTINATION_ANNOTATION.to_string(),
+            destination(s3, &prefix),
+        ),
+        (
+            devctl_api::instance::RESTORE_ANNOTATION.to_string(),
+            json!({
+                "endpoint": s3.endpoint(), "bucket": s3.bucket(),
+                "prefix": format!("{namespace}/nothing/7/"), "region": s3.region(),
+                "backupId": "20261130T120000Z-missing",
+            })
+            .to_string(),
+        ),
+    ]);
+    let mut instance =
+        Instance::in_namespace(client, namespace, "db-0", "postgres", Some(annotations)).await;
+    instance.set_password("refuse-Password-1").await;
+    instance.set_store_secret("db-restore-store", s3).await;
+    instance.set_store_secret("db-backup-store", s3).await;
+    let mut env = instance.env();
+    env.insert(env::BOOTSTRAP, "recovery".into());
+    let mut agent = instance.start_with(env);
+    let status = instance
+        .wait_for_report("the incomplete backup to be refused", &mut agent, |s| {
+            s.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("incomplete or does not exist"))
+        })
+        .await;
+    assert!(
+        status
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("backup.json"),
+        "{status:?}"
+    );
+    assert!(!instance.data_dir().join("PG_VERSION").exists());
+    assert_eq!(
+        instance.terminate_and_check(&mut agent).await,
+        0,
+        "{}",
+        agent.logs()
+    );
+
+    // Without the restore, the same pod bootstraps, but refuses to archive into a prefix
+    // another cluster owns (reported as failing, WAL kept by PostgreSQL).
+    instance
+        .annotate(json!({ devctl_api::instance::RESTORE_ANNOTATION: null }))
+        .await;
+    let mut agent = instance.start();
+    instance
+        .wait_for_report("the primary", &mut agent, |s| s.ready)
+        .await;
+    instance
+        .admin_sql(
+            "postgres",
+            "SELECT pg_switch_wal(); CHECKPOINT; SELECT pg_switch_wal()",
+        )
+        .await
+        .unwrap();
+    let status = instance
+        .wait_long("archiving to be reported failing", &mut agent, |s| {
+            s.wal_archive.as_ref().is_some_and(|w| w.failing)
+        })
+        .await;
+    let error = status.wal_archive.unwrap().error.unwrap();
+    assert!(error.contains("another cluster"), "{error}");
+    assert_eq!(
+        std::fs::read_to_string(&owner).unwrap(),
+        r#"{"uid":"another-cluster"}"#
+    );
+    assert_eq!(
+        instance.terminate_and_check(&mut agent).await,
+        0,
+        "{}",
+        agent.logs()
+    );
+}
+
+#[tokio::test]
+async fn postgres_backup_on_a_replica_completes_with_the_primarys_archive() {
+    let s3 = devctl_testenv::shared_s3().await.unwrap();
+    let (client, namespace) = namespace_with_cluster("replica-backup", Some("db-0")).await;
+    let prefix = format!("{namespace}/db/");
+    let annotations = BTreeMap::from([(
+        devctl_api::instance::BACKUP_DESTINATION_ANNOTATION.to_string(),
+        destination(s3, &prefix),
+    )]);
+    let mut primary = Instance::in_namespace(
+        client.clone(),
+        namespace.clone(),
+        "db-0",
+        "postgres",
+        Some(annotations.clone()),
+    )
+    .await;
+    let mut replica =
+        Instance::in_namespace(client, namespace, "db-1", "postgres", Some(annotations)).await;
+    for instance in [&primary, &replica] {
+        instance.allow_local_replication();
+    }
+    primary.set_password("replica-backup-Password-1").await;
+    primary
+        .set_replication_password("db-replication", "replication-Password-7")
+        .await;
+    primary.set_store_secret("db-backup-store", s3).await;
+    let env = primary.replication_env("db-replication");
+    let mut primary_agent = primary.start_with(env);
+    let env = replica.replication_env("db-replication");
+    let mut replica_agent = replica.start_with(env);
+    let status = primary
+        .wait_for_report("the primary", &mut primary_agent, |s| s.ready)
+        .await;
+    let sys_prefix = format!("{prefix}{}/", status.system_identifier.unwrap());
+    replica
+        .wait_for_report("the replica to stream", &mut replica_agent, |s| s.ready)
+        .await;
+    primary
+        .admin_sql(
+            "app",
+            "CREATE TABLE t AS SELECT generate_series(1, 1000) AS x",
+        )
+        .await
+        .unwrap();
+
+    // A standby cannot switch WAL: the backup asks the primary (well before its
+    // archive_timeout of 60 s would).
+    let started = tokio::time::Instant::now();
+    let backup_id = "20261130T130000Z-from-replica";
+    replica
+        .annotate(json!({
+            devctl_api::instance::BACKUP_REQUEST_ANNOTATION:
+                json!({ "name": "from-replica", "uid": "uid-r", "backupId": backup_id }).to_string()
+        }))
+        .await;
+    let status = replica
+        .wait_long("the replica's backup to finish", &mut replica_agent, |s| {
+            s.backup
+                .as_ref()
+                .is_some_and(|b| b.phase == "Completed" || b.phase == "Failed")
+        })
+        .await;
+    let backup = status.backup.unwrap();
+    assert_eq!(
+        backup.phase,
+        "Completed",
+        "{backup:?}\n{}",
+        replica_agent.logs()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(45),
+        "took {:?}: the primary did not switch WAL\n{}",
+        started.elapsed(),
+        replica_agent.logs()
+    );
+    assert!(replica_agent.stdout_contains("the primary switched WAL for the backup"));
+    let end_wal = backup.end_wal.unwrap();
+    let key = format!("{sys_prefix}wal/{end_wal}");
+    assert!(s3.objects(&key).iter().any(|(k, _)| *k == key));
+    let base = format!("{sys_prefix}base/{backup_id}/");
+    assert_eq!(s3.objects(&base).len(), 2, "{:?}", s3.objects(&base));
+    // The replica reports no walArchive (it archives nothing); the primary does.
+    assert_eq!(status.wal_archive, None);
+    for (instance, agent) in [
+        (&replica, &mut replica_agent),
+        (&primary, &mut primary_agent),
+    ] {
+        assert_eq!(
+            instance.terminate_and_check(agent).await,
+            0,
+            "{}",
+            agent.logs()
+        );
+    }
+}
+
+impl Instance {
+    /// MariaDB: `sql` as `app` over TCP (password in a 0600 option file).
+    async fn mariadb_app_sql(&self, password: &str, sql: &str) -> Result<String, String> {
+        let options = self.dir.path().join(format!("my-{}.cnf", rand_suffix()));
+        private_file(&options, &format!("[client]\npassword=\"{password}\"\n"));
+        let output = Command::new("mariadb")
+            .arg(format!("--defaults-extra-file={}", options.display()))
+            .args(["--protocol=tcp", "-h", "127.0.0.1"])
+            .arg(format!("--port={}", self.port))
+            .args(["-u", "app", "-D", "app", "-N", "-B", "-e", sql])
+            .output()
+            .await
+            .unwrap();
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).to_string())
+        }
+    }
+}
+
+#[tokio::test]
+async fn mariadb_dumps_to_s3_and_a_new_cluster_replays_the_dump() {
+    let s3 = devctl_testenv::shared_s3().await.unwrap();
+    let (client, namespace) = namespace_with_cluster("maria-backup", Some("db-0")).await;
+    let prefix = format!("{namespace}/db/");
+    let annotations = BTreeMap::from([(
+        devctl_api::instance::BACKUP_DESTINATION_ANNOTATION.to_string(),
+        destination(s3, &prefix),
+    )]);
+    let mut source =
+        Instance::in_namespace(client, namespace, "db-0", "mysql", Some(annotations)).await;
+    let password = "maria-backup-Password-1";
+    let version = source.set_password(password).await;
+    source.set_store_secret("db-backup-store", s3).await;
+    let mut agent = source.start();
+    source
+        .wait_for_report("MariaDB to be ready", &mut agent, |s| {
+            s.ready && s.credentials_version.as_deref() == Some(version.as_str())
+        })
+        .await;
+    source
+        .mariadb_app_sql(
+            password,
+            "CREATE TABLE t (x INT PRIMARY KEY); INSERT INTO t VALUES (1), (2), (3)",
+        )
+        .await
+        .unwrap();
+    let backup_id = "20261130T140000Z-maria";
+    source
+        .annotate(json!({
+            devctl_api::instance::BACKUP_REQUEST_ANNOTATION:
+                json!({ "name": "maria", "uid": "uid-m", "backupId": backup_id }).to_string()
+        }))
+        .await;
+    let status = source
+        .wait_long("the dump to finish", &mut agent, |s| {
+            s.backup
+                .as_ref()
+                .is_some_and(|b| b.phase == "Completed" || b.phase == "Failed")
+        })
+        .await;
+    let backup = status.backup.unwrap();
+    assert_eq!(backup.phase, "Completed", "{backup:?}\n{}", agent.logs());
+    assert_eq!(backup.engine.as_deref(), Some("mysql"));
+    assert_eq!(status.wal_archive, None);
+    let sys_prefix = backup.prefix.clone().unwrap();
+    assert!(sys_prefix.starts_with(&prefix), "{sys_prefix}");
+    let base = format!("{sys_prefix}base/{backup_id}/");
+    let objects = s3.objects(&base);
+    let keys: Vec<&str> = objects.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        [format!("{base}backup.json"), format!("{base}dump.sql")],
+        "{objects:?}"
+    );
+    assert_eq!(
+        source.terminate_and_check(&mut agent).await,
+        0,
+        "{}",
+        agent.logs()
+    );
+
+    // A new cluster: initialised, the dump replayed, then its own credentials.
+    let (client, namespace) = namespace_with_cluster("maria-restored", Some("db-0")).await;
+    let request = json!({
+        "endpoint": s3.endpoint(), "bucket": s3.bucket(), "prefix": sys_prefix,
+        "region": s3.region(), "backupId": backup_id,
+    });
+    let annotations = BTreeMap::from([(
+        devctl_api::instance::RESTORE_ANNOTATION.to_string(),
+        request.to_string(),
+    )]);
+    let mut restored =
+        Instance::in_namespace(client, namespace, "db-0", "mysql", Some(annotations)).await;
+    let password2 = "maria-restored-Password-2";
+    let version = restored.set_password(password2).await;
+    restored.set_store_secret("db-restore-store", s3).await;
+    let mut env = restored.env();
+    env.insert(env::BOOTSTRAP, "recovery".into());
+    let mut restored_agent = restored.start_with(env.clone());
+    let status = restored
+        .wait_long(
+            "the restored MariaDB to be ready",
+            &mut restored_agent,
+            |s| s.ready && s.credentials_version.as_deref() == Some(version.as_str()),
+        )
+        .await;
+    assert_eq!(status.last_error, None);
+    assert_eq!(
+        restored
+            .mariadb_app_sql(password2, "SELECT SUM(x) FROM t")
+            .await,
+        Ok("6".to_string())
+    );
+    assert!(restored.data_dir().join(".devctl-restored").is_file());
+    // Restarted: not replayed again.
+    assert_eq!(
+        restored.terminate_and_check(&mut restored_agent).await,
+        0,
+        "{}",
+        restored_agent.logs()
+    );
+    let mut restored_agent = restored.start_with(env);
+    restored
+        .wait_for_report("the restarted MariaDB", &mut restored_agent, |s| {
+            s.ready && s.heartbeat.is_some()
+        })
+        .await;
+    assert!(!restored_agent.stdout_contains("replaying the dump"));
+    assert_eq!(
+        restored.terminate_and_check(&mut restored_agent).await,
+        0,
+        "{}",
+        restored_agent.logs()
+    );
+}

@@ -53,6 +53,9 @@ pub mod env {
     /// `mariadbd`/`mysqld`, ...). Without it the agent searches `PATH`, then Debian's
     /// `/usr/lib/postgresql/*/bin`.
     pub const ENGINE_BIN_DIR: &str = "DEVCTL_ENGINE_BIN_DIR";
+    /// `recovery`: the first instance restores from a backup (docs/backup.md) instead of
+    /// initialising, and waits for [`super::RESTORE_ANNOTATION`].
+    pub const BOOTSTRAP: &str = "DEVCTL_BOOTSTRAP";
 }
 
 /// The health port's default and the engines' default ports.
@@ -113,6 +116,118 @@ pub struct InstanceStatus {
     /// operator elects the most advanced replica from them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover_epoch: Option<i64>,
+    /// The backup this instance runs or ran last (docs/backup.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupReport>,
+    /// The primary's WAL archiving.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_archive: Option<WalArchiveReport>,
+}
+
+/// Annotation on every instance pod (operator-written): where backups and WAL go, JSON
+/// [`StoreLocation`] without the system identifier (the agent appends it). Absent while
+/// backups are disabled or no destination is known.
+pub const BACKUP_DESTINATION_ANNOTATION: &str = "db.devctl.io/backup-destination";
+/// Annotation on the instance that takes a backup (operator-written): JSON [`BackupRequest`].
+pub const BACKUP_REQUEST_ANNOTATION: &str = "db.devctl.io/backup-request";
+/// Annotation on the first instance of a cluster restored from a backup (operator-written):
+/// JSON [`RestoreRequest`].
+pub const RESTORE_ANNOTATION: &str = "db.devctl.io/restore";
+
+/// Suffix of the Secret with the cluster's own store credentials (`accessKeyId`,
+/// `secretAccessKey`, optional `ca.crt`), and of the source store's for a restore.
+pub const BACKUP_STORE_SECRET_SUFFIX: &str = "-backup-store";
+pub const RESTORE_STORE_SECRET_SUFFIX: &str = "-restore-store";
+pub const ACCESS_KEY_ID: &str = "accessKeyId";
+pub const SECRET_ACCESS_KEY: &str = "secretAccessKey";
+pub const CA_CERT: &str = "ca.crt";
+
+/// A place in an S3-compatible store. `prefix` is empty or ends with `/`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct StoreLocation {
+    pub endpoint: String,
+    pub bucket: String,
+    #[serde(default)]
+    pub prefix: String,
+    #[serde(default)]
+    pub region: String,
+}
+
+/// A backup for one agent to take.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupRequest {
+    /// The DatabaseBackup's name and uid.
+    pub name: String,
+    pub uid: String,
+    pub backup_id: String,
+}
+
+/// What the first instance of a restored cluster restores: `location.prefix` is the source
+/// cluster's full prefix, system identifier included.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreRequest {
+    #[serde(flatten)]
+    pub location: StoreLocation,
+    pub backup_id: String,
+    /// RFC 3339; the end of the archive when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_time: Option<String>,
+}
+
+/// An agent's account of a backup.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupReport {
+    pub name: String,
+    pub uid: String,
+    pub backup_id: String,
+    /// `Running`, `Completed` or `Failed`.
+    pub phase: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<i64>,
+    /// `s3://<bucket>/<prefix><systemIdentifier>/base/<backupId>/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_path: Option<String>,
+    /// The cluster prefix with the system identifier (`…/<systemIdentifier>/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    #[serde(default, rename = "beginLSN", skip_serializing_if = "Option::is_none")]
+    pub begin_lsn: Option<String>,
+    #[serde(default, rename = "endLSN", skip_serializing_if = "Option::is_none")]
+    pub end_lsn: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<i64>,
+    #[serde(default, rename = "beginWAL", skip_serializing_if = "Option::is_none")]
+    pub begin_wal: Option<String>,
+    #[serde(default, rename = "endWAL", skip_serializing_if = "Option::is_none")]
+    pub end_wal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The primary's WAL archiving.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct WalArchiveReport {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_archived: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_archived_at: Option<String>,
+    #[serde(default)]
+    pub failing: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl InstanceStatus {
@@ -172,6 +287,8 @@ mod tests {
             credentials_version: Some("42".into()),
             final_lsn: Some("0/3000060".into()),
             failover_epoch: Some(2),
+            backup: None,
+            wal_archive: None,
         };
         let json = serde_json::to_value(&status).unwrap();
         let mut keys: Vec<&str> = json

@@ -2,6 +2,7 @@
 //! pure logic on them. Nothing here does IO.
 
 pub mod conditions;
+pub mod database_backup;
 pub mod database_cluster;
 pub mod instance;
 pub mod labels;
@@ -15,7 +16,11 @@ pub const DB_GROUP: &str = "db.devctl.io";
 pub fn crds()
 -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
-    vec![database_cluster::crd(), web_app::crd()]
+    vec![
+        database_cluster::crd(),
+        database_backup::crd(),
+        web_app::crd(),
+    ]
 }
 
 /// Gives `status` the default `{observedGeneration: 0}` in every version of `crd`.

@@ -26,6 +26,10 @@ pub struct Settings {
     /// The image database pods copy `devctl-agent` from (an init container runs
     /// `/devctl-agent install`); the operator's own image.
     pub agent_image: String,
+    /// The default backup destination: a Secret (namespace, name) with `endpoint`, `bucket`,
+    /// optional `path`, `region`, `ca.crt`, and `accessKeyId`, `secretAccessKey`
+    /// (`--default-backup-secret`; docs/backup.md).
+    pub default_backup_secret: Option<(String, String)>,
 }
 
 /// The default of `--concurrency`, as controller-runtime users expect.
@@ -39,6 +43,7 @@ impl Default for Settings {
             metrics: Arc::default(),
             concurrency: DEFAULT_CONCURRENCY,
             agent_image: crate::manifests::DEFAULT_IMAGE.into(),
+            default_backup_secret: None,
         }
     }
 }

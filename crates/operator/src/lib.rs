@@ -9,6 +9,7 @@ pub mod backoff;
 pub mod children;
 pub mod client;
 pub mod context;
+pub mod database_backup;
 pub mod database_cluster;
 pub mod engine;
 pub mod error;
@@ -126,6 +127,14 @@ impl Operator {
         let mut streams = Vec::new();
         for (namespace, caches) in &self.scopes {
             streams.push(database_cluster::controller(
+                self.client.clone(),
+                namespace.clone(),
+                caches.clone(),
+                self.settings.clone(),
+                instance.to_string(),
+                shutdown.clone(),
+            ));
+            streams.push(database_backup::controller(
                 self.client.clone(),
                 namespace.clone(),
                 caches.clone(),

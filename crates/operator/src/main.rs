@@ -68,6 +68,11 @@ struct Args {
     /// Seconds between health checks of an unchanged, healthy object.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..))]
     health_requeue_seconds: u64,
+    /// The default backup destination for clusters that declare none: a Secret in the
+    /// operator's namespace (`NAMESPACE/NAME` for another) with `endpoint`, `bucket`,
+    /// optional `path`, `region`, `ca.crt`, and `accessKeyId`, `secretAccessKey`.
+    #[arg(long, env = "DEVCTL_DEFAULT_BACKUP_SECRET")]
+    default_backup_secret: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -165,6 +170,12 @@ async fn main() -> anyhow::Result<()> {
         metrics: metrics.clone(),
         concurrency: args.concurrency,
         agent_image: args.agent_image.clone(),
+        default_backup_secret: args.default_backup_secret.as_deref().map(|s| {
+            match s.split_once('/') {
+                Some((namespace, name)) => (namespace.to_string(), name.to_string()),
+                None => (args.leader_election_namespace.clone(), s.to_string()),
+            }
+        }),
     };
     let (server_stop, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = if args.metrics_bind_address == "off" {

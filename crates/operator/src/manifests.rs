@@ -68,6 +68,16 @@ pub const RULES: &[Rule] = &[
         verbs: &["update"],
     },
     Rule {
+        group: "db.devctl.io",
+        resources: &["databasebackups"],
+        verbs: READ,
+    },
+    Rule {
+        group: "db.devctl.io",
+        resources: &["databasebackups/status"],
+        verbs: &["patch"],
+    },
+    Rule {
         group: "apps.devctl.io",
         resources: &["webapps"],
         verbs: READ,
@@ -165,7 +175,7 @@ pub const USER_VIEW_NAME: &str = "devctl-view";
 pub const USER_EDIT_RULES: &[Rule] = &[
     Rule {
         group: "db.devctl.io",
-        resources: &["databaseclusters"],
+        resources: &["databaseclusters", "databasebackups"],
         verbs: USER_EDIT_VERBS,
     },
     Rule {
@@ -183,7 +193,12 @@ const USER_EDIT_VERBS: &[&str] = &[
 pub const USER_VIEW_RULES: &[Rule] = &[
     Rule {
         group: "db.devctl.io",
-        resources: &["databaseclusters", "databaseclusters/status"],
+        resources: &[
+            "databaseclusters",
+            "databaseclusters/status",
+            "databasebackups",
+            "databasebackups/status",
+        ],
         verbs: READ,
     },
     Rule {

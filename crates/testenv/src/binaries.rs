@@ -1,4 +1,5 @@
-//! Where the pinned control-plane binaries live, and building them on first use.
+//! Where the pinned control-plane binaries (and versitygw, the S3-compatible object store)
+//! live, and building them on first use.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -96,6 +97,79 @@ impl Binaries {
     }
 }
 
+/// `tools/versitygw/versions.env`, compiled in like [`VERSIONS_ENV`].
+const VERSITYGW_VERSIONS_ENV: &str = include_str!("../../../tools/versitygw/versions.env");
+const VERSITYGW_BUILD_SCRIPT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tools/versitygw/build.sh"
+);
+
+/// Names a versitygw binary to use instead of the cached build (`tools/test.sh` exports it).
+pub const VERSITYGW_ENV: &str = "DEVCTL_VERSITYGW";
+
+/// The pinned versitygw version, e.g. `v1.8.0`.
+pub fn versitygw_version() -> &'static str {
+    VERSITYGW_VERSIONS_ENV
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .find(|(k, _)| k.trim() == "VERSITYGW_VERSION")
+        .map(|(_, v)| v.trim())
+        .unwrap_or("unknown")
+}
+
+/// Where `tools/versitygw/build.sh` puts the binary:
+/// `${DEVCTL_VERSITYGW_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/devctl/versitygw}/<version>/bin/versitygw`.
+pub fn versitygw_cache_path() -> PathBuf {
+    let root = match std::env::var_os("DEVCTL_VERSITYGW_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .unwrap_or_else(|| PathBuf::from("/tmp"))
+            .join("devctl")
+            .join("versitygw"),
+    };
+    root.join(versitygw_version()).join("bin").join("versitygw")
+}
+
+/// The versitygw binary: `$DEVCTL_VERSITYGW` if set, else the cached build, built with
+/// `tools/versitygw/build.sh` if missing (about 2 minutes on 2 cores; the script takes a file
+/// lock, so concurrent test binaries wait for one build).
+///
+/// Blocking: call it from `spawn_blocking` in async code.
+pub fn versitygw() -> Result<PathBuf, Error> {
+    if let Some(path) = std::env::var_os(VERSITYGW_ENV) {
+        let path = PathBuf::from(path);
+        if is_executable(&path) {
+            return Ok(path);
+        }
+        return Err(Error::Binaries(format!(
+            "${VERSITYGW_ENV} names {}, which is not an executable file",
+            path.display()
+        )));
+    }
+    let path = versitygw_cache_path();
+    if is_executable(&path) {
+        return Ok(path);
+    }
+    eprintln!(
+        "devctl-testenv: versitygw missing at {}; building it with {VERSITYGW_BUILD_SCRIPT} (minutes on first use)",
+        path.display()
+    );
+    let status = Command::new("bash")
+        .arg(VERSITYGW_BUILD_SCRIPT)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map_err(|e| Error::io(format!("run {VERSITYGW_BUILD_SCRIPT}"), e))?;
+    if !status.success() || !is_executable(&path) {
+        return Err(Error::Binaries(format!(
+            "{VERSITYGW_BUILD_SCRIPT} failed ({status}) or did not produce {}; run it by hand to see why (it needs Go >= 1.26 and the Go module proxy)",
+            path.display()
+        )));
+    }
+    Ok(path)
+}
+
 fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path)
@@ -108,5 +182,16 @@ mod tests {
     #[test]
     fn version_comes_from_versions_env() {
         assert!(super::kubernetes_version().starts_with("v1."));
+    }
+
+    #[test]
+    fn versitygw_version_comes_from_its_versions_env() {
+        let version = super::versitygw_version();
+        assert!(version.starts_with('v'), "{version}");
+        assert!(
+            super::versitygw_cache_path().ends_with(format!("{version}/bin/versitygw")),
+            "{}",
+            super::versitygw_cache_path().display()
+        );
     }
 }

@@ -23,6 +23,11 @@
 //! [`shared_process_cluster`]). See [`pod_runner`]. For failover tests, the runner can also
 //! freeze, kill and hold, or cut off from the API server one pod's agent and its engine
 //! ([`PodRunner::freeze`], [`PodRunner::kill_and_hold`], [`PodRunner::partition`]).
+//!
+//! # Object store
+//! [`S3Server`] runs versitygw (an S3-compatible store, built from its pinned Go module by
+//! `tools/versitygw/build.sh`) over HTTPS on loopback with one bucket, its own CA and random
+//! root credentials, for backup tests; [`shared_s3`] starts one per test binary. See [`s3`].
 
 pub mod audit;
 pub mod binaries;
@@ -33,6 +38,7 @@ pub mod kubeconfig;
 pub mod pki;
 pub mod pod_runner;
 pub mod process;
+pub mod s3;
 pub mod workload;
 
 use std::time::Duration;
@@ -41,6 +47,7 @@ pub use audit::{AuditLog, AuditMark};
 pub use cluster::{Cluster, ClusterOptions};
 pub use control_plane::{ControlPlane, Options};
 pub use pod_runner::{PodBacking, PodRunner};
+pub use s3::S3Server;
 
 /// The field manager the harness uses for what it applies itself (CRDs, nodes, storage class).
 pub const FIELD_MANAGER: &str = "devctl-testenv";
@@ -57,8 +64,10 @@ pub enum Error {
     },
     #[error("{0}")]
     Process(String),
-    #[error("control-plane binaries: {0}")]
+    #[error("pinned binaries: {0}")]
     Binaries(String),
+    #[error("object store: {0}")]
+    S3(String),
     #[error("kubeconfig: {0}")]
     Kubeconfig(String),
     #[error("Kubernetes API: {0}")]
@@ -84,6 +93,7 @@ static SHARED_CONTROL_PLANE: tokio::sync::OnceCell<ControlPlane> =
     tokio::sync::OnceCell::const_new();
 static SHARED_CLUSTER: tokio::sync::OnceCell<Cluster> = tokio::sync::OnceCell::const_new();
 static SHARED_PROCESS_CLUSTER: tokio::sync::OnceCell<Cluster> = tokio::sync::OnceCell::const_new();
+static SHARED_S3: tokio::sync::OnceCell<S3Server> = tokio::sync::OnceCell::const_new();
 
 /// The control plane shared by every test in this test binary (audit log on).
 ///
@@ -140,6 +150,16 @@ pub async fn shared_process_cluster() -> Result<&'static Cluster, Error> {
         println!("agent logs: {}", runner.logs_dir().display());
     }
     Ok(cluster)
+}
+
+/// The object store shared by every test in this test binary (bucket [`s3::BUCKET`]).
+///
+/// Tests keep to their own key prefixes. A test that stops or restarts the store starts its
+/// own [`S3Server`] instead, so that the others never see it down.
+pub async fn shared_s3() -> Result<&'static S3Server, Error> {
+    let server = SHARED_S3.get_or_try_init(S3Server::start).await?;
+    println!("{}", server.describe());
+    Ok(server)
 }
 
 /// Polls `check` every 100 ms until it returns `Some`, failing after `timeout` with a

@@ -7,9 +7,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 pub use v1beta1::{
-    DatabaseCluster, DatabaseClusterSpec, DatabaseClusterStatus, Engine, HighAvailabilitySpec,
-    InstanceSummary, Phase, ReplicationSpec, SynchronousMethod, SynchronousSpec,
-    parse_seconds_or_minutes,
+    BackupDestination, BackupSpec, BootstrapSpec, DatabaseCluster, DatabaseClusterSpec,
+    DatabaseClusterStatus, Engine, HighAvailabilitySpec, InstanceSummary, Phase, RecoverySource,
+    RecoverySpec, ReplicationSpec, SynchronousMethod, SynchronousSpec, parse_seconds_or_minutes,
 };
 
 /// The finalizer the operator puts on every DatabaseCluster.

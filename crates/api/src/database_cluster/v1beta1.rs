@@ -90,6 +90,11 @@ pub struct DatabaseClusterSpec {
     /// Streaming replication settings (PostgreSQL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replication: Option<ReplicationSpec>,
+
+    /// How the data begins: a restore from a backup. Cannot be changed after creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.bootstrap is immutable: restore into a new cluster"))]
+    pub bootstrap: Option<BootstrapSpec>,
 }
 
 /// Streaming replication settings.
@@ -212,6 +217,107 @@ pub struct BackupSpec {
     #[serde(default = "default_retention")]
     #[schemars(range(min = 1, max = 3650))]
     pub retention: i32,
+
+    /// Keep at most this many completed scheduled backups (the newest); with `retention`,
+    /// a backup goes when either rule says so — never the newest completed one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub keep_last: Option<i32>,
+
+    /// Keep the scheduled `DatabaseBackup`s (and their files) when the cluster is deleted;
+    /// by default they are owned by the cluster and go with it.
+    #[serde(default)]
+    pub keep_backups_on_delete: bool,
+
+    /// Take a last backup when the cluster is deleted (kept after the cluster is gone).
+    #[serde(default)]
+    pub final_backup: bool,
+
+    /// How long deletion waits for the final backup, e.g. `10m` (default); then a Warning
+    /// event `FinalBackupSkipped` and the deletion goes on.
+    #[serde(default = "default_final_backup_timeout")]
+    #[schemars(regex(pattern = r"^\d+(s|m)$"))]
+    pub final_backup_timeout: String,
+
+    /// Where backups and archived WAL go; the operator's default destination when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination: Option<BackupDestination>,
+}
+
+fn default_final_backup_timeout() -> String {
+    "10m".into()
+}
+
+/// An S3-compatible object store location.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupDestination {
+    /// `https://host[:port]` of the S3 API.
+    #[schemars(regex(pattern = r"^https://[^\s/]+(/.*)?$"))]
+    pub endpoint: String,
+    /// Bucket name.
+    #[schemars(length(min = 3, max = 63))]
+    pub bucket: String,
+    /// Key prefix inside the bucket (no leading or trailing `/`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(regex(pattern = r"^([^/\s]+(/[^/\s]+)*)?$"))]
+    pub path: String,
+    /// Region of the bucket, default `us-east-1`.
+    #[serde(default = "default_region")]
+    pub region: String,
+    /// Secret in the cluster's namespace with keys `accessKeyId` and `secretAccessKey`.
+    #[schemars(length(min = 1))]
+    pub credentials_secret: String,
+    /// Secret with `ca.crt`, the CA that signed the store's certificate (a public CA when
+    /// unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret: Option<String>,
+}
+
+fn default_region() -> String {
+    "us-east-1".into()
+}
+
+/// How a new cluster's data begins.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapSpec {
+    /// Restore from a backup instead of initialising an empty database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<RecoverySpec>,
+}
+
+/// A restore: from a `DatabaseBackup` in this namespace, or from a backup in a store.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.backup) != has(self.source)").message("spec.bootstrap.recovery: set exactly one of backup and source"))]
+pub struct RecoverySpec {
+    /// A `DatabaseBackup` (in this namespace) that completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<String>,
+    /// A backup in a store, for when its cluster and DatabaseBackup are gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<RecoverySource>,
+    /// Point-in-time recovery (PostgreSQL): replay archived WAL up to this time (RFC 3339);
+    /// the end of the archive when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\\\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$')").message("spec.bootstrap.recovery.targetTime must be an RFC 3339 time, e.g. 2026-11-30T12:00:00Z"))]
+    pub target_time: Option<String>,
+}
+
+/// A backup found by its location.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecoverySource {
+    /// The store the source cluster wrote to (its `path` as configured there).
+    pub destination: BackupDestination,
+    /// Namespace and name of the source cluster, as in the store's layout.
+    pub namespace: String,
+    pub cluster: String,
+    /// The source's PostgreSQL system identifier (or MySQL server uuid) in the layout.
+    pub system_identifier: String,
+    /// The backup's id (`<time>-<name>`).
+    pub backup_id: String,
 }
 
 fn default_true() -> bool {
@@ -348,6 +454,18 @@ pub struct DatabaseClusterStatus {
     /// Completion time of the last successful backup (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_backup: Option<String>,
+
+    /// The name of the last `DatabaseBackup` that completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_backup_name: Option<String>,
+
+    /// The scheduled time of the last backup the schedule created (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scheduled_backup: Option<String>,
+
+    /// When the schedule runs next (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_scheduled_backup: Option<String>,
 
     /// The pod of the primary instance: the first instance at bootstrap. Agents take their
     /// role from this field, never from what a pod says of itself; only the operator writes it.

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use clap::Subcommand;
 use devctl_api::conditions;
+use devctl_api::database_backup::{BackupPhase, DatabaseBackup};
 use devctl_api::database_cluster::{DatabaseCluster, Engine};
 use devctl_api::instance::SWITCHOVER_ANNOTATION;
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -77,6 +78,39 @@ pub enum DbCommand {
         #[arg(long, default_value_t = 300)]
         timeout: u64,
     },
+    /// Back a cluster up now: creates a DatabaseBackup NAME-<time> and, with --wait, follows
+    /// it to Completed (exit 1 when it fails).
+    Backup {
+        name: String,
+        /// Which instance: a streaming `replica` (the default when one streams) or the
+        /// `primary`.
+        #[arg(long, value_enum)]
+        target: Option<TargetArg>,
+        /// Wait until the backup completes or fails.
+        #[arg(long)]
+        wait: bool,
+        /// How long to wait, in seconds.
+        #[arg(long, default_value_t = 1800)]
+        timeout: u64,
+    },
+    /// Restore a backup into a NEW cluster (never over a running one), optionally to a point
+    /// in time (PostgreSQL). The new cluster copies the source cluster's spec when it exists.
+    Restore {
+        /// The new cluster's name.
+        name: String,
+        /// The DatabaseBackup to restore.
+        #[arg(long)]
+        from: String,
+        /// Replay WAL up to this time (RFC 3339, e.g. 2026-11-30T12:00:00Z).
+        #[arg(long)]
+        to: Option<String>,
+        /// Wait until the new cluster is Ready.
+        #[arg(long)]
+        wait: bool,
+        /// How long to wait, in seconds.
+        #[arg(long, default_value_t = 1800)]
+        timeout: u64,
+    },
     /// Show how to connect (password masked unless --show-password).
     Credentials {
         name: String,
@@ -93,6 +127,12 @@ pub enum DbCommand {
         #[arg(long, default_value_t = 300)]
         timeout: u64,
     },
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum TargetArg {
+    Replica,
+    Primary,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -203,6 +243,30 @@ pub async fn run(global: &GlobalArgs, command: DbCommand) -> anyhow::Result<()> 
             name,
             show_password,
         } => credentials(global, &connection, &api, &name, show_password).await,
+        DbCommand::Backup {
+            name,
+            target,
+            wait,
+            timeout,
+        } => backup(&connection, &api, &name, target, wait, timeout).await,
+        DbCommand::Restore {
+            name,
+            from,
+            to,
+            wait,
+            timeout,
+        } => {
+            restore(
+                &connection,
+                &api,
+                &name,
+                &from,
+                to.as_deref(),
+                wait,
+                timeout,
+            )
+            .await
+        }
         DbCommand::Delete {
             name,
             wait,
@@ -224,6 +288,175 @@ pub async fn run(global: &GlobalArgs, command: DbCommand) -> anyhow::Result<()> 
             Ok(())
         }
     }
+}
+
+fn backup_progress(backup: Option<&DatabaseBackup>) -> String {
+    let Some(backup) = backup else {
+        return "not found".into();
+    };
+    let status = backup.status.clone().unwrap_or_default();
+    let phase = status.phase.map(|p| p.as_str()).unwrap_or("Pending");
+    let mut line = format!("phase {phase}");
+    if let Some(instance) = &status.instance {
+        line.push_str(&format!(", on {instance}"));
+    }
+    if let Some(size) = status.size {
+        line.push_str(&format!(", {size} bytes"));
+    }
+    if let Some(message) = &status.message {
+        line.push_str(&format!(": {message}"));
+    }
+    line
+}
+
+async fn backup(
+    connection: &Connection,
+    api: &Api<DatabaseCluster>,
+    name: &str,
+    target: Option<TargetArg>,
+    wait: bool,
+    timeout: u64,
+) -> anyhow::Result<()> {
+    get(connection, api, name).await?;
+    let backups: Api<DatabaseBackup> =
+        Api::namespaced(connection.client.clone(), &connection.namespace);
+    let stamp = k8s_openapi::jiff::Timestamp::now().strftime("%Y%m%d%H%M%S");
+    let backup_name = format!("{name}-{stamp}");
+    let mut spec = json!({ "cluster": { "name": name } });
+    if let Some(target) = target {
+        spec["target"] = json!(match target {
+            TargetArg::Replica => "replica",
+            TargetArg::Primary => "primary",
+        });
+    }
+    let object: DatabaseBackup = serde_json::from_value(json!({
+        "apiVersion": "db.devctl.io/v1beta1", "kind": "DatabaseBackup",
+        "metadata": { "name": backup_name }, "spec": spec,
+    }))?;
+    backups
+        .create(&PostParams::default(), &object)
+        .await
+        .map_err(|e| {
+            cluster::explain(
+                e,
+                &format!("creating databasebackup {backup_name}"),
+                &connection.server,
+            )
+        })?;
+    println!(
+        "databasebackup {}/{backup_name} created",
+        connection.namespace
+    );
+    if !wait {
+        return Ok(());
+    }
+    wait::until(
+        &backups,
+        &backup_name,
+        Duration::from_secs(timeout),
+        backup_progress,
+        |b| {
+            b.and_then(|b| b.status.as_ref())
+                .and_then(|s| s.phase)
+                .is_some_and(BackupPhase::is_final)
+        },
+    )
+    .await?;
+    let done = backups.get(&backup_name).await?;
+    let status = done.status.unwrap_or_default();
+    match status.phase {
+        Some(BackupPhase::Completed) => {
+            println!(
+                "databasebackup {backup_name} Completed: {} bytes at {}",
+                status.size.unwrap_or(0),
+                status.object_path.unwrap_or_default()
+            );
+            Ok(())
+        }
+        _ => anyhow::bail!(
+            "databasebackup {backup_name} failed: {}",
+            status.message.unwrap_or_else(|| "no reason given".into())
+        ),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn restore(
+    connection: &Connection,
+    api: &Api<DatabaseCluster>,
+    name: &str,
+    from: &str,
+    to: Option<&str>,
+    wait: bool,
+    timeout: u64,
+) -> anyhow::Result<()> {
+    let backups: Api<DatabaseBackup> =
+        Api::namespaced(connection.client.clone(), &connection.namespace);
+    let backup = backups.get_opt(from).await.map_err(|e| {
+        cluster::explain(
+            e,
+            &format!("reading databasebackup {from}"),
+            &connection.server,
+        )
+    })?;
+    let Some(backup) = backup else {
+        anyhow::bail!(
+            "databasebackup {from} not found in namespace {}",
+            connection.namespace
+        );
+    };
+    let status = backup.status.clone().unwrap_or_default();
+    if status.phase != Some(BackupPhase::Completed) {
+        anyhow::bail!(
+            "databasebackup {from} is {}, not Completed: only a completed backup can be restored",
+            status.phase.map(|p| p.as_str()).unwrap_or("Pending")
+        );
+    }
+    if api.get_opt(name).await?.is_some() {
+        anyhow::bail!(
+            "databasecluster {name} already exists: a restore creates a new cluster, never overwrites one"
+        );
+    }
+    // The source's spec when it still exists (engine, version, size, instances, backups).
+    let source = api.get_opt(&backup.spec.cluster.name).await?;
+    let mut spec = match &source {
+        Some(db) => serde_json::to_value(&db.spec)?,
+        None => json!({
+            "engine": status.engine.clone().unwrap_or_else(|| "postgres".into()),
+            "version": status.version.clone().unwrap_or_default(),
+            "storage": { "size": "10Gi" },
+        }),
+    };
+    if let Some(spec) = spec.as_object_mut() {
+        spec.remove("bootstrap");
+    }
+    let mut recovery = json!({ "backup": from });
+    if let Some(to) = to {
+        recovery["targetTime"] = json!(to);
+    }
+    spec["bootstrap"] = json!({ "recovery": recovery });
+    let db: DatabaseCluster = serde_json::from_value(json!({
+        "apiVersion": "db.devctl.io/v1beta1", "kind": "DatabaseCluster",
+        "metadata": { "name": name }, "spec": spec,
+    }))?;
+    api.create(&PostParams::default(), &db).await.map_err(|e| {
+        cluster::explain(
+            e,
+            &format!("creating databasecluster {name}"),
+            &connection.server,
+        )
+    })?;
+    println!(
+        "databasecluster {}/{name} created from databasebackup {from}{}",
+        connection.namespace,
+        to.map(|t| format!(" (to {t})")).unwrap_or_default()
+    );
+    if wait {
+        eprintln!("Waiting for {name} to be Ready...");
+        wait::until(api, name, Duration::from_secs(timeout), progress, is_ready).await?;
+        println!("databasecluster {name} is Ready");
+    }
+    Ok(())
 }
 
 fn progress(db: Option<&DatabaseCluster>) -> String {
@@ -435,6 +668,20 @@ async fn status(
     println!(
         "Credentials: secret/{}",
         status.connection_secret_name.as_deref().unwrap_or("-")
+    );
+    if let Some(epoch) = status.failover_epoch {
+        println!(
+            "Failovers:   {epoch} (last at {})",
+            status.last_failover_time.as_deref().unwrap_or("-")
+        );
+    }
+    println!(
+        "Last backup: {}",
+        match (&status.last_backup, &status.last_backup_name) {
+            (Some(at), Some(name)) => format!("{at} ({name})"),
+            (Some(at), None) => at.clone(),
+            _ => "-".into(),
+        }
     );
     output::conditions(&status.conditions);
     if !status.instances.is_empty() {

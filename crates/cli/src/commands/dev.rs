@@ -65,21 +65,37 @@ async fn up(nodes: usize, audit: bool, run_operator: bool, simulated: bool) -> a
         .install_crds(&devctl_api::crds())
         .await
         .context("installing the devctl CRDs")?;
+    // Backups work out of the box: a local S3 store and the operator's default destination.
+    let store = if simulated {
+        None
+    } else {
+        eprintln!("Starting a local S3 store (versitygw) for backups...");
+        let store = devctl_testenv::s3::S3Server::start()
+            .await
+            .context("starting the local object store (versitygw)")?;
+        let client = cluster
+            .client()
+            .await
+            .context("connecting to the local cluster")?;
+        default_backup_destination(&client, &store)
+            .await
+            .context("creating the default backup destination Secret")?;
+        Some(store)
+    };
     let (stop_operator, operator_stopped) = tokio::sync::watch::channel(false);
     let operator = if run_operator {
         let client = cluster
             .client()
             .await
             .context("connecting to the local cluster")?;
+        let settings = devctl_operator::Settings {
+            default_backup_secret: store
+                .is_some()
+                .then(|| (DEV_NAMESPACE.to_string(), DEV_BACKUP_SECRET.to_string())),
+            ..devctl_operator::Settings::default()
+        };
         Some(tokio::spawn(async move {
-            devctl_operator::run(
-                client,
-                &[],
-                devctl_operator::Settings::default(),
-                "devctl-dev",
-                operator_stopped,
-            )
-            .await
+            devctl_operator::run(client, &[], settings, "devctl-dev", operator_stopped).await
         }))
     } else {
         None
@@ -108,6 +124,14 @@ async fn up(nodes: usize, audit: bool, run_operator: bool, simulated: bool) -> a
     println!("  devctl db shell my-postgres -- -c 'select version()'");
     println!();
     println!("Logs: {}", cluster.log_dir().display());
+    if let Some(store) = &store {
+        println!(
+            "Backups go to {} bucket {} (files under {}); default destination: secret {DEV_NAMESPACE}/{DEV_BACKUP_SECRET}.",
+            store.endpoint(),
+            store.bucket(),
+            store.bucket_dir().display()
+        );
+    }
     if let Some(runner) = cluster.pod_runner().filter(|r| r.runs_processes()) {
         println!("Database agents' logs: {}", runner.logs_dir().display());
     }
@@ -119,8 +143,53 @@ async fn up(nodes: usize, audit: bool, run_operator: bool, simulated: bool) -> a
     if let Some(operator) = operator {
         let _ = operator.await;
     }
+    drop(store);
     drop(cluster);
     eprintln!("Stopped.");
+    Ok(())
+}
+
+/// Where `devctl dev up` puts the default backup destination's Secret.
+const DEV_NAMESPACE: &str = "devctl-system";
+const DEV_BACKUP_SECRET: &str = "devctl-default-backup";
+
+/// The operator's default backup destination (docs/backup.md) for the local store.
+async fn default_backup_destination(
+    client: &kube::Client,
+    store: &devctl_testenv::s3::S3Server,
+) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    use kube::api::{Api, Patch, PatchParams};
+    let params = PatchParams::apply("devctl-dev").force();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .patch(
+            DEV_NAMESPACE,
+            &params,
+            &Patch::Apply(serde_json::json!({
+                "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": DEV_NAMESPACE }
+            })),
+        )
+        .await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), DEV_NAMESPACE);
+    secrets
+        .patch(
+            DEV_BACKUP_SECRET,
+            &params,
+            &Patch::Apply(serde_json::json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": { "name": DEV_BACKUP_SECRET },
+                "stringData": {
+                    "endpoint": store.endpoint(),
+                    "bucket": store.bucket(),
+                    "region": store.region(),
+                    "accessKeyId": store.access_key_id(),
+                    "secretAccessKey": store.secret_access_key(),
+                    "ca.crt": store.ca_pem(),
+                },
+            })),
+        )
+        .await?;
     Ok(())
 }
 

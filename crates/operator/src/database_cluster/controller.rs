@@ -20,6 +20,8 @@ use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
+use super::backup;
+use super::backup_lifecycle;
 use super::failover::{self, LeaseObservation};
 use super::instances::{self, Instances};
 use super::pods::{self, PodAction};
@@ -33,6 +35,7 @@ use crate::error::{Error, Result};
 use crate::reconciler::{
     Announcement, Transition, key, now, publish, report_transition, run_controller, write_status,
 };
+use devctl_api::instance::{BACKUP_STORE_SECRET_SUFFIX, RESTORE_STORE_SECRET_SUFFIX};
 use devctl_api::instance::{
     InstanceStatus, ROLE_LABEL, SWITCHOVER_ANNOTATION, TARGET_PENDING, primary_lease_name,
 };
@@ -79,6 +82,14 @@ async fn reconcile(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<DatabaseCluster> = Api::namespaced(ctx.client.clone(), &namespace);
+    // A final backup runs before the finalizer's cleanup, bounded in time, so the
+    // finalizer never holds the namespace hostage.
+    if db.metadata.deletion_timestamp.is_some()
+        && db.finalizers().iter().any(|f| f == FINALIZER)
+        && let Some(wait) = backup_lifecycle::final_backup(&db, ctx, &Names::of(&db)?).await
+    {
+        return Ok(Action::requeue(wait));
+    }
     let action = finalizer(&api, FINALIZER, db, |event| async {
         match event {
             FinalizerEvent::Apply(db) => apply(db, ctx).await,
@@ -118,7 +129,16 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
         .caches
         .get::<StatefulSet>(&names.namespace, &names.stateful_set());
 
-    let converged = converge(&db, ctx, &names, &target_version, previous_sts.as_deref()).await;
+    let store = backup::resolve(ctx, &db, &names).await;
+    let converged = converge(
+        &db,
+        ctx,
+        &names,
+        &target_version,
+        previous_sts.as_deref(),
+        &store,
+    )
+    .await;
     let (volumes_pending, credentials_regenerated) = match &converged {
         Ok(c) => (c.volumes_pending, c.credentials_regenerated),
         Err(_) => (None, false),
@@ -140,12 +160,24 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     let primary = step.primary.clone();
     // Pods last: their labels and replacements follow the children just applied.
     let converged = match converged {
-        Ok(c) => manage_pods(&db, ctx, &names, &primary, &pods)
+        Ok(c) => manage_pods(&db, ctx, &names, &primary, &pods, &store)
             .await
             .map(|()| c.changes),
         Err(e) => Err(e),
     };
-    let timer = step.timer.map(|timer| timer + TIMER_MARGIN);
+    let backups = backup::observe(&pods, &store);
+    let mut scheduled = backup_lifecycle::schedule_step(&db, ctx, &names, &store).await;
+    if let Some(why) = backup_lifecycle::prune(&db, ctx, &names, &store).await {
+        tracing::warn!(cluster = %key(db.as_ref()), "retention: {why}");
+        scheduled
+            .problem
+            .get_or_insert((status::BACKUP_FAILING, format!("retention: {why}")));
+    }
+    let timer = match (step.timer, scheduled.wait) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+    .map(|timer| timer + TIMER_MARGIN);
     if let Some(timer) = timer {
         ctx.backoff.retry_within(&key(db.as_ref()), timer);
     }
@@ -177,6 +209,10 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
                 instances,
                 primary: primary.clone(),
                 primary_lost: step.primary_lost.clone(),
+                backup_problem: backups.0.clone().or(scheduled.problem.clone()),
+                last_backup: backups.1.clone(),
+                last_scheduled_backup: scheduled.last.clone(),
+                next_scheduled_backup: scheduled.next.clone(),
             };
             let status = status::compute(&db, &observed, &now());
             (status.is_some() && status != db.status).then(|| json!(status))
@@ -216,7 +252,7 @@ fn recorded_primary(db: &DatabaseCluster, names: &Names) -> Primary {
 }
 
 /// The cluster's pods from the cache.
-fn cluster_pods(ctx: &Context, names: &Names) -> Vec<Arc<Pod>> {
+pub(crate) fn cluster_pods(ctx: &Context, names: &Names) -> Vec<Arc<Pod>> {
     ctx.caches.filter::<Pod>(|pod| {
         pod.metadata.namespace.as_deref() == Some(names.namespace.as_str())
             && labelled_owner(pod).is_some_and(|owner| owner.name == names.name)
@@ -549,6 +585,7 @@ async fn manage_pods(
     names: &Names,
     primary: &Primary,
     pods: &[&Pod],
+    store: &backup::Resolved,
 ) -> Result<()> {
     let sts = ctx
         .caches
@@ -556,6 +593,24 @@ async fn manage_pods(
     let instances = observe_instances(db, ctx, names, pods);
     let replicas = resources::stateful_set::instances(db);
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    for (pod, annotations) in backup::pod_annotations(pods, store, &primary.current) {
+        let patch = json!({ "metadata": { "annotations": annotations } });
+        match api
+            .patch(&pod, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(source) => {
+                return Err(Error::Child {
+                    action: "annotate",
+                    kind: Pod::KIND,
+                    name: pod,
+                    source,
+                });
+            }
+        }
+    }
     for action in pods::plan(pods, sts.as_deref(), primary, replicas, instances.ready) {
         match action {
             PodAction::Label { pod, role } => {
@@ -647,6 +702,7 @@ async fn converge(
     names: &Names,
     target_version: &str,
     sts: Option<&StatefulSet>,
+    store: &backup::Resolved,
 ) -> Result<Converged> {
     let owner_uid = db.uid().ok_or(Error::MissingField("metadata.uid"))?;
     // Regenerated silently: the primary's agent applies it and the replicas read it.
@@ -669,7 +725,25 @@ async fn converge(
         cluster_domain: &ctx.settings.cluster_domain,
         agent_image: &ctx.settings.agent_image,
     };
-    let desired = resources::desired(db, &inputs)?;
+    let mut desired = resources::desired(db, &inputs)?;
+    if let Some(destination) = &store.destination {
+        desired.push(backup::store_secret(
+            db,
+            names,
+            target_version,
+            BACKUP_STORE_SECRET_SUFFIX,
+            destination,
+        )?);
+    }
+    if let Some((_, source)) = &store.restore {
+        desired.push(backup::store_secret(
+            db,
+            names,
+            target_version,
+            RESTORE_STORE_SECRET_SUFFIX,
+            source,
+        )?);
+    }
     let owner = Owner {
         namespace: &names.namespace,
         uid: &owner_uid,

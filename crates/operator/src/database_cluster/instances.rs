@@ -22,7 +22,13 @@ pub fn trim_pod(pod: &mut Pod) {
     let meta = pod.meta_mut();
     meta.managed_fields = None;
     if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.retain(|k, _| k == STATUS_ANNOTATION || k == CONFIG_HASH_ANNOTATION);
+        annotations.retain(|k, _| {
+            k == STATUS_ANNOTATION
+                || k == CONFIG_HASH_ANNOTATION
+                || k == devctl_api::instance::BACKUP_DESTINATION_ANNOTATION
+                || k == devctl_api::instance::BACKUP_REQUEST_ANNOTATION
+                || k == devctl_api::instance::RESTORE_ANNOTATION
+        });
     }
     pod.spec = None;
     if let Some(status) = pod.status.take() {

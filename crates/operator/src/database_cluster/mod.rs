@@ -1,10 +1,13 @@
 //! The DatabaseCluster controller.
 
+pub mod backup;
+pub mod backup_lifecycle;
 pub mod controller;
 pub mod failover;
 pub mod instances;
 pub mod pods;
 pub mod resources;
+pub mod schedule;
 pub mod status;
 pub mod switchover;
 

@@ -42,7 +42,20 @@ pub struct Observed<'a> {
     /// The primary is lost and nothing fails over on its own (no `autoFailover`, no
     /// replica): why, and what a human can do.
     pub primary_lost: Option<String>,
+    /// Backups or WAL archiving fail: (`BackupFailing`/`WALArchivingFailing`, why).
+    pub backup_problem: Option<(&'static str, String)>,
+    /// The newest completed backup the instances report: (stop time, DatabaseBackup name).
+    pub last_backup: Option<(String, String)>,
+    /// The schedule's last run and next run (RFC 3339).
+    pub last_scheduled_backup: Option<String>,
+    pub next_scheduled_backup: Option<String>,
 }
+
+/// Reasons of `Degraded` for backups (docs/backup.md).
+pub const BACKUP_FAILING: &str = "BackupFailing";
+pub const WAL_ARCHIVING_FAILING: &str = "WALArchivingFailing";
+/// Reason of `Degraded` while a restored cluster cannot find its backup.
+pub const RESTORE_SOURCE_UNAVAILABLE: &str = "RestoreSourceUnavailable";
 
 /// Reason of `Degraded` while a regenerated password has not reached the database. It stays
 /// until the instances report the new password applied (the agent does that).
@@ -296,6 +309,10 @@ pub fn compute(
                 observed.primary.current
             ),
         ),
+        (None, None, None) if observed.backup_problem.is_some() && !primary_unavailable => {
+            let (reason, message) = observed.backup_problem.clone().unwrap_or_default();
+            Desired::new(DEGRADED, TRUE, reason, message)
+        }
         (None, None, None) if instances_unavailable => Desired::new(
             DEGRADED,
             TRUE,
@@ -338,7 +355,18 @@ pub fn compute(
         connection_secret_name: Some(names.secret()),
         current_version,
         storage_size,
-        last_backup: previous.last_backup,
+        last_backup: match (&observed.last_backup, &previous.last_backup) {
+            (Some((at, _)), Some(before)) if at <= before => previous.last_backup.clone(),
+            (Some((at, _)), _) => Some(at.clone()),
+            (None, _) => previous.last_backup.clone(),
+        },
+        last_backup_name: match (&observed.last_backup, &previous.last_backup) {
+            (Some((at, _)), Some(before)) if at <= before => previous.last_backup_name.clone(),
+            (Some((_, name)), _) => Some(name.clone()),
+            (None, _) => previous.last_backup_name.clone(),
+        },
+        last_scheduled_backup: observed.last_scheduled_backup.clone(),
+        next_scheduled_backup: observed.next_scheduled_backup.clone(),
         // The first instance at bootstrap; only a switchover or a failover moves it.
         current_primary: Some(observed.primary.current.clone()),
         target_primary: observed.primary.target.clone(),
@@ -392,6 +420,10 @@ mod tests {
                 ..Default::default()
             },
             primary_lost: None,
+            backup_problem: None,
+            last_backup: None,
+            last_scheduled_backup: None,
+            next_scheduled_backup: None,
             instances: Instances {
                 ready: sts
                     .and_then(|s| s.status.as_ref())

@@ -58,11 +58,13 @@ log_disconnections = on
 /// Password authentication with scram-sha-256 for every rule; no `trust`, no `md5`. The one
 /// exception is the superuser `postgres` over the agent's private Unix socket (its directory
 /// is the agent's own, mode 0700): peer authentication, so the superuser has no password
-/// that could leak (CloudNativePG's instance manager does the same).
+/// that could leak (CloudNativePG's instance manager does the same). The agent's base
+/// backups (`pg_basebackup`) are a replication connection of that same superuser.
 fn pg_hba_conf() -> String {
     "# Rendered by devctl-operator; edits are overwritten.
 # TYPE  DATABASE     USER      ADDRESS    METHOD
 local   all          postgres             peer map=devctl
+local   replication  postgres             peer map=devctl
 local   all          all                  scram-sha-256
 host    all          all   0.0.0.0/0  scram-sha-256
 host    all          all   ::/0       scram-sha-256

@@ -49,14 +49,19 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
             {
                 "apiGroups": [""],
                 "resources": ["secrets"],
-                "resourceNames": [names.secret(), names.replication_secret()],
+                "resourceNames": [
+                    names.secret(),
+                    names.replication_secret(),
+                    format!("{}{}", names.name, devctl_api::instance::BACKUP_STORE_SECRET_SUFFIX),
+                    format!("{}{}", names.name, devctl_api::instance::RESTORE_STORE_SECRET_SUFFIX),
+                ],
                 "verbs": ["get", "list", "watch"],
             },
             {
                 "apiGroups": [""],
                 "resources": ["pods"],
                 "resourceNames": pod_names(db, names),
-                "verbs": ["get", "patch"],
+                "verbs": ["get", "list", "watch", "patch"],
             },
             {
                 "apiGroups": ["coordination.k8s.io"],

@@ -138,7 +138,7 @@ pub fn labels(db: &DatabaseCluster, component: &str, version: &str) -> BTreeMap<
 }
 
 /// Object metadata with labels and the controller owner reference.
-fn metadata(
+pub(crate) fn metadata(
     db: &DatabaseCluster,
     names: &Names,
     name: &str,

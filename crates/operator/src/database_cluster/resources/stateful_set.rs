@@ -75,7 +75,7 @@ fn agent_env(
         Engine::Postgres => "*",
         Engine::Mysql => "0.0.0.0",
     };
-    json!([
+    let mut vars = json!([
         value_env(env::ENGINE, db.spec.engine.as_str()),
         value_env(env::CLUSTER, names.name.clone()),
         value_env(env::CREDENTIALS_SECRET, names.secret()),
@@ -93,7 +93,18 @@ fn agent_env(
         value_env(env::PORT, db.spec.port().to_string()),
         value_env(env::LISTEN_ADDRESS, listen),
         value_env(env::HEALTH_PORT, AGENT_HEALTH_PORT.to_string()),
-    ])
+    ]);
+    // A restored cluster's first instance waits for its restore instead of initialising.
+    if db
+        .spec
+        .bootstrap
+        .as_ref()
+        .is_some_and(|b| b.recovery.is_some())
+        && let Some(vars) = vars.as_array_mut()
+    {
+        vars.push(value_env(env::BOOTSTRAP, "recovery"));
+    }
+    vars
 }
 
 /// The projected token the agent talks to the API server with: short-lived and rotated by

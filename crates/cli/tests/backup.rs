@@ -1,0 +1,368 @@
+//! Backups that restore (docs/backup.md), on process-backed pods with real PostgreSQL and
+//! MariaDB and a real S3 store (versitygw over TLS): `devctl db backup`, WAL archiving,
+//! `devctl db restore` with and without a target time, a store that goes down.
+
+mod support;
+
+use std::time::Duration;
+
+use devctl_api::database_backup::{BackupPhase, DatabaseBackup};
+use devctl_api::database_cluster::DatabaseCluster;
+use devctl_testenv::s3::S3Server;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{ListParams, PostParams};
+use serde_json::json;
+use support::databases::{Env, ready};
+
+const BACKUP_TIMEOUT: &str = "300";
+
+/// The store's credentials and CA as Secrets in the test's namespace.
+async fn store_secrets(env: &Env, s3: &S3Server) {
+    let secrets = env.api::<Secret>();
+    let credentials: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "s3-credentials" },
+        "stringData": {
+            "accessKeyId": s3.access_key_id(),
+            "secretAccessKey": s3.secret_access_key(),
+        }
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &credentials)
+        .await
+        .unwrap();
+    let ca: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "s3-ca" },
+        "stringData": { "ca.crt": s3.ca_pem() }
+    }))
+    .unwrap();
+    secrets.create(&PostParams::default(), &ca).await.unwrap();
+}
+
+fn spec(engine: &str, version: &str, replicas: i32, s3: &S3Server) -> serde_json::Value {
+    json!({
+        "engine": engine, "version": version, "replicas": replicas,
+        "storage": { "size": "1Gi" },
+        "backup": {
+            "enabled": true,
+            "destination": {
+                "endpoint": s3.endpoint(),
+                "bucket": s3.bucket(),
+                "path": "devctl",
+                "credentialsSecret": "s3-credentials",
+                "caSecret": "s3-ca",
+            },
+        },
+    })
+}
+
+async fn wait_ready_with(env: &Env, name: &str, replicas: i32) -> DatabaseCluster {
+    env.wait_db(name, &format!("Ready with {replicas}"), move |db| {
+        ready(db)
+            && db
+                .status
+                .as_ref()
+                .is_some_and(|s| s.ready_replicas == replicas)
+    })
+    .await
+}
+
+/// `devctl db backup NAME --wait`: the DatabaseBackup it created.
+async fn backup_ok(env: &Env, name: &str) -> DatabaseBackup {
+    let kubeconfig = env.kubeconfig.clone();
+    let name_owned = name.to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        support::devctl(
+            &kubeconfig,
+            &[
+                "db",
+                "backup",
+                &name_owned,
+                "--wait",
+                "--timeout",
+                BACKUP_TIMEOUT,
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    let logs = env.agent_log(&format!("{name}-1"));
+    assert!(
+        out.status.success(),
+        "devctl db backup {name} failed:\n{}{}\nagent log:\n{logs}",
+        support::stdout(&out),
+        support::stderr(&out)
+    );
+    newest_backup(env, name).await
+}
+
+async fn newest_backup(env: &Env, cluster: &str) -> DatabaseBackup {
+    let mut backups: Vec<DatabaseBackup> = env
+        .api::<DatabaseBackup>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|b| b.spec.cluster.name == cluster)
+        .collect();
+    backups.sort_by_key(|b| b.metadata.creation_timestamp.clone());
+    backups.pop().expect("a DatabaseBackup")
+}
+
+async fn restore_ok(env: &Env, name: &str, from: &str, to: Option<&str>) {
+    let kubeconfig = env.kubeconfig.clone();
+    let mut args: Vec<String> = [
+        "db",
+        "restore",
+        name,
+        "--from",
+        from,
+        "--wait",
+        "--timeout",
+        "400",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if let Some(to) = to {
+        args.extend(["--to".to_string(), to.to_string()]);
+    }
+    let out = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        support::devctl(&kubeconfig, &args)
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "devctl db restore {name} --from {from} failed:\n{}{}\nagent log:\n{}",
+        support::stdout(&out),
+        support::stderr(&out),
+        env.agent_log(&format!("{name}-0"))
+    );
+}
+
+const CHECKSUM: &str =
+    "select count(*) || ':' || md5(coalesce(string_agg(v::text, ',' order by v), '')) from t";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_backups_restore_whole_and_to_a_point_in_time() {
+    let s3 = devctl_testenv::shared_s3().await.unwrap();
+    let env = Env::start("backup-pg").await;
+    store_secrets(&env, s3).await;
+    env.create_spec("pg", spec("postgres", "16.2", 3, s3)).await;
+    wait_ready_with(&env, "pg", 3).await;
+    env.shell_ok(
+        "pg",
+        "create table t (v int primary key); insert into t select generate_series(1, 1000)",
+    )
+    .await;
+
+    // A: an on-demand backup, taken on a replica, stored with its WAL.
+    let first = backup_ok(&env, "pg").await;
+    let status = first.status.clone().unwrap();
+    assert_eq!(status.phase, Some(BackupPhase::Completed));
+    let instance = status.instance.clone().unwrap();
+    assert_ne!(instance, "pg-0", "the backup should run on a replica");
+    let prefix = status.prefix.clone().unwrap();
+    let objects = s3.objects(&prefix);
+    let names: Vec<&str> = objects.iter().map(|(k, _)| k.as_str()).collect();
+    let base = format!("{prefix}base/{}/", status.backup_id.clone().unwrap());
+    assert!(
+        names.contains(&format!("{base}data.tar").as_str()),
+        "{names:#?}"
+    );
+    assert!(
+        names.contains(&format!("{base}backup.json").as_str()),
+        "{names:#?}"
+    );
+    assert!(
+        names
+            .iter()
+            .any(|n| n.starts_with(&format!("{prefix}wal/"))),
+        "{names:#?}"
+    );
+    assert!(
+        status.begin_lsn.is_some() && status.end_wal.is_some(),
+        "{status:#?}"
+    );
+    let db = env.api::<DatabaseCluster>().get("pg").await.unwrap();
+    assert!(db.status.unwrap().last_backup.is_some());
+
+    // Batch A, a point in time T, batch B, then a backup (it archives the WAL past T).
+    env.shell_ok("pg", "insert into t select generate_series(1001, 1500)")
+        .await;
+    let after_a = env.instance_sql_ok("pg", "pg-0", CHECKSUM).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t = k8s_openapi::jiff::Timestamp::now().to_string();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    env.shell_ok("pg", "insert into t select generate_series(1501, 2000)")
+        .await;
+    let after_b = env.instance_sql_ok("pg", "pg-0", CHECKSUM).await;
+    let second = backup_ok(&env, "pg").await;
+
+    // The whole second backup, and the first one replayed to T.
+    restore_ok(
+        &env,
+        "pg-copy",
+        &second.metadata.name.clone().unwrap(),
+        None,
+    )
+    .await;
+    assert_eq!(
+        env.instance_sql_ok("pg-copy", "pg-copy-0", CHECKSUM).await,
+        after_b
+    );
+    restore_ok(
+        &env,
+        "pg-pitr",
+        &first.metadata.name.clone().unwrap(),
+        Some(&t),
+    )
+    .await;
+    assert_eq!(
+        env.instance_sql_ok("pg-pitr", "pg-pitr-0", CHECKSUM).await,
+        after_a,
+        "point-in-time restore to {t}"
+    );
+
+    // After a switchover (a new timeline), a backup still restores.
+    let kubeconfig = env.kubeconfig.clone();
+    tokio::task::spawn_blocking(move || {
+        support::devctl_ok(
+            &kubeconfig,
+            &["db", "promote", "pg", "pg-1", "--wait", "--timeout", "150"],
+        )
+    })
+    .await
+    .unwrap();
+    env.shell_ok("pg", "insert into t values (-1)").await;
+    let after_switch = env.instance_sql_ok("pg", "pg-1", CHECKSUM).await;
+    let third = backup_ok(&env, "pg").await;
+    assert!(third.status.as_ref().unwrap().timeline.unwrap_or(0) >= 2);
+    restore_ok(&env, "pg-tl", &third.metadata.name.clone().unwrap(), None).await;
+    assert_eq!(
+        env.instance_sql_ok("pg-tl", "pg-tl-0", CHECKSUM).await,
+        after_switch
+    );
+
+    env.assert_never_shown(s3.secret_access_key()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_is_down_fails_the_backup_and_both_conditions_clear_when_it_returns() {
+    // Its own store: stopping it must not disturb the other tests.
+    let s3 = S3Server::start().await.unwrap();
+    let env = Env::start("backup-down").await;
+    store_secrets(&env, &s3).await;
+    env.create_spec("down", spec("postgres", "16.2", 1, &s3))
+        .await;
+    wait_ready_with(&env, "down", 1).await;
+    env.shell_ok("down", "create table t (v int); insert into t values (1)")
+        .await;
+    s3.stop().await.unwrap();
+
+    let kubeconfig = env.kubeconfig.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        support::devctl(
+            &kubeconfig,
+            &[
+                "db",
+                "backup",
+                "down",
+                "--wait",
+                "--timeout",
+                BACKUP_TIMEOUT,
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(!out.status.success(), "{}", support::stdout(&out));
+    let failed = newest_backup(&env, "down").await;
+    let status = failed.status.unwrap();
+    assert_eq!(status.phase, Some(BackupPhase::Failed));
+    let message = status.message.unwrap_or_default();
+    assert!(!message.is_empty());
+    assert!(
+        support::stderr(&out).contains(&message),
+        "the CLI shows the reason: {}",
+        support::stderr(&out)
+    );
+    let events = env
+        .api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("BackupFailed"))
+    );
+    let degraded = |reason: &'static str| {
+        move |db: &DatabaseCluster| {
+            support::databases::condition(db, "Degraded")
+                .is_some_and(|(s, r, _)| s == "True" && r == reason)
+        }
+    };
+    env.wait_db("down", "Degraded BackupFailing", degraded("BackupFailing"))
+        .await;
+    // WAL keeps coming; archiving it fails while the store is down.
+    env.shell_ok("down", "insert into t select generate_series(1, 100000)")
+        .await;
+    env.wait_db(
+        "down",
+        "Degraded WALArchivingFailing",
+        degraded("WALArchivingFailing"),
+    )
+    .await;
+    // Nothing half-written is reported complete.
+    assert!(
+        s3.objects("")
+            .iter()
+            .all(|(k, _)| !k.ends_with("backup.json")),
+        "{:?}",
+        s3.objects("")
+    );
+
+    s3.restart().await.unwrap();
+    let ok = backup_ok(&env, "down").await;
+    assert_eq!(ok.status.unwrap().phase, Some(BackupPhase::Completed));
+    env.wait_db("down", "not Degraded", |db| {
+        support::databases::condition(db, "Degraded").is_some_and(|(s, _, _)| s == "False")
+    })
+    .await;
+    env.assert_never_shown(s3.secret_access_key()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_dump_and_restore_round_trip() {
+    let s3 = devctl_testenv::shared_s3().await.unwrap();
+    let env = Env::start("backup-my").await;
+    store_secrets(&env, s3).await;
+    env.create_spec("my", spec("mysql", "8.0", 1, s3)).await;
+    wait_ready_with(&env, "my", 1).await;
+    env.shell_ok(
+        "my",
+        "create table t (v int primary key); insert into t values (1),(2),(3),(42)",
+    )
+    .await;
+    let sum = "select concat(count(*), ':', md5(group_concat(v order by v))) from t";
+    let before = env.shell_ok("my", sum).await;
+    let backup = backup_ok(&env, "my").await;
+    assert_eq!(
+        backup.status.as_ref().unwrap().phase,
+        Some(BackupPhase::Completed)
+    );
+    restore_ok(
+        &env,
+        "my-copy",
+        &backup.metadata.name.clone().unwrap(),
+        None,
+    )
+    .await;
+    assert_eq!(env.shell_ok("my-copy", sum).await, before);
+}

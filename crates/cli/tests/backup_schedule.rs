@@ -1,0 +1,293 @@
+//! Scheduled backups, retention and the final backup (docs/backup.md), on process-backed
+//! PostgreSQL with a real S3 store (versitygw).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use devctl_api::database_backup::{BackupPhase, DatabaseBackup};
+use devctl_api::database_cluster::DatabaseCluster;
+use devctl_testenv::s3::S3Server;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::databases::{Env, ready};
+
+async fn store_secrets(env: &Env, s3: &S3Server) {
+    let secrets = env.api::<Secret>();
+    for (name, data) in [
+        (
+            "s3-credentials",
+            json!({ "accessKeyId": s3.access_key_id(), "secretAccessKey": s3.secret_access_key() }),
+        ),
+        ("s3-ca", json!({ "ca.crt": s3.ca_pem() })),
+    ] {
+        let secret: Secret =
+            serde_json::from_value(json!({ "metadata": { "name": name }, "stringData": data }))
+                .unwrap();
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+    }
+}
+
+fn destination(s3: &S3Server) -> serde_json::Value {
+    json!({
+        "endpoint": s3.endpoint(), "bucket": s3.bucket(), "path": "scheduled",
+        "credentialsSecret": "s3-credentials", "caSecret": "s3-ca",
+    })
+}
+
+async fn backups(env: &Env, cluster: &str) -> Vec<DatabaseBackup> {
+    let mut list: Vec<DatabaseBackup> = env
+        .api::<DatabaseBackup>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|b| b.spec.cluster.name == cluster && b.metadata.deletion_timestamp.is_none())
+        .collect();
+    list.sort_by_key(|b| b.metadata.name.clone());
+    list
+}
+
+fn completed(b: &DatabaseBackup) -> bool {
+    b.status.as_ref().and_then(|s| s.phase) == Some(BackupPhase::Completed)
+}
+
+async fn events(env: &Env, reason: &str) -> usize {
+    env.api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_keeps_the_last_two_catches_up_once_and_pauses() {
+    let s3 = devctl_testenv::shared_s3().await.unwrap();
+    let mut env = Env::start("schedule").await;
+    store_secrets(&env, s3).await;
+    env.create_spec(
+        "sched",
+        json!({
+            "engine": "postgres", "version": "16.2", "replicas": 1,
+            "storage": { "size": "1Gi" },
+            "backup": { "enabled": true, "schedule": "* * * * *", "keepLast": 2, "destination": destination(s3) },
+        }),
+    )
+    .await;
+    env.wait_db("sched", "Ready", ready).await;
+    env.shell_ok(
+        "sched",
+        "create table t (v int); insert into t select generate_series(1, 100)",
+    )
+    .await;
+
+    // Two scheduled runs.
+    devctl_testenv::eventually(
+        "two scheduled backups",
+        Duration::from_secs(200),
+        || async { (events(&env, "ScheduledBackup").await >= 2).then_some(()) },
+    )
+    .await
+    .unwrap();
+
+    // The operator is down across two scheduled times: exactly one catch-up.
+    env.stop_operator();
+    let before: Vec<String> = backups(&env, "sched")
+        .await
+        .iter()
+        .map(|b| b.metadata.name.clone().unwrap())
+        .collect();
+    tokio::time::sleep(Duration::from_secs(130)).await;
+    let restarted = k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y%m%d%H%M%S")
+        .to_string();
+    env.start_operator();
+    devctl_testenv::eventually("the catch-up backup", Duration::from_secs(30), || async {
+        (backups(&env, "sched").await.len() > before.len()).then_some(())
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // New backups for scheduled times before the restart: the catch-up, once.
+    let caught_up: Vec<String> = backups(&env, "sched")
+        .await
+        .iter()
+        .filter_map(|b| b.metadata.name.clone())
+        .filter(|n| !before.contains(n))
+        .filter(|n| {
+            n.rsplit('-')
+                .next()
+                .is_some_and(|t| *t <= *restarted.as_str())
+        })
+        .collect();
+    assert_eq!(caught_up.len(), 1, "{caught_up:?}");
+
+    // Four runs or more: keepLast 2 leaves exactly two, in the API and in the store.
+    devctl_testenv::eventually(
+        "retention to leave two completed backups",
+        Duration::from_secs(240),
+        || async {
+            let all = backups(&env, "sched").await;
+            let done: Vec<&DatabaseBackup> = all.iter().filter(|b| completed(b)).collect();
+            (events(&env, "ScheduledBackup").await >= 4 && done.len() == 2 && all.len() == 2)
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let kept = backups(&env, "sched").await;
+    let oldest = kept[0].status.clone().unwrap();
+    let prefix = oldest.prefix.clone().unwrap();
+    let bases: std::collections::BTreeSet<String> = s3
+        .objects(&format!("{prefix}base/"))
+        .iter()
+        .filter_map(|(k, _)| {
+            k.strip_prefix(&format!("{prefix}base/"))?
+                .split('/')
+                .next()
+                .map(str::to_string)
+        })
+        .collect();
+    assert_eq!(bases.len(), 2, "{bases:?}");
+    let begin = oldest.begin_wal.clone().unwrap();
+    assert!(
+        s3.objects(&format!("{prefix}wal/{begin}")).len() == 1,
+        "the WAL the oldest kept backup needs is gone"
+    );
+    assert!(events(&env, "BackupExpired").await >= 2);
+
+    // The oldest kept backup restores.
+    let kubeconfig = env.kubeconfig.clone();
+    let from = kept[0].metadata.name.clone().unwrap();
+    tokio::task::spawn_blocking(move || {
+        support::devctl_ok(
+            &kubeconfig,
+            &[
+                "db",
+                "restore",
+                "sched-copy",
+                "--from",
+                &from,
+                "--wait",
+                "--timeout",
+                "400",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        env.instance_sql_ok("sched-copy", "sched-copy-0", "select count(*) from t")
+            .await,
+        "100"
+    );
+
+    // Paused: no new scheduled backups.
+    env.api::<DatabaseCluster>()
+        .patch(
+            "sched",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "backup": { "enabled": false } } })),
+        )
+        .await
+        .unwrap();
+    let paused_at = events(&env, "ScheduledBackup").await;
+    tokio::time::sleep(Duration::from_secs(75)).await;
+    assert_eq!(events(&env, "ScheduledBackup").await, paused_at);
+    let db = env.api::<DatabaseCluster>().get("sched").await.unwrap();
+    assert_eq!(db.status.unwrap().next_scheduled_backup, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletion_takes_a_final_backup_and_never_waits_past_the_bound() {
+    let s3 = S3Server::start().await.unwrap();
+    let env = Env::start("final").await;
+    store_secrets(&env, &s3).await;
+    for name in ["fin", "fin-down"] {
+        env.create_spec(
+            name,
+            json!({
+                "engine": "postgres", "version": "16.2", "replicas": 1,
+                "storage": { "size": "1Gi" },
+                "backup": {
+                    "enabled": true, "schedule": "0 3 * * *", "finalBackup": true,
+                    "finalBackupTimeout": "40s", "destination": destination(&s3),
+                },
+            }),
+        )
+        .await;
+    }
+    for name in ["fin", "fin-down"] {
+        env.wait_db(name, "Ready", ready).await;
+    }
+    env.shell_ok(
+        "fin",
+        "create table t (v int); insert into t select generate_series(1, 42)",
+    )
+    .await;
+    let dbs = env.api::<DatabaseCluster>();
+
+    // Deleted with the store up: a final backup that outlives the cluster and restores.
+    dbs.delete("fin", &DeleteParams::default()).await.unwrap();
+    devctl_testenv::eventually("fin to be gone", Duration::from_secs(200), || async {
+        dbs.get_opt("fin").await.unwrap().is_none().then_some(())
+    })
+    .await
+    .unwrap();
+    let last = env.api::<DatabaseBackup>().get("fin-final").await.unwrap();
+    assert!(completed(&last), "{:?}", last.status);
+    let kubeconfig = env.kubeconfig.clone();
+    tokio::task::spawn_blocking(move || {
+        support::devctl_ok(
+            &kubeconfig,
+            &[
+                "db",
+                "restore",
+                "fin-back",
+                "--from",
+                "fin-final",
+                "--wait",
+                "--timeout",
+                "400",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        env.instance_sql_ok("fin-back", "fin-back-0", "select count(*) from t")
+            .await,
+        "42"
+    );
+
+    // With the store down, deletion still finishes within the bound, with FinalBackupSkipped.
+    s3.stop().await.unwrap();
+    let started = Instant::now();
+    dbs.delete("fin-down", &DeleteParams::default())
+        .await
+        .unwrap();
+    devctl_testenv::eventually("fin-down to be gone", Duration::from_secs(120), || async {
+        dbs.get_opt("fin-down")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(40 + 30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(events(&env, "FinalBackupSkipped").await >= 1);
+}

@@ -1,0 +1,419 @@
+//! Reconcile of one DatabaseBackup: request it from an instance's agent, follow the agent's
+//! report, finish it. `Completed` and `Failed` are final.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use devctl_api::conditions::{self, Desired, FALSE, READY, TRUE};
+use devctl_api::database_backup::{
+    BackupPhase, BackupTarget, DatabaseBackup, DatabaseBackupStatus,
+};
+use devctl_api::database_cluster::{DatabaseCluster, Engine};
+use devctl_api::instance::{
+    BACKUP_REQUEST_ANNOTATION, BackupReport, BackupRequest, InstanceStatus, ROLE_PRIMARY,
+    ROLE_REPLICA,
+};
+use futures::Future;
+use futures::stream::BoxStream;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::children::Caches;
+use crate::context::{Context, Settings};
+use crate::database_cluster::backup;
+use crate::database_cluster::controller::cluster_pods;
+use crate::database_cluster::resources::Names;
+use crate::error::{Error, Result};
+use crate::reconciler::{now, publish, run_controller, write_status};
+
+/// How often a running backup is looked at: the agent's report is on the pod, which
+/// triggers the cluster's reconcile, not the backup's; a backup runs for a bounded time.
+const RUNNING_RECHECK: Duration = Duration::from_secs(2);
+/// How long a backup waits for another one of the same cluster.
+const PENDING_RECHECK: Duration = Duration::from_secs(5);
+
+pub fn controller(
+    client: Client,
+    namespace: Option<String>,
+    caches: Caches,
+    settings: Settings,
+    instance: String,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> BoxStream<'static, crate::Reconciled> {
+    run_controller::<DatabaseBackup, _, _>(
+        "databasebackup",
+        &["Pod"],
+        client,
+        namespace,
+        caches,
+        settings,
+        instance,
+        shutdown,
+        |backup, ctx| async move { reconcile(backup, &ctx).await },
+    )
+}
+
+/// The backup's directory name in the store: sortable by time.
+pub fn backup_id(name: &str, at: &k8s_openapi::jiff::Timestamp) -> String {
+    format!("{}-{name}", at.strftime("%Y%m%dT%H%M%SZ"))
+}
+
+fn request_of(pod: &Pod) -> Option<BackupRequest> {
+    serde_json::from_str(pod.annotations().get(BACKUP_REQUEST_ANNOTATION)?).ok()
+}
+
+fn report_of(pod: &Pod) -> Option<InstanceStatus> {
+    InstanceStatus::from_annotations(pod.metadata.annotations.as_ref())
+}
+
+/// The instance that takes the backup: a ready, streaming replica (the least behind, then the
+/// highest ordinal) unless `primary` is asked or none streams (pure).
+pub fn choose_instance(
+    pods: &[&Pod],
+    primary: &str,
+    target: Option<BackupTarget>,
+    engine: Engine,
+) -> Option<String> {
+    let ready_primary = pods.iter().find(|p| {
+        p.name_any() == primary
+            && report_of(p).is_some_and(|r| r.ready && r.role.as_deref() == Some(ROLE_PRIMARY))
+    });
+    if target == Some(BackupTarget::Primary) || engine == Engine::Mysql {
+        return ready_primary.map(|p| p.name_any());
+    }
+    let replica = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| Some((p.name_any(), report_of(p)?)))
+        .filter(|(_, r)| r.ready && r.role.as_deref() == Some(ROLE_REPLICA))
+        .min_by_key(|(name, r)| {
+            (
+                r.lag_bytes.unwrap_or(i64::MAX),
+                std::cmp::Reverse(crate::database_cluster::instances::ordinal(name)),
+            )
+        })
+        .map(|(name, _)| name);
+    replica.or_else(|| ready_primary.map(|p| p.name_any()))
+}
+
+fn conditions_for(phase: BackupPhase, message: &str) -> Vec<Desired> {
+    let (status, reason) = match phase {
+        BackupPhase::Completed => (TRUE, "Completed"),
+        BackupPhase::Failed => (FALSE, "Failed"),
+        BackupPhase::Running => (FALSE, "Running"),
+        BackupPhase::Pending => (FALSE, "Pending"),
+    };
+    vec![Desired::new(READY, status, reason, message.to_string())]
+}
+
+async fn write(
+    ctx: &Context,
+    backup: &DatabaseBackup,
+    mut status: DatabaseBackupStatus,
+    message: &str,
+) -> Result<()> {
+    let phase = status.phase.unwrap_or(BackupPhase::Pending);
+    let previous = backup.status.clone().unwrap_or_default();
+    status.observed_generation = backup.metadata.generation;
+    status.conditions = conditions::merge(
+        &previous.conditions,
+        &conditions_for(phase, message),
+        backup.metadata.generation,
+        &now(),
+    );
+    if Some(&status) == backup.status.as_ref() {
+        return Ok(());
+    }
+    write_status(ctx, backup, json!(status)).await
+}
+
+fn copy_report(status: &mut DatabaseBackupStatus, report: &BackupReport) {
+    status.started_at = report.started_at.clone().or(status.started_at.take());
+    status.stopped_at = report.stopped_at.clone();
+    status.engine = report.engine.clone();
+    status.version = report.version.clone();
+    status.size = report.size;
+    status.object_path = report.object_path.clone();
+    if report.prefix.is_some() {
+        status.prefix = report.prefix.clone();
+    }
+    status.begin_lsn = report.begin_lsn.clone();
+    status.end_lsn = report.end_lsn.clone();
+    status.timeline = report.timeline;
+    status.begin_wal = report.begin_wal.clone();
+    status.end_wal = report.end_wal.clone();
+}
+
+async fn set_request(api: &Api<Pod>, pod: &str, request: Option<&BackupRequest>) -> Result<()> {
+    let value = request.and_then(|r| serde_json::to_string(r).ok());
+    let patch = json!({ "metadata": { "annotations": { BACKUP_REQUEST_ANNOTATION: value } } });
+    match api
+        .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => Err(Error::Child {
+            action: "annotate",
+            kind: "Pod",
+            name: pod.to_string(),
+            source,
+        }),
+    }
+}
+
+async fn fail(
+    ctx: &Context,
+    backup: &DatabaseBackup,
+    mut status: DatabaseBackupStatus,
+    why: String,
+) -> Result<Action> {
+    status.phase = Some(BackupPhase::Failed);
+    status.message = Some(why.clone());
+    status.stopped_at = status.stopped_at.or_else(|| Some(now().0.to_string()));
+    write(ctx, backup, status, &why).await?;
+    publish(
+        ctx,
+        backup,
+        EventType::Warning,
+        "BackupFailed",
+        "Backup",
+        why,
+    )
+    .await;
+    Ok(Action::await_change())
+}
+
+async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action> {
+    let namespace = backup
+        .namespace()
+        .ok_or(Error::MissingField("metadata.namespace"))?;
+    let uid = backup.uid().ok_or(Error::MissingField("metadata.uid"))?;
+    let name = backup.name_any();
+    let mut status = backup.status.clone().unwrap_or_default();
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    if status.phase.is_some_and(BackupPhase::is_final) {
+        return Ok(Action::await_change());
+    }
+    let dbs: Api<DatabaseCluster> = Api::namespaced(ctx.client.clone(), &namespace);
+    let cluster_name = &backup.spec.cluster.name;
+    let Some(cluster) = dbs.get_opt(cluster_name).await? else {
+        return fail(
+            ctx,
+            &backup,
+            status,
+            format!("spec.cluster.name: DatabaseCluster {cluster_name} not found"),
+        )
+        .await;
+    };
+    let names = Names::of(&cluster)?;
+    let cached = cluster_pods(ctx, &names);
+    let pods: Vec<&Pod> = cached.iter().map(|p| p.as_ref()).collect();
+
+    // Under way: follow the agent's report.
+    if let Some(instance) = status.instance.clone() {
+        let pod = pods.iter().find(|p| p.name_any() == instance);
+        let report = pod
+            .and_then(|p| report_of(p))
+            .and_then(|r| r.backup)
+            .filter(|b| b.uid == uid);
+        let requested = pod
+            .and_then(|p| request_of(p))
+            .is_some_and(|r| r.uid == uid);
+        match report {
+            Some(report) if report.phase == "Completed" || report.phase == "Failed" => {
+                copy_report(&mut status, &report);
+                set_request(&pods_api, &instance, None).await?;
+                if report.phase == "Failed" {
+                    let why = report
+                        .error
+                        .clone()
+                        .unwrap_or_else(|| "the agent gave no reason".into());
+                    return fail(ctx, &backup, status, why).await;
+                }
+                status.phase = Some(BackupPhase::Completed);
+                status.message = None;
+                let size = status.size.unwrap_or(0);
+                write(
+                    ctx,
+                    &backup,
+                    status.clone(),
+                    "the backup is stored and restorable",
+                )
+                .await?;
+                publish(
+                    ctx,
+                    backup.as_ref(),
+                    EventType::Normal,
+                    "BackupCompleted",
+                    "Backup",
+                    format!(
+                        "Backup {} of {cluster_name} completed on {instance}: {size} bytes at {}",
+                        status.backup_id.as_deref().unwrap_or_default(),
+                        status.object_path.as_deref().unwrap_or_default()
+                    ),
+                )
+                .await;
+                return Ok(Action::await_change());
+            }
+            Some(report) => {
+                copy_report(&mut status, &report);
+                write(ctx, &backup, status, &format!("running on {instance}")).await?;
+                return Ok(Action::requeue(RUNNING_RECHECK));
+            }
+            None if pod.is_none() || !requested => {
+                if let Some(pod) = pod.filter(|_| requested) {
+                    set_request(&pods_api, &pod.name_any(), None).await?;
+                }
+                return fail(
+                    ctx,
+                    &backup,
+                    status,
+                    format!("the instance {instance} was replaced or restarted before it finished the backup"),
+                )
+                .await;
+            }
+            None => return Ok(Action::requeue(RUNNING_RECHECK)),
+        }
+    }
+
+    // Not started: a destination, no other backup of the cluster under way, an instance.
+    let store = match backup::destination(ctx, &cluster, &names).await {
+        Ok(Some(store)) => store,
+        Ok(None) => {
+            return fail(
+                ctx,
+                &backup,
+                status,
+                format!("backups of {cluster_name} are disabled (spec.backup.enabled: false)"),
+            )
+            .await;
+        }
+        Err(why) => return fail(ctx, &backup, status, why).await,
+    };
+    let backups: Api<DatabaseBackup> = Api::namespaced(ctx.client.clone(), &namespace);
+    for pod in &pods {
+        let Some(other) = request_of(pod).filter(|r| r.uid != uid) else {
+            continue;
+        };
+        match backups.get_opt(&other.name).await? {
+            Some(b) if b.uid().as_deref() == Some(other.uid.as_str()) => {
+                status.phase = Some(BackupPhase::Pending);
+                let message = format!(
+                    "waiting for backup {} of {cluster_name} to finish",
+                    other.name
+                );
+                write(ctx, &backup, status, &message).await?;
+                return Ok(Action::requeue(PENDING_RECHECK));
+            }
+            // Its DatabaseBackup is gone: the request is stale.
+            _ => set_request(&pods_api, &pod.name_any(), None).await?,
+        }
+    }
+    let primary = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.current_primary.clone())
+        .unwrap_or_else(|| format!("{}-0", names.stateful_set()));
+    let Some(instance) = choose_instance(&pods, &primary, backup.spec.target, cluster.spec.engine)
+    else {
+        status.phase = Some(BackupPhase::Pending);
+        write(
+            ctx,
+            &backup,
+            status,
+            &format!("waiting for a ready instance of {cluster_name}"),
+        )
+        .await?;
+        return Ok(Action::requeue(PENDING_RECHECK));
+    };
+    let started = k8s_openapi::jiff::Timestamp::now();
+    let request = BackupRequest {
+        name: name.clone(),
+        uid: uid.clone(),
+        backup_id: backup_id(&name, &started),
+    };
+    set_request(&pods_api, &instance, Some(&request)).await?;
+    status.phase = Some(BackupPhase::Running);
+    status.instance = Some(instance.clone());
+    status.backup_id = Some(request.backup_id.clone());
+    status.started_at = Some(started.to_string());
+    status.endpoint = Some(store.location.endpoint.clone());
+    status.bucket = Some(store.location.bucket.clone());
+    status.region = Some(store.location.region.clone());
+    status.prefix = Some(store.location.prefix.clone());
+    write(ctx, &backup, status, &format!("running on {instance}")).await?;
+    publish(
+        ctx,
+        backup.as_ref(),
+        EventType::Normal,
+        "BackupStarted",
+        "Backup",
+        format!(
+            "Backing up {cluster_name} on {instance} as {}",
+            request.backup_id
+        ),
+    )
+    .await;
+    Ok(Action::requeue(RUNNING_RECHECK))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, role: &str, ready: bool, lag: i64) -> Pod {
+        let report = InstanceStatus {
+            role: Some(role.into()),
+            ready,
+            lag_bytes: Some(lag),
+            ..Default::default()
+        };
+        serde_json::from_value(json!({
+            "metadata": { "name": name, "annotations": {
+                devctl_api::instance::STATUS_ANNOTATION: serde_json::to_string(&report).unwrap()
+            } }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_streaming_replica_takes_the_backup_unless_the_primary_is_asked() {
+        let pods = [
+            pod("db-0", "primary", true, 0),
+            pod("db-1", "replica", true, 100),
+            pod("db-2", "replica", true, 10),
+        ];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        assert_eq!(
+            choose_instance(&refs, "db-0", None, Engine::Postgres).as_deref(),
+            Some("db-2")
+        );
+        assert_eq!(
+            choose_instance(&refs, "db-0", Some(BackupTarget::Primary), Engine::Postgres)
+                .as_deref(),
+            Some("db-0")
+        );
+        let alone = [
+            pod("db-0", "primary", true, 0),
+            pod("db-1", "replica", false, 0),
+        ];
+        let refs: Vec<&Pod> = alone.iter().collect();
+        assert_eq!(
+            choose_instance(&refs, "db-0", None, Engine::Postgres).as_deref(),
+            Some("db-0")
+        );
+    }
+
+    #[test]
+    fn backup_ids_sort_by_time() {
+        let a: k8s_openapi::jiff::Timestamp = "2026-11-30T09:05:00Z".parse().unwrap();
+        let b: k8s_openapi::jiff::Timestamp = "2026-11-30T10:00:00Z".parse().unwrap();
+        assert_eq!(backup_id("x", &a), "20261130T090500Z-x");
+        assert!(backup_id("z", &a) < backup_id("a", &b));
+    }
+}

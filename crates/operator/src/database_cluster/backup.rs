@@ -1,0 +1,437 @@
+//! Where a cluster's backups go and what a restored cluster restores (docs/backup.md): the
+//! store credentials copied into `<name>-backup-store` / `<name>-restore-store`, and the
+//! non-secret locations the agents read from their pods' annotations.
+//!
+//! The agents never read a Secret they were not given by name: whatever the user's
+//! destination Secret is called (or the operator's default destination, which lives in the
+//! operator's namespace), the agent reads only its cluster's own copy.
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use devctl_api::database_backup::{BackupPhase, DatabaseBackup};
+use devctl_api::database_cluster::{BackupDestination, DatabaseCluster};
+use devctl_api::instance::{
+    ACCESS_KEY_ID, BACKUP_DESTINATION_ANNOTATION, BACKUP_STORE_SECRET_SUFFIX, CA_CERT,
+    RESTORE_ANNOTATION, RESTORE_STORE_SECRET_SUFFIX, RestoreRequest, SECRET_ACCESS_KEY,
+    StoreLocation,
+};
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use serde_json::json;
+
+use super::resources::{Names, metadata};
+use crate::children::Child;
+use crate::context::Context;
+use crate::error::Result;
+
+/// A store location with the credentials to use it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Store {
+    pub location: StoreLocation,
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub ca: Option<String>,
+}
+
+impl std::fmt::Debug for Store {
+    // Never the keys.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("location", &self.location)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The cluster's own prefix in a store whose configured path is `path`.
+pub fn cluster_prefix(path: &str, namespace: &str, name: &str) -> String {
+    let path = path.trim_matches('/');
+    if path.is_empty() {
+        format!("{namespace}/{name}/")
+    } else {
+        format!("{path}/{namespace}/{name}/")
+    }
+}
+
+fn text(secret: &Secret, key: &str) -> Option<String> {
+    let value = secret.data.as_ref()?.get(key)?;
+    String::from_utf8(value.0.clone())
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+async fn read_secret(ctx: &Context, namespace: &str, name: &str) -> Result<Secret, String> {
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    match api.get_opt(name).await {
+        Ok(Some(secret)) => Ok(secret),
+        Ok(None) => Err(format!("Secret {namespace}/{name} not found")),
+        Err(e) => Err(format!("reading Secret {namespace}/{name}: {e}")),
+    }
+}
+
+/// A destination declared in a spec, with its Secrets read from `namespace`.
+async fn declared(
+    ctx: &Context,
+    namespace: &str,
+    destination: &BackupDestination,
+    prefix: String,
+) -> Result<Store, String> {
+    let secret = read_secret(ctx, namespace, &destination.credentials_secret).await?;
+    let key = |k: &str| {
+        text(&secret, k).ok_or_else(|| {
+            format!(
+                "Secret {namespace}/{} has no {k} (spec.backup.destination.credentialsSecret)",
+                destination.credentials_secret
+            )
+        })
+    };
+    let (access_key_id, secret_access_key) = (key(ACCESS_KEY_ID)?, key(SECRET_ACCESS_KEY)?);
+    let ca = match &destination.ca_secret {
+        Some(name) => {
+            let secret = read_secret(ctx, namespace, name).await?;
+            Some(text(&secret, CA_CERT).ok_or_else(|| {
+                format!(
+                    "Secret {namespace}/{name} has no {CA_CERT} (spec.backup.destination.caSecret)"
+                )
+            })?)
+        }
+        None => None,
+    };
+    Ok(Store {
+        location: StoreLocation {
+            endpoint: destination.endpoint.clone(),
+            bucket: destination.bucket.clone(),
+            prefix,
+            region: destination.region.clone(),
+        },
+        access_key_id,
+        secret_access_key,
+        ca,
+    })
+}
+
+/// The operator's default destination (`--default-backup-secret`), with `prefix_of(path)`.
+async fn default_store(
+    ctx: &Context,
+    prefix_of: impl Fn(&str) -> String,
+) -> Result<Option<Store>, String> {
+    let Some((namespace, name)) = ctx.settings.default_backup_secret.clone() else {
+        return Ok(None);
+    };
+    let secret = read_secret(ctx, &namespace, &name).await?;
+    let key = |k: &str| {
+        text(&secret, k).ok_or_else(|| {
+            format!("the default backup destination Secret {namespace}/{name} has no {k}")
+        })
+    };
+    let path = text(&secret, "path").unwrap_or_default();
+    Ok(Some(Store {
+        location: StoreLocation {
+            endpoint: key("endpoint")?,
+            bucket: key("bucket")?,
+            prefix: prefix_of(&path),
+            region: text(&secret, "region").unwrap_or_else(|| "us-east-1".into()),
+        },
+        access_key_id: key(ACCESS_KEY_ID)?,
+        secret_access_key: key(SECRET_ACCESS_KEY)?,
+        ca: text(&secret, CA_CERT),
+    }))
+}
+
+/// Where this cluster's backups and WAL go: `Ok(None)` while backups are disabled, `Err`
+/// when they are enabled but no usable destination exists (why, naming the field).
+pub async fn destination(
+    ctx: &Context,
+    db: &DatabaseCluster,
+    names: &Names,
+) -> Result<Option<Store>, String> {
+    let backup = db.spec.backup.as_ref();
+    if backup.is_some_and(|b| !b.enabled) {
+        return Ok(None);
+    }
+    let prefix = |path: &str| cluster_prefix(path, &names.namespace, &names.name);
+    if let Some(destination) = backup.and_then(|b| b.destination.as_ref()) {
+        return declared(
+            ctx,
+            &names.namespace,
+            destination,
+            prefix(&destination.path),
+        )
+        .await
+        .map(Some);
+    }
+    match default_store(ctx, prefix).await? {
+        Some(store) => Ok(Some(store)),
+        None if backup.is_some() => Err(
+            "spec.backup.destination is not set and the operator has no default destination (--default-backup-secret)"
+                .into(),
+        ),
+        // No backup block and no default: nothing was asked for.
+        None => Ok(None),
+    }
+}
+
+/// What the first instance of a restored cluster restores, and with which credentials.
+pub async fn restore_source(
+    ctx: &Context,
+    db: &DatabaseCluster,
+    names: &Names,
+) -> Result<Option<(RestoreRequest, Store)>, String> {
+    let Some(recovery) = db.spec.bootstrap.as_ref().and_then(|b| b.recovery.as_ref()) else {
+        return Ok(None);
+    };
+    if let Some(source) = &recovery.source {
+        let prefix = format!(
+            "{}{}/",
+            cluster_prefix(&source.destination.path, &source.namespace, &source.cluster),
+            source.system_identifier
+        );
+        let store = declared(ctx, &names.namespace, &source.destination, prefix).await?;
+        let request = RestoreRequest {
+            location: store.location.clone(),
+            backup_id: source.backup_id.clone(),
+            target_time: recovery.target_time.clone(),
+        };
+        return Ok(Some((request, store)));
+    }
+    let Some(name) = &recovery.backup else {
+        return Err("spec.bootstrap.recovery: set backup or source".into());
+    };
+    let api: Api<DatabaseBackup> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let backup = match api.get_opt(name).await {
+        Ok(Some(b)) => b,
+        Ok(None) => {
+            return Err(format!(
+                "spec.bootstrap.recovery.backup: DatabaseBackup {name} not found"
+            ));
+        }
+        Err(e) => return Err(format!("reading DatabaseBackup {name}: {e}")),
+    };
+    let status = backup.status.clone().unwrap_or_default();
+    if status.phase != Some(BackupPhase::Completed) {
+        return Err(format!(
+            "spec.bootstrap.recovery.backup: DatabaseBackup {name} has not completed"
+        ));
+    }
+    let (Some(endpoint), Some(bucket), Some(prefix), Some(backup_id)) = (
+        status.endpoint.clone(),
+        status.bucket.clone(),
+        status.prefix.clone(),
+        status.backup_id.clone(),
+    ) else {
+        return Err(format!(
+            "DatabaseBackup {name} does not say where it is stored"
+        ));
+    };
+    // The credentials: the ones this cluster would back up with (the same store, as a rule),
+    // else the operator's default.
+    let own = destination(ctx, db, names).await.ok().flatten();
+    let own = match own {
+        Some(store) => Some(store),
+        None => default_store(ctx, |_| String::new()).await?,
+    };
+    let Some(own) = own else {
+        return Err(format!(
+            "no credentials for the store of DatabaseBackup {name}: set spec.backup.destination"
+        ));
+    };
+    let location = StoreLocation {
+        endpoint,
+        bucket,
+        prefix,
+        region: status.region.clone().unwrap_or(own.location.region.clone()),
+    };
+    let store = Store {
+        location: location.clone(),
+        ..own
+    };
+    let request = RestoreRequest {
+        location,
+        backup_id,
+        target_time: recovery.target_time.clone(),
+    };
+    Ok(Some((request, store)))
+}
+
+/// The Secret `<name><suffix>` with a store's credentials.
+pub fn store_secret(
+    db: &DatabaseCluster,
+    names: &Names,
+    version: &str,
+    suffix: &str,
+    store: &Store,
+) -> Result<Child> {
+    let encode = |s: &str| STANDARD.encode(s);
+    let mut data = json!({
+        ACCESS_KEY_ID: encode(&store.access_key_id),
+        SECRET_ACCESS_KEY: encode(&store.secret_access_key),
+    });
+    if let Some(ca) = &store.ca {
+        data[CA_CERT] = json!(encode(ca));
+    }
+    let name = format!("{}{suffix}", names.name);
+    Child::new::<Secret>(json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(db, names, &name, "backup", version)?,
+        "type": "Opaque",
+        "data": data,
+    }))
+}
+
+/// The names of the store Secrets (for the agents' Role).
+pub fn secret_names(names: &Names) -> [String; 2] {
+    [
+        format!("{}{BACKUP_STORE_SECRET_SUFFIX}", names.name),
+        format!("{}{RESTORE_STORE_SECRET_SUFFIX}", names.name),
+    ]
+}
+
+/// Resolved once per reconcile, before the children are computed.
+#[derive(Debug, Clone, Default)]
+pub struct Resolved {
+    pub destination: Option<Store>,
+    /// Why backups cannot run although enabled.
+    pub destination_problem: Option<String>,
+    pub restore: Option<(RestoreRequest, Store)>,
+    pub restore_problem: Option<String>,
+}
+
+pub async fn resolve(ctx: &Context, db: &Arc<DatabaseCluster>, names: &Names) -> Resolved {
+    let mut resolved = Resolved::default();
+    match destination(ctx, db, names).await {
+        Ok(store) => resolved.destination = store,
+        Err(why) => resolved.destination_problem = Some(why),
+    }
+    match restore_source(ctx, db, names).await {
+        Ok(restore) => resolved.restore = restore,
+        Err(why) => resolved.restore_problem = Some(why),
+    }
+    resolved
+}
+
+/// The backup annotations each pod lacks or has wrong (pure): the destination on every
+/// instance, the restore on the first primary. Values `null` remove an annotation.
+pub fn pod_annotations(
+    pods: &[&k8s_openapi::api::core::v1::Pod],
+    store: &Resolved,
+    primary: &str,
+) -> Vec<(String, serde_json::Value)> {
+    use kube::ResourceExt;
+    let destination = store
+        .destination
+        .as_ref()
+        .and_then(|s| serde_json::to_string(&s.location).ok());
+    let restore = store
+        .restore
+        .as_ref()
+        .and_then(|(r, _)| serde_json::to_string(r).ok());
+    let mut changes = Vec::new();
+    for pod in pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+    {
+        let name = pod.name_any();
+        let current = pod.annotations();
+        let mut patch = serde_json::Map::new();
+        let mut want = |key: &str, value: Option<&String>| {
+            if current.get(key) != value {
+                patch.insert(key.to_string(), json!(value));
+            }
+        };
+        want(BACKUP_DESTINATION_ANNOTATION, destination.as_ref());
+        if name == primary {
+            // Kept once set: it describes how this cluster began (the agent ignores it once
+            // the data exists).
+            if restore.is_some() {
+                want(RESTORE_ANNOTATION, restore.as_ref());
+            }
+        }
+        if !patch.is_empty() {
+            changes.push((name, serde_json::Value::Object(patch)));
+        }
+    }
+    changes
+}
+
+/// A `Degraded` reason and its message.
+pub type Problem = (&'static str, String);
+
+/// What the agents report about backups (pure): the problem to show on the cluster, if any,
+/// and the newest completed backup (stop time, name).
+pub fn observe(
+    pods: &[&k8s_openapi::api::core::v1::Pod],
+    store: &Resolved,
+) -> (Option<Problem>, Option<(String, String)>) {
+    use super::status::{BACKUP_FAILING, RESTORE_SOURCE_UNAVAILABLE, WAL_ARCHIVING_FAILING};
+    use devctl_api::instance::InstanceStatus;
+    let reports: Vec<InstanceStatus> = pods
+        .iter()
+        .filter_map(|p| InstanceStatus::from_annotations(p.metadata.annotations.as_ref()))
+        .collect();
+    let last_completed = reports
+        .iter()
+        .filter_map(|r| r.backup.as_ref())
+        .filter(|b| b.phase == "Completed")
+        .filter_map(|b| Some((b.stopped_at.clone()?, b.name.clone())))
+        .max();
+    let newest = reports
+        .iter()
+        .filter_map(|r| r.backup.as_ref())
+        .max_by(|a, b| a.started_at.cmp(&b.started_at));
+    let archive_failing = reports
+        .iter()
+        .filter_map(|r| r.wal_archive.as_ref())
+        .find(|w| w.failing);
+    let problem = if let Some(why) = &store.destination_problem {
+        Some((BACKUP_FAILING, why.clone()))
+    } else if let Some(archive) = archive_failing {
+        Some((
+            WAL_ARCHIVING_FAILING,
+            format!(
+                "WAL archiving fails: {}",
+                archive.error.as_deref().unwrap_or("no reason given")
+            ),
+        ))
+    } else if let Some(failed) = newest.filter(|b| b.phase == "Failed") {
+        Some((
+            BACKUP_FAILING,
+            format!(
+                "the last backup {} failed: {}",
+                failed.name,
+                failed.error.as_deref().unwrap_or("no reason given")
+            ),
+        ))
+    } else {
+        store
+            .restore_problem
+            .as_ref()
+            .map(|why| (RESTORE_SOURCE_UNAVAILABLE, format!("cannot restore: {why}")))
+    };
+    (problem, last_completed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_cluster_has_its_own_prefix() {
+        assert_eq!(cluster_prefix("", "prod", "db"), "prod/db/");
+        assert_eq!(cluster_prefix("/team/", "prod", "db"), "team/prod/db/");
+    }
+
+    #[test]
+    fn debug_output_never_shows_keys() {
+        let store = Store {
+            location: StoreLocation::default(),
+            access_key_id: "AKIDSECRET".into(),
+            secret_access_key: "verysecret".into(),
+            ca: None,
+        };
+        let shown = format!("{store:?}");
+        assert!(!shown.contains("AKIDSECRET") && !shown.contains("verysecret"));
+    }
+}

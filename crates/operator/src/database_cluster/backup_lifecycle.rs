@@ -1,0 +1,369 @@
+//! The async shell around [`super::schedule`]: creates scheduled `DatabaseBackup`s, prunes
+//! expired ones (their files in the store first, then the objects), and takes the final
+//! backup when a cluster is deleted (docs/backup.md).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use devctl_api::database_backup::{BackupPhase, DatabaseBackup};
+use devctl_api::database_cluster::DatabaseCluster;
+use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, ObjectStoreExt};
+use serde_json::json;
+
+use super::backup::{self, Store};
+use super::resources::Names;
+use super::schedule;
+use crate::context::Context;
+use crate::reconciler::publish;
+
+/// Label on the DatabaseBackups a cluster's schedule (or its deletion) creates.
+pub const CLUSTER_LABEL: &str = "db.devctl.io/cluster";
+
+/// What the schedule did in this reconcile.
+#[derive(Debug, Clone, Default)]
+pub struct Scheduled {
+    pub last: Option<String>,
+    pub next: Option<String>,
+    /// When to look again (the next scheduled time).
+    pub wait: Option<Duration>,
+    pub problem: Option<(&'static str, String)>,
+}
+
+fn backup_object(db: &DatabaseCluster, name: &str, owned: bool) -> Option<DatabaseBackup> {
+    let mut metadata = json!({
+        "name": name,
+        "labels": { CLUSTER_LABEL: db.name_any() },
+    });
+    if owned {
+        metadata["ownerReferences"] = json!([db.controller_owner_ref(&())?]);
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "db.devctl.io/v1beta1", "kind": "DatabaseBackup",
+        "metadata": metadata,
+        "spec": { "cluster": { "name": db.name_any() } },
+    }))
+    .ok()
+}
+
+/// Creates the backup `name` unless it exists; whether it was created.
+async fn create_once(
+    ctx: &Context,
+    namespace: &str,
+    backup: &DatabaseBackup,
+) -> Result<bool, String> {
+    let api: Api<DatabaseBackup> = Api::namespaced(ctx.client.clone(), namespace);
+    match api.create(&PostParams::default(), backup).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(format!(
+            "creating DatabaseBackup {}: {e}",
+            backup.name_any()
+        )),
+    }
+}
+
+/// One schedule step: at most one backup for the latest scheduled time that has passed.
+pub async fn schedule_step(
+    db: &DatabaseCluster,
+    ctx: &Context,
+    names: &Names,
+    store: &backup::Resolved,
+) -> Scheduled {
+    let previous = db.status.clone().unwrap_or_default();
+    let mut scheduled = Scheduled {
+        last: previous.last_scheduled_backup.clone(),
+        ..Scheduled::default()
+    };
+    let Some(spec) = db.spec.backup.as_ref().filter(|b| b.enabled) else {
+        return scheduled; // paused: no next run
+    };
+    if store.destination.is_none() {
+        return scheduled;
+    }
+    let cron = match schedule::parse(&spec.schedule) {
+        Ok(cron) => cron,
+        Err(why) => {
+            scheduled.problem = Some((super::status::BACKUP_FAILING, why));
+            return scheduled;
+        }
+    };
+    let now = Timestamp::now();
+    let created = db
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0)
+        .unwrap_or(now);
+    let last = previous
+        .last_scheduled_backup
+        .as_deref()
+        .and_then(|t| t.parse::<Timestamp>().ok())
+        .unwrap_or(created);
+    let due = schedule::due(&cron, last, now);
+    if let Some(run) = due.run {
+        let name = schedule::backup_name(&names.name, run);
+        match backup_object(db, &name, !spec.keep_backups_on_delete) {
+            Some(object) => match create_once(ctx, &names.namespace, &object).await {
+                Ok(created) => {
+                    if created {
+                        publish(
+                            ctx,
+                            db,
+                            EventType::Normal,
+                            "ScheduledBackup",
+                            "Backup",
+                            format!("Created DatabaseBackup {name} for the scheduled time {run}"),
+                        )
+                        .await;
+                    }
+                    scheduled.last = Some(run.to_string());
+                }
+                Err(why) => scheduled.problem = Some((super::status::BACKUP_FAILING, why)),
+            },
+            None => {
+                scheduled.problem = Some((
+                    super::status::BACKUP_FAILING,
+                    "the cluster has no uid yet".into(),
+                ))
+            }
+        }
+    }
+    if let Some(next) = due.next {
+        scheduled.next = Some(next.to_string());
+        scheduled.wait = Some(
+            Duration::try_from(next.duration_since(Timestamp::now())).unwrap_or(Duration::ZERO),
+        );
+    }
+    scheduled
+}
+
+/// A client for `store` (ring TLS, the store's CA when given).
+fn client(store: &Store) -> Result<Arc<dyn ObjectStore>, String> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut options = object_store::ClientOptions::new()
+        .with_connect_timeout(Duration::from_secs(10))
+        .with_timeout(Duration::from_secs(60));
+    if let Some(ca) = &store.ca {
+        let certificate = object_store::Certificate::from_pem(ca.as_bytes())
+            .map_err(|_| "the store's ca.crt is not a PEM certificate".to_string())?;
+        options = options.with_root_certificate(certificate);
+    }
+    let s3 = AmazonS3Builder::new()
+        .with_endpoint(&store.location.endpoint)
+        .with_bucket_name(&store.location.bucket)
+        .with_region(&store.location.region)
+        .with_access_key_id(&store.access_key_id)
+        .with_secret_access_key(&store.secret_access_key)
+        .with_virtual_hosted_style_request(false)
+        .with_client_options(options)
+        .build()
+        .map_err(|e| format!("store client: {e}"))?;
+    Ok(Arc::new(s3))
+}
+
+/// Deletes every object under `prefix` for which `keep(name)` is false.
+async fn delete_under(
+    s3: &dyn ObjectStore,
+    prefix: &str,
+    keep: impl Fn(&str) -> bool,
+) -> Result<usize, String> {
+    let path = StorePath::from(prefix.trim_end_matches('/'));
+    let mut listing = s3.list(Some(&path));
+    let mut deleted = 0;
+    while let Some(entry) = listing.next().await {
+        let entry = entry.map_err(|e| format!("listing {prefix}: {e}"))?;
+        let name = entry.location.filename().unwrap_or_default().to_string();
+        if keep(&name) {
+            continue;
+        }
+        s3.delete(&entry.location)
+            .await
+            .map_err(|e| format!("deleting {}: {e}", entry.location))?;
+        deleted += 1;
+    }
+    Ok(deleted)
+}
+
+/// Retention: removes expired backups — their files, the WAL no kept backup needs, then the
+/// objects. Problems are reported, never fatal to the reconcile.
+pub async fn prune(
+    db: &DatabaseCluster,
+    ctx: &Context,
+    names: &Names,
+    store: &backup::Resolved,
+) -> Option<String> {
+    let spec = db.spec.backup.as_ref().filter(|b| b.enabled)?;
+    let destination = store.destination.as_ref()?;
+    let api: Api<DatabaseBackup> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let all = match api.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(e) => return Some(format!("listing DatabaseBackups: {e}")),
+    };
+    let mine: Vec<DatabaseBackup> = all
+        .into_iter()
+        .filter(|b| b.spec.cluster.name == names.name)
+        .collect();
+    let expired = schedule::expired(&mine, spec.keep_last, spec.retention, Timestamp::now());
+    if expired.is_empty() {
+        return None;
+    }
+    let s3 = match client(destination) {
+        Ok(s3) => s3,
+        Err(why) => return Some(why),
+    };
+    let expired_names: Vec<String> = expired.iter().map(|b| b.name_any()).collect();
+    // The oldest WAL a kept completed backup needs, per store prefix.
+    let kept_begin = mine
+        .iter()
+        .filter(|b| !expired_names.contains(&b.name_any()))
+        .filter_map(|b| b.status.as_ref())
+        .filter(|s| s.phase == Some(BackupPhase::Completed))
+        .filter_map(|s| Some((s.prefix.clone()?, s.begin_wal.clone()?)))
+        .fold(
+            std::collections::BTreeMap::<String, String>::new(),
+            |mut m, (p, w)| {
+                let e = m.entry(p).or_insert(w.clone());
+                if w < *e {
+                    *e = w;
+                }
+                m
+            },
+        );
+    for backup in &expired {
+        let status = backup.status.clone().unwrap_or_default();
+        if let (Some(prefix), Some(id)) = (&status.prefix, &status.backup_id)
+            && status.phase == Some(BackupPhase::Completed)
+            && let Err(why) =
+                delete_under(s3.as_ref(), &format!("{prefix}base/{id}/"), |_| false).await
+        {
+            return Some(why);
+        }
+        match api
+            .delete(&backup.name_any(), &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                return Some(format!(
+                    "deleting DatabaseBackup {}: {e}",
+                    backup.name_any()
+                ));
+            }
+        }
+        publish(
+            ctx,
+            db,
+            EventType::Normal,
+            "BackupExpired",
+            "Retention",
+            format!(
+                "Deleted backup {} (retention: keepLast {:?}, {} days)",
+                backup.name_any(),
+                spec.keep_last,
+                spec.retention
+            ),
+        )
+        .await;
+    }
+    // WAL older than what the oldest kept backup begins with (history files stay).
+    for (prefix, begin) in kept_begin {
+        let keep =
+            |name: &str| name.ends_with(".history") || name.len() < 24 || name[..24] >= *begin;
+        if let Err(why) = delete_under(s3.as_ref(), &format!("{prefix}wal/"), keep).await {
+            return Some(why);
+        }
+    }
+    None
+}
+
+/// Deletion with `finalBackup: true`: takes the final backup (not owned by the cluster, so
+/// it outlives it) and waits for it within `finalBackupTimeout` of the deletion. `None` when
+/// deletion may go on; `Some(wait)` to look again.
+pub async fn final_backup(db: &DatabaseCluster, ctx: &Context, names: &Names) -> Option<Duration> {
+    let spec = db
+        .spec
+        .backup
+        .as_ref()
+        .filter(|b| b.enabled && b.final_backup)?;
+    let timeout =
+        devctl_api::database_cluster::parse_seconds_or_minutes(&spec.final_backup_timeout)
+            .unwrap_or(Duration::from_secs(600));
+    let deleted_at = db.metadata.deletion_timestamp.as_ref()?.0;
+    let elapsed =
+        Duration::try_from(Timestamp::now().duration_since(deleted_at)).unwrap_or_default();
+    let name = schedule::final_backup_name(&names.name);
+    let api: Api<DatabaseBackup> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let skip = |why: String| async move {
+        publish(
+            ctx,
+            db,
+            EventType::Warning,
+            "FinalBackupSkipped",
+            "Delete",
+            format!("No final backup: {why}; deleting the cluster"),
+        )
+        .await;
+        None
+    };
+    let existing = match api.get_opt(&name).await {
+        Ok(b) => b,
+        Err(e) => return skip(format!("reading DatabaseBackup {name}: {e}")).await,
+    };
+    let existing = match existing {
+        Some(b) => b,
+        None => {
+            let Some(object) = backup_object(db, &name, false) else {
+                return skip("the cluster has no uid".into()).await;
+            };
+            if let Err(why) = create_once(ctx, &names.namespace, &object).await {
+                return skip(why).await;
+            }
+            publish(
+                ctx,
+                db,
+                EventType::Normal,
+                "FinalBackup",
+                "Delete",
+                format!(
+                    "Taking the final backup {name} (at most {}s)",
+                    timeout.as_secs()
+                ),
+            )
+            .await;
+            return Some(Duration::from_secs(2));
+        }
+    };
+    match existing.status.as_ref().and_then(|s| s.phase) {
+        Some(BackupPhase::Completed) => None,
+        Some(BackupPhase::Failed) => {
+            let why = existing
+                .status
+                .as_ref()
+                .and_then(|s| s.message.clone())
+                .unwrap_or_else(|| "it failed".into());
+            skip(format!("the final backup {name} failed: {why}")).await
+        }
+        _ if elapsed >= timeout => {
+            skip(format!(
+                "the final backup {name} did not finish within spec.backup.finalBackupTimeout ({})",
+                spec.final_backup_timeout
+            ))
+            .await
+        }
+        _ => Some(
+            Duration::from_secs(2).min(
+                timeout
+                    .saturating_sub(elapsed)
+                    .max(Duration::from_millis(200)),
+            ),
+        ),
+    }
+}
