@@ -118,6 +118,12 @@ pub struct DatabaseBackupStatus {
     pub prefix: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
+    /// The Secrets the cluster's destination named when the backup ran (none for the
+    /// operator's default destination): what a restore uses when its own cluster names none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -131,39 +131,70 @@ async fn a_schedule_keeps_the_last_two_catches_up_once_and_pauses() {
         .collect();
     assert_eq!(caught_up.len(), 1, "{caught_up:?}");
 
-    // Four runs or more: keepLast 2 leaves exactly two, in the API and in the store.
+    // Four runs or more: keepLast 2 leaves exactly two, in the API and in the store, and the
+    // WAL the older one needs. (Read together, again until they agree: a run every minute.)
+    let wal_kept = |kept: &[DatabaseBackup]| {
+        let oldest = kept[0].status.clone().unwrap_or_default();
+        let (Some(prefix), Some(begin)) = (oldest.prefix, oldest.begin_wal) else {
+            return false;
+        };
+        // Exactly the segment (a `<segment>.<offset>.backup` history file shares its prefix).
+        let key = format!("{prefix}wal/{begin}");
+        s3.objects(&key).iter().any(|(k, _)| *k == key)
+    };
+    let base_dirs = |kept: &[DatabaseBackup]| {
+        let prefix = kept[0]
+            .status
+            .as_ref()
+            .and_then(|s| s.prefix.clone())
+            .unwrap_or_default();
+        s3.objects(&format!("{prefix}base/"))
+            .iter()
+            .filter_map(|(k, _)| {
+                k.strip_prefix(&format!("{prefix}base/"))?
+                    .split('/')
+                    .next()
+                    .map(str::to_string)
+            })
+            .collect::<std::collections::BTreeSet<String>>()
+            .len()
+    };
     devctl_testenv::eventually(
-        "retention to leave two completed backups",
+        "retention to leave two completed backups with their WAL",
         Duration::from_secs(240),
         || async {
             let all = backups(&env, "sched").await;
-            let done: Vec<&DatabaseBackup> = all.iter().filter(|b| completed(b)).collect();
-            (events(&env, "ScheduledBackup").await >= 4 && done.len() == 2 && all.len() == 2)
-                .then_some(())
+            let done = all.iter().filter(|b| completed(b)).count();
+            (events(&env, "ScheduledBackup").await >= 4
+                && done == 2
+                && all.len() == 2
+                && base_dirs(&all) == 2
+                && wal_kept(&all))
+            .then_some(())
         },
     )
     .await
     .unwrap();
-    let kept = backups(&env, "sched").await;
-    let oldest = kept[0].status.clone().unwrap();
-    let prefix = oldest.prefix.clone().unwrap();
-    let bases: std::collections::BTreeSet<String> = s3
-        .objects(&format!("{prefix}base/"))
-        .iter()
-        .filter_map(|(k, _)| {
-            k.strip_prefix(&format!("{prefix}base/"))?
-                .split('/')
-                .next()
-                .map(str::to_string)
-        })
+    assert!(events(&env, "BackupExpired").await >= 2);
+
+    // Paused: nothing is created or pruned any more, so the oldest kept backup stays put.
+    env.api::<DatabaseCluster>()
+        .patch(
+            "sched",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "backup": { "enabled": false } } })),
+        )
+        .await
+        .unwrap();
+    let kept: Vec<DatabaseBackup> = backups(&env, "sched")
+        .await
+        .into_iter()
+        .filter(completed)
         .collect();
-    assert_eq!(bases.len(), 2, "{bases:?}");
-    let begin = oldest.begin_wal.clone().unwrap();
     assert!(
-        s3.objects(&format!("{prefix}wal/{begin}")).len() == 1,
+        wal_kept(&kept),
         "the WAL the oldest kept backup needs is gone"
     );
-    assert!(events(&env, "BackupExpired").await >= 2);
 
     // The oldest kept backup restores.
     let kubeconfig = env.kubeconfig.clone();
@@ -191,15 +222,6 @@ async fn a_schedule_keeps_the_last_two_catches_up_once_and_pauses() {
         "100"
     );
 
-    // Paused: no new scheduled backups.
-    env.api::<DatabaseCluster>()
-        .patch(
-            "sched",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "backup": { "enabled": false } } })),
-        )
-        .await
-        .unwrap();
     let paused_at = events(&env, "ScheduledBackup").await;
     tokio::time::sleep(Duration::from_secs(75)).await;
     assert_eq!(events(&env, "ScheduledBackup").await, paused_at);

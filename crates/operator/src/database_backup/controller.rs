@@ -346,6 +346,13 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
     status.bucket = Some(store.location.bucket.clone());
     status.region = Some(store.location.region.clone());
     status.prefix = Some(store.location.prefix.clone());
+    let declared = cluster
+        .spec
+        .backup
+        .as_ref()
+        .and_then(|b| b.destination.as_ref());
+    status.credentials_secret = declared.map(|d| d.credentials_secret.clone());
+    status.ca_secret = declared.and_then(|d| d.ca_secret.clone());
     write(ctx, &backup, status, &format!("running on {instance}")).await?;
     publish(
         ctx,

@@ -225,9 +225,22 @@ pub async fn restore_source(
             "DatabaseBackup {name} does not say where it is stored"
         ));
     };
-    // The credentials: the ones this cluster would back up with (the same store, as a rule),
-    // else the operator's default.
-    let own = destination(ctx, db, names).await.ok().flatten();
+    // The credentials: the ones the backup was taken with (its cluster's destination named
+    // them), else the ones this cluster would back up with, else the operator's default.
+    let own = match &status.credentials_secret {
+        Some(secret) => {
+            let recorded = BackupDestination {
+                endpoint: endpoint.clone(),
+                bucket: bucket.clone(),
+                path: String::new(),
+                region: status.region.clone().unwrap_or_else(|| "us-east-1".into()),
+                credentials_secret: secret.clone(),
+                ca_secret: status.ca_secret.clone(),
+            };
+            Some(declared(ctx, &names.namespace, &recorded, prefix.clone()).await?)
+        }
+        None => destination(ctx, db, names).await.ok().flatten(),
+    };
     let own = match own {
         Some(store) => Some(store),
         None => default_store(ctx, |_| String::new()).await?,

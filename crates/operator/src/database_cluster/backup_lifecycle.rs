@@ -118,7 +118,8 @@ pub async fn schedule_step(
                             db,
                             EventType::Normal,
                             "ScheduledBackup",
-                            "Backup",
+                            // One event per backup: the recorder folds one action's repeats.
+                            &format!("Schedule {name}"),
                             format!("Created DatabaseBackup {name} for the scheduled time {run}"),
                         )
                         .await;
@@ -263,7 +264,7 @@ pub async fn prune(
             db,
             EventType::Normal,
             "BackupExpired",
-            "Retention",
+            &format!("Expire {}", backup.name_any()),
             format!(
                 "Deleted backup {} (retention: keepLast {:?}, {} days)",
                 backup.name_any(),
