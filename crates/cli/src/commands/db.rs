@@ -683,6 +683,21 @@ async fn status(
             _ => "-".into(),
         }
     );
+    println!(
+        "Next backup: {}",
+        status
+            .next_scheduled_backup
+            .as_deref()
+            .map(|t| format!(
+                "{t} (schedule {})",
+                db.spec
+                    .backup
+                    .as_ref()
+                    .map(|b| b.schedule.as_str())
+                    .unwrap_or("-")
+            ))
+            .unwrap_or_else(|| "- (no schedule running)".into())
+    );
     output::conditions(&status.conditions);
     if !status.instances.is_empty() {
         println!();
