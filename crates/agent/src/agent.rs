@@ -1295,8 +1295,29 @@ impl Agent {
                 }
                 _ = reaper.tick() => process::reap_orphans(),
                 _ = tokio::time::sleep_until(next_probe) => {
-                    self.tick(fresh, &mut was_ready).await;
-                    if let Some(Outcome::Stale(why)) = self.report().await? {
+                    // A primary's hold on the lock lapses on time even while a probe or a
+                    // report hangs (the lock arm cannot run meanwhile): the deadline bounds
+                    // them, and missing it fences.
+                    let lapse = match (self.mode, self.view().lock_duration, self.lock.as_ref()) {
+                        (Mode::Primary, Some(d), Some(lock)) => lock.lapses_at(d),
+                        _ => None,
+                    };
+                    let work = async {
+                        self.tick(fresh, &mut was_ready).await;
+                        self.report().await
+                    };
+                    let reported = match lapse {
+                        Some(at) => match tokio::time::timeout_at(at, work).await {
+                            Ok(reported) => reported,
+                            Err(_) => {
+                                return Ok(Exit::Act(Action::Fence(
+                                    "the primary lock's renew deadline passed while probing and reporting".into(),
+                                )));
+                            }
+                        },
+                        None => work.await,
+                    };
+                    if let Some(Outcome::Stale(why)) = reported? {
                         return Ok(Exit::Stale(why));
                     }
                     if let Some(action) = self.action.take() {

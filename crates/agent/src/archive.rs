@@ -161,6 +161,11 @@ async fn push(shared: &Shared, path: &str) -> Response {
             );
         }
         Ok(Some(store)) => store,
+        // Not a failure: PostgreSQL keeps the segment and retries once the pod is annotated.
+        Err(e) if e == crate::backup::NOT_ANNOTATED => {
+            tracing::debug!(%name, "{e}");
+            return Response::new(ERROR, e);
+        }
         Err(e) => {
             let message = format!("archiving {name}: {e}");
             tracing::warn!("{message}");

@@ -73,6 +73,9 @@ pub struct PodView {
     pub error: Option<String>,
 }
 
+/// Why WAL is not archived yet on a pod the operator has not annotated.
+pub const NOT_ANNOTATED: &str = "the operator has not said where backups go yet (no annotation db.devctl.io/backup-destination); keeping the WAL";
+
 impl PodView {
     fn of(pod: Option<&Pod>) -> Self {
         let annotations = pod.and_then(|p| p.metadata.annotations.as_ref());
@@ -91,11 +94,15 @@ impl PodView {
         }
     }
 
-    /// Where backups and WAL go: `None` while backups are off.
+    /// Where backups and WAL go: `None` while backups are off; an error ([`NOT_ANNOTATED`])
+    /// until the operator has said.
     pub fn destination(&self) -> Result<Option<StoreLocation>, String> {
         let Some(raw) = &self.destination else {
-            return Ok(None);
+            return Err(NOT_ANNOTATED.to_string());
         };
+        if raw == devctl_api::instance::BACKUP_DESTINATION_OFF {
+            return Ok(None);
+        }
         let location: StoreLocation = serde_json::from_str(raw).map_err(|e| {
             format!("annotation {BACKUP_DESTINATION_ANNOTATION} is not valid JSON: {e}")
         })?;
@@ -769,9 +776,30 @@ async fn take_postgres(
     report.end_wal = Some(end_wal.clone());
     shared.set_backup(report.clone());
 
-    // A standby's backup may span a timeline switch: then only both ends are checked.
-    let segments = segment_range(&begin_wal, &end_wal, segment_size)
-        .unwrap_or_else(|| vec![begin_wal.clone(), end_wal.clone()]);
+    // Every segment of every timeline the backup spans (a standby's backup may span a
+    // timeline switch: the manifest's WAL-Ranges list each timeline's part).
+    let mut segments = Vec::new();
+    for range in &ranges {
+        let (Some(start), Some(stop)) = (parse_lsn(&range.start_lsn), parse_lsn(&range.end_lsn))
+        else {
+            return Err(format!(
+                "malformed WAL range {} / {} in the backup manifest",
+                range.start_lsn, range.end_lsn
+            ));
+        };
+        let first = segment_name(range.timeline, start, segment_size);
+        let last = previous_segment_name(range.timeline, stop.max(start + 1), segment_size);
+        match segment_range(&first, &last, segment_size) {
+            Some(names) => segments.extend(names),
+            None => return Err(format!("the WAL range {first}..{last} is not a range")),
+        }
+    }
+    if segments.is_empty() {
+        segments = segment_range(&begin_wal, &end_wal, segment_size).ok_or_else(|| {
+            format!("the WAL range {begin_wal}..{end_wal} spans timelines and the backup manifest lists none")
+        })?;
+    }
+    segments.dedup();
     if context.replica {
         // A standby cannot switch WAL itself; the segment it ended in is archived by the
         // primary at the latest after archive_timeout, at once when the primary switches.
@@ -1261,6 +1289,15 @@ mod tests {
         };
         assert!(bad.restore().unwrap().is_err());
         assert!(bad.backup_request().unwrap().is_err());
-        assert_eq!(PodView::default().destination(), Ok(None));
+        // Not annotated yet: an error (WAL is kept); `off`: backups are off.
+        assert_eq!(
+            PodView::default().destination(),
+            Err(NOT_ANNOTATED.to_string())
+        );
+        let off = PodView {
+            destination: Some(devctl_api::instance::BACKUP_DESTINATION_OFF.into()),
+            ..PodView::default()
+        };
+        assert_eq!(off.destination(), Ok(None));
     }
 }

@@ -174,7 +174,8 @@ impl PrimaryLock {
         let timeout = match self.lapses_at(duration) {
             Some(at) => at
                 .saturating_duration_since(started)
-                .clamp(Duration::from_millis(100), renew_deadline(duration) / 2),
+                .min(renew_deadline(duration) / 2)
+                .max(Duration::from_millis(100)),
             None => renew_deadline(duration) / 2,
         };
         let mut fresh = false;

@@ -125,9 +125,13 @@ pub struct InstanceStatus {
 }
 
 /// Annotation on every instance pod (operator-written): where backups and WAL go, JSON
-/// [`StoreLocation`] without the system identifier (the agent appends it). Absent while
-/// backups are disabled or no destination is known.
+/// [`StoreLocation`] without the system identifier (the agent appends it), or
+/// [`BACKUP_DESTINATION_OFF`].
 pub const BACKUP_DESTINATION_ANNOTATION: &str = "db.devctl.io/backup-destination";
+/// The value of [`BACKUP_DESTINATION_ANNOTATION`] while backups are off: WAL is acknowledged
+/// without upload. Without the annotation (a new pod the operator has not annotated yet) the
+/// agent refuses to archive, so PostgreSQL keeps the WAL and retries: no silent hole.
+pub const BACKUP_DESTINATION_OFF: &str = "off";
 /// Annotation on the instance that takes a backup (operator-written): JSON [`BackupRequest`].
 pub const BACKUP_REQUEST_ANNOTATION: &str = "db.devctl.io/backup-request";
 /// Annotation on the first instance of a cluster restored from a backup (operator-written):

@@ -333,10 +333,14 @@ pub fn pod_annotations(
     primary: &str,
 ) -> Vec<(String, serde_json::Value)> {
     use kube::ResourceExt;
-    let destination = store
-        .destination
-        .as_ref()
-        .and_then(|s| serde_json::to_string(&s.location).ok());
+    // Off only when backups are really off: a destination that cannot be read right now
+    // leaves the annotation as it is (the agent must not acknowledge WAL it cannot store).
+    let destination = match (&store.destination, &store.destination_problem) {
+        (Some(s), _) => serde_json::to_string(&s.location).ok(),
+        (None, None) => Some(devctl_api::instance::BACKUP_DESTINATION_OFF.to_string()),
+        (None, Some(_)) => None,
+    };
+    let touch_destination = destination.is_some();
     let restore = store
         .restore
         .as_ref()
@@ -354,7 +358,9 @@ pub fn pod_annotations(
                 patch.insert(key.to_string(), json!(value));
             }
         };
-        want(BACKUP_DESTINATION_ANNOTATION, destination.as_ref());
+        if touch_destination {
+            want(BACKUP_DESTINATION_ANNOTATION, destination.as_ref());
+        }
         if name == primary {
             // Kept once set: it describes how this cluster began (the agent ignores it once
             // the data exists).

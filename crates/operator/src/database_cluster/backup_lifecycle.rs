@@ -169,6 +169,18 @@ fn client(store: &Store) -> Result<Arc<dyn ObjectStore>, String> {
     Ok(Arc::new(s3))
 }
 
+/// `text` without the store's keys (object_store errors may quote the S3 response, which
+/// names the access key).
+fn scrub(text: String, store: &Store) -> String {
+    let mut text = text;
+    for secret in [&store.access_key_id, &store.secret_access_key] {
+        if !secret.is_empty() {
+            text = text.replace(secret.as_str(), "<redacted>");
+        }
+    }
+    text.replace('\n', " ")
+}
+
 /// Deletes every object under `prefix` for which `keep(name)` is false.
 async fn delete_under(
     s3: &dyn ObjectStore,
@@ -217,7 +229,7 @@ pub async fn prune(
     }
     let s3 = match client(destination) {
         Ok(s3) => s3,
-        Err(why) => return Some(why),
+        Err(why) => return Some(scrub(why, destination)),
     };
     let expired_names: Vec<String> = expired.iter().map(|b| b.name_any()).collect();
     // The oldest WAL a kept completed backup needs, per store prefix.
@@ -244,7 +256,7 @@ pub async fn prune(
             && let Err(why) =
                 delete_under(s3.as_ref(), &format!("{prefix}base/{id}/"), |_| false).await
         {
-            return Some(why);
+            return Some(scrub(why, destination));
         }
         match api
             .delete(&backup.name_any(), &DeleteParams::default())
@@ -274,12 +286,23 @@ pub async fn prune(
         )
         .await;
     }
-    // WAL older than what the oldest kept backup begins with (history files stay).
+    // WAL older than what the oldest kept backup begins with (history files stay) — not
+    // while a backup is under way: it may begin earlier than every completed one.
+    let unfinished = mine.iter().any(|b| {
+        !b.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .is_some_and(BackupPhase::is_final)
+    });
+    if unfinished {
+        return None;
+    }
     for (prefix, begin) in kept_begin {
-        let keep =
-            |name: &str| name.ends_with(".history") || name.len() < 24 || name[..24] >= *begin;
+        let keep = |name: &str| {
+            name.ends_with(".history") || name.get(..24).is_none_or(|s| s >= begin.as_str())
+        };
         if let Err(why) = delete_under(s3.as_ref(), &format!("{prefix}wal/"), keep).await {
-            return Some(why);
+            return Some(scrub(why, destination));
         }
     }
     None
