@@ -195,14 +195,15 @@ fn rendered_postgres_config_serves_scram_password_logins() {
         "128MB",
         "the rendered config was not used"
     );
-    // Over the network only scram-sha-256; peer only for the superuser on the local socket.
+    // Over the network only scram-sha-256; peer only for the superuser on the local socket
+    // (for its sessions and for the agent's base backups, a replication connection).
     let methods = psql(
         password,
         "SELECT type, user_name, auth_method FROM pg_hba_file_rules WHERE error IS NULL ORDER BY line_number",
     );
     assert_eq!(
         String::from_utf8_lossy(&methods.stdout).trim(),
-        "local|{postgres}|peer\nlocal|{all}|scram-sha-256\nhost|{all}|scram-sha-256\nhost|{all}|scram-sha-256\nhost|{all}|scram-sha-256\nhost|{all}|scram-sha-256",
+        "local|{postgres}|peer\nlocal|{postgres}|peer\nlocal|{all}|scram-sha-256\nhost|{all}|scram-sha-256\nhost|{all}|scram-sha-256\nhost|{all}|scram-sha-256\nhost|{all}|scram-sha-256",
         "{}",
         text(&methods)
     );
