@@ -13,9 +13,16 @@ use object_store::{
     Certificate, ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
 };
 
+/// ring as rustls's process-wide provider, as the agent and the operator install it (the
+/// store's HTTP client is built without one, next to kube's ring).
+fn ring() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// The client the agent would build: path-style requests to the endpoint, region us-east-1,
 /// trusting only the test CA. Retries are off so a stopped store fails at once.
 fn client(server: &S3Server) -> Arc<dyn ObjectStore> {
+    ring();
     let options = ClientOptions::new()
         .with_root_certificate(Certificate::from_pem(server.ca_pem().as_bytes()).unwrap())
         .with_no_system_certificates(true)
@@ -154,6 +161,7 @@ async fn wrong_credentials_and_other_cas_are_refused() {
 
     // Another CA: the TLS handshake fails.
     let other = S3Server::start().await.unwrap();
+    ring();
     let foreign = AmazonS3Builder::new()
         .with_endpoint(server.endpoint())
         .with_bucket_name(server.bucket())
