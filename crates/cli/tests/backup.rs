@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, PostParams};
 use serde_json::json;
-use support::databases::{Env, ready};
+use support::databases::Env;
 
 const BACKUP_TIMEOUT: &str = "300";
 
@@ -55,17 +55,6 @@ fn spec(engine: &str, version: &str, replicas: i32, s3: &S3Server) -> serde_json
             },
         },
     })
-}
-
-async fn wait_ready_with(env: &Env, name: &str, replicas: i32) -> DatabaseCluster {
-    env.wait_db(name, &format!("Ready with {replicas}"), move |db| {
-        ready(db)
-            && db
-                .status
-                .as_ref()
-                .is_some_and(|s| s.ready_replicas == replicas)
-    })
-    .await
 }
 
 /// `devctl db backup NAME --wait`: the DatabaseBackup it created.
@@ -153,7 +142,7 @@ async fn postgres_backups_restore_whole_and_to_a_point_in_time() {
     let env = Env::start("backup-pg").await;
     store_secrets(&env, s3).await;
     env.create_spec("pg", spec("postgres", "16.2", 3, s3)).await;
-    wait_ready_with(&env, "pg", 3).await;
+    env.wait_ready_with("pg", 3).await;
     env.shell_ok(
         "pg",
         "create table t (v int primary key); insert into t select generate_series(1, 1000)",
@@ -259,7 +248,7 @@ async fn a_store_that_is_down_fails_the_backup_and_both_conditions_clear_when_it
     store_secrets(&env, &s3).await;
     env.create_spec("down", spec("postgres", "16.2", 1, &s3))
         .await;
-    wait_ready_with(&env, "down", 1).await;
+    env.wait_ready_with("down", 1).await;
     env.shell_ok("down", "create table t (v int); insert into t values (1)")
         .await;
     s3.stop().await.unwrap();
@@ -344,7 +333,7 @@ async fn mariadb_dump_and_restore_round_trip() {
     let env = Env::start("backup-my").await;
     store_secrets(&env, s3).await;
     env.create_spec("my", spec("mysql", "8.0", 1, s3)).await;
-    wait_ready_with(&env, "my", 1).await;
+    env.wait_ready_with("my", 1).await;
     env.shell_ok(
         "my",
         "create table t (v int primary key); insert into t values (1),(2),(3),(42)",

@@ -40,21 +40,6 @@ fn spec(replicas: i32, auto_failover: bool, synchronous: bool) -> serde_json::Va
     spec
 }
 
-async fn wait_ready_with(env: &Env, name: &str, replicas: i32) -> DatabaseCluster {
-    env.wait_db(
-        name,
-        &format!("Ready with {replicas} instances"),
-        move |db| {
-            ready(db)
-                && db
-                    .status
-                    .as_ref()
-                    .is_some_and(|s| s.ready_replicas == replicas)
-        },
-    )
-    .await
-}
-
 /// Everything the agents of `pod` logged (all its pods' logs: a replaced pod has a new one).
 fn full_log(env: &Env, pod: &str) -> String {
     let runner = env.cluster.pod_runner().unwrap();
@@ -211,7 +196,7 @@ async fn wait_streaming(env: &Env, name: &str, primary: &str, pod: &str) {
 async fn a_killed_primary_fails_over_with_every_acknowledged_row_and_rejoins_by_rewind() {
     let env = Env::start("failover-kill").await;
     env.create_spec("fk", spec(3, true, true)).await;
-    wait_ready_with(&env, "fk", 3).await;
+    env.wait_ready_with("fk", 3).await;
     env.shell_ok("fk", "create table t (v bigint primary key, pod text)")
         .await;
     let dir = tempfile::tempdir().unwrap();
@@ -298,14 +283,14 @@ async fn a_killed_primary_fails_over_with_every_acknowledged_row_and_rejoins_by_
         );
     }
     wait_events(&env, "Rejoined").await;
-    wait_ready_with(&env, "fk", 3).await;
+    env.wait_ready_with("fk", 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_primary_stops_writing_before_another_is_promoted() {
     let env = Env::start("failover-partition").await;
     env.create_spec("fp", spec(3, true, false)).await;
-    wait_ready_with(&env, "fp", 3).await;
+    env.wait_ready_with("fp", 3).await;
     env.shell_ok("fp", "create table t (v bigint primary key, pod text)")
         .await;
     let dir = tempfile::tempdir().unwrap();
@@ -380,14 +365,14 @@ async fn a_partitioned_primary_stops_writing_before_another_is_promoted() {
     runner.heal(&env.namespace, "fp-0").unwrap();
     let new = db.status.unwrap().current_primary.unwrap();
     wait_streaming(&env, "fp", &new, "fp-0").await;
-    wait_ready_with(&env, "fp", 3).await;
+    env.wait_ready_with("fp", 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_primary_is_demoted_on_thaw_and_never_acknowledges_after_the_failover() {
     let env = Env::start("failover-freeze").await;
     env.create_spec("ff", spec(2, true, false)).await;
-    wait_ready_with(&env, "ff", 2).await;
+    env.wait_ready_with("ff", 2).await;
     env.shell_ok("ff", "create table t (v bigint primary key, pod text)")
         .await;
     let dir = tempfile::tempdir().unwrap();
@@ -432,14 +417,14 @@ async fn a_frozen_primary_is_demoted_on_thaw_and_never_acknowledges_after_the_fa
         "ff-0 acknowledged while frozen or after: {late:?}"
     );
     wait_streaming(&env, "ff", "ff-1", "ff-0").await;
-    wait_ready_with(&env, "ff", 2).await;
+    env.wait_ready_with("ff", 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_auto_failover_a_lost_primary_is_reported_and_promote_fails_over() {
     let mut env = Env::start("failover-manual").await;
     env.create_spec("fm", spec(3, false, false)).await;
-    wait_ready_with(&env, "fm", 3).await;
+    env.wait_ready_with("fm", 3).await;
     env.shell_ok(
         "fm",
         "create table t (v bigint primary key, pod text); insert into t select g, 'seed' from generate_series(1, 100) g",
@@ -531,7 +516,7 @@ async fn without_auto_failover_a_lost_primary_is_reported_and_promote_fails_over
             .await,
         "100"
     );
-    wait_ready_with(&env, "fm", 3).await;
+    env.wait_ready_with("fm", 3).await;
     env.api::<DatabaseCluster>()
         .patch(
             "fm",

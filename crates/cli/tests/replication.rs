@@ -34,21 +34,6 @@ fn set(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
 
-async fn wait_ready_with(env: &Env, name: &str, replicas: i32) -> DatabaseCluster {
-    env.wait_db(
-        name,
-        &format!("Ready with {replicas} instances"),
-        move |db| {
-            ready(db)
-                && db
-                    .status
-                    .as_ref()
-                    .is_some_and(|s| s.ready_replicas == replicas)
-        },
-    )
-    .await
-}
-
 /// The application names streaming from the primary (`<name>-0`).
 async fn streaming(env: &Env, name: &str) -> BTreeSet<String> {
     streaming_from(env, name, &format!("{name}-0")).await
@@ -86,7 +71,7 @@ async fn wait_rows(env: &Env, name: &str, pod: &str, count: usize) {
 async fn three_instances_stream_serve_the_right_services_scale_and_reclone() {
     let env = Env::start("replication").await;
     env.create_with("ha", "postgres", "16.2", 3).await;
-    let db = wait_ready_with(&env, "ha", 3).await;
+    let db = env.wait_ready_with("ha", 3).await;
     let status = db.status.unwrap();
     assert_eq!(status.current_primary.as_deref(), Some("ha-0"));
     let roles: Vec<(String, Option<String>)> = status
@@ -167,7 +152,7 @@ async fn three_instances_stream_serve_the_right_services_scale_and_reclone() {
     )
     .await
     .unwrap();
-    wait_ready_with(&env, "ha", 5).await;
+    env.wait_ready_with("ha", 5).await;
     assert_eq!(
         streaming(&env, "ha").await,
         set(&["ha-1", "ha-2", "ha-3", "ha-4"])
@@ -183,7 +168,7 @@ async fn three_instances_stream_serve_the_right_services_scale_and_reclone() {
     )
     .await
     .unwrap();
-    wait_ready_with(&env, "ha", 3).await;
+    env.wait_ready_with("ha", 3).await;
     devctl_testenv::eventually("ha-3 and ha-4 to stop streaming", READY_TIMEOUT, || async {
         (streaming(&env, "ha").await == set(&["ha-1", "ha-2"])).then_some(())
     })
@@ -228,14 +213,14 @@ async fn three_instances_stream_serve_the_right_services_scale_and_reclone() {
     .await
     .unwrap();
     wait_rows(&env, "ha", "ha-2", 1100).await;
-    wait_ready_with(&env, "ha", 3).await;
+    env.wait_ready_with("ha", 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_minor_version_change_replaces_the_replicas_before_the_primary() {
     let env = Env::start("rollout").await;
     env.create_with("roll", "postgres", "16.2", 3).await;
-    wait_ready_with(&env, "roll", 3).await;
+    env.wait_ready_with("roll", 3).await;
     let before: Vec<Option<String>> = {
         let pods = env.api::<Pod>();
         let mut uids = Vec::new();
@@ -330,7 +315,7 @@ async fn mysql_replicas_are_refused_until_replication_lands() {
 async fn a_switchover_loses_nothing_and_the_old_primary_streams_from_the_new_one() {
     let env = Env::start("switchover").await;
     env.create_with("sw", "postgres", "16.2", 3).await;
-    wait_ready_with(&env, "sw", 3).await;
+    env.wait_ready_with("sw", 3).await;
     env.shell_ok(
         "sw",
         "create table t (v int); insert into t select generate_series(1, 1000)",

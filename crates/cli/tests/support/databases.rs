@@ -156,6 +156,22 @@ impl Env {
         self.wait_db(name, "Ready", ready).await
     }
 
+    /// Waits until the cluster `name` is Ready with `replicas` ready instances.
+    pub async fn wait_ready_with(&self, name: &str, replicas: i32) -> DatabaseCluster {
+        self.wait_db(
+            name,
+            &format!("Ready with {replicas} instances"),
+            move |db| {
+                ready(db)
+                    && db
+                        .status
+                        .as_ref()
+                        .is_some_and(|s| s.ready_replicas == replicas)
+            },
+        )
+        .await
+    }
+
     pub fn agent_log(&self, pod: &str) -> String {
         self.cluster
             .pod_runner()
