@@ -26,6 +26,8 @@ fn start(
     log: &std::path::Path,
 ) -> Replica {
     let child = Command::new(env!("CARGO_BIN_EXE_devctl-operator"))
+        // The bench measures the controllers; webhooks have their own tests.
+        .env("DEVCTL_WEBHOOK_BIND_ADDRESS", "off")
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args([

@@ -86,6 +86,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let started = Instant::now();
     let mut operator = Command::new(env!("CARGO_BIN_EXE_devctl-operator"))
+        // The bench measures the controllers; webhooks have their own tests.
+        .env("DEVCTL_WEBHOOK_BIND_ADDRESS", "off")
         .arg("--kubeconfig")
         .arg(&kubeconfig)
         .args(["--namespace", &namespace, "--metrics-bind-address", "off"])

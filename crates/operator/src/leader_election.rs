@@ -83,13 +83,15 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     };
     let value: u64 = number
         .parse()
-        .map_err(|_| format!("{text:?} is not a duration such as 15s, 1500ms or 1m"))?;
+        .map_err(|_| format!("{text:?} is not a duration such as 15s, 1500ms, 1m, 2h or 90d"))?;
     match unit {
         "ms" => Ok(Duration::from_millis(value)),
         "s" => Ok(Duration::from_secs(value)),
         "m" => Ok(Duration::from_secs(value * 60)),
+        "h" => Ok(Duration::from_secs(value * 3600)),
+        "d" => Ok(Duration::from_secs(value * 86400)),
         _ => Err(format!(
-            "{text:?} is not a duration such as 15s, 1500ms or 1m"
+            "{text:?} is not a duration such as 15s, 1500ms, 1m, 2h or 90d"
         )),
     }
 }
@@ -366,7 +368,9 @@ mod tests {
         assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
         assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
-        assert!(parse_duration("7h").is_err());
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("90d"), Ok(Duration::from_secs(90 * 86400)));
+        assert!(parse_duration("7w").is_err());
         assert!(parse_duration("s").is_err());
     }
 }

@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod pod_security;
 pub mod reconciler;
 pub mod web_app;
+pub mod webhook;
 
 use futures::stream::BoxStream;
 use futures::{Future, FutureExt, StreamExt};

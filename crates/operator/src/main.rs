@@ -73,6 +73,33 @@ struct Args {
     /// optional `path`, `region`, `ca.crt`, and `accessKeyId`, `secretAccessKey`.
     #[arg(long, env = "DEVCTL_DEFAULT_BACKUP_SECRET")]
     default_backup_secret: Option<String>,
+    /// Address of the HTTPS admission and conversion webhooks; `off` disables them (then
+    /// nothing validates beyond the CRD schema and v1alpha1 cannot be read).
+    #[arg(
+        long,
+        default_value = "0.0.0.0:9443",
+        env = "DEVCTL_WEBHOOK_BIND_ADDRESS"
+    )]
+    webhook_bind_address: String,
+    /// URL the API server calls the webhooks at (e.g. https://127.0.0.1:9443) instead of the
+    /// Service `devctl-operator-webhook`: for an operator running outside the cluster.
+    #[arg(long)]
+    webhook_url: Option<String>,
+    /// Serve the certificate in this directory (`tls.crt`, `tls.key`; `ca.crt` is injected
+    /// when present), e.g. a cert-manager Secret mount, reloaded when the files change;
+    /// without it the operator makes and renews its own.
+    #[arg(long)]
+    webhook_cert_dir: Option<PathBuf>,
+    /// Validity of self-managed webhook certificates (renewed 7 days, or a third of the
+    /// validity, before they expire).
+    #[arg(long, default_value = "90d", value_parser = leader_election::parse_duration)]
+    webhook_cert_validity: Duration,
+    /// The smallest `spec.storage.size` the validating webhook admits.
+    #[arg(long, default_value = devctl_api::database_cluster::admission::DEFAULT_MIN_STORAGE)]
+    webhook_min_storage: String,
+    /// Name of the Validating- and MutatingWebhookConfiguration the operator keeps current.
+    #[arg(long, default_value = devctl_operator::manifests::NAME)]
+    webhook_configuration_name: String,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -196,6 +223,47 @@ async fn main() -> anyhow::Result<()> {
         )))
     };
     tracing::info!(namespaces = ?args.namespaces, "starting");
+
+    // Every replica serves the webhooks, leader or not, from the start.
+    let _webhooks = if args.webhook_bind_address == "off" {
+        None
+    } else {
+        if let Some(url) = &args.webhook_url
+            && !url.starts_with("https://")
+        {
+            eprintln!("error: --webhook-url {url:?} must start with https://");
+            std::process::exit(2);
+        }
+        if devctl_api::quantity::to_bytes(&args.webhook_min_storage).is_none() {
+            eprintln!(
+                "error: --webhook-min-storage {:?} is not a quantity such as 1Gi",
+                args.webhook_min_storage
+            );
+            std::process::exit(2);
+        }
+        let listener = tokio::net::TcpListener::bind(&args.webhook_bind_address)
+            .await
+            .with_context(|| {
+                format!("binding the webhook address {}", args.webhook_bind_address)
+            })?;
+        let settings = devctl_operator::webhook::WebhookSettings {
+            url: args.webhook_url.clone(),
+            cert_dir: args.webhook_cert_dir.clone(),
+            cert_validity: args.webhook_cert_validity,
+            namespace: args.leader_election_namespace.clone(),
+            configuration_name: args.webhook_configuration_name.clone(),
+            watch_namespaces: args.namespaces.clone(),
+            admission: devctl_api::database_cluster::admission::AdmissionSettings {
+                min_storage: args.webhook_min_storage.clone(),
+            },
+            ..Default::default()
+        };
+        Some(
+            devctl_operator::webhook::start(election_client.clone(), settings, listener)
+                .await
+                .context("starting the webhooks")?,
+        )
+    };
 
     // Caches run whether or not this replica leads: /readyz means "caches synced", and a
     // follower takes over with warm caches.

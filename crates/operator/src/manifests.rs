@@ -211,6 +211,76 @@ pub const USER_VIEW_RULES: &[Rule] = &[
 /// Port of /metrics, /healthz and /readyz.
 pub const METRICS_PORT: i32 = 8080;
 
+/// Name of the webhooks' ClusterRole and ClusterRoleBinding, and of their Role and
+/// RoleBinding in the operator's namespace (installed when the operator watches every
+/// namespace: webhook configurations are cluster-wide).
+pub const WEBHOOK_NAME: &str = "devctl-operator-webhook";
+
+/// What the webhooks need cluster-wide, each rule limited to the objects by name: keep the
+/// CA (and, with `--webhook-url`, the address) in the two webhook configurations and the
+/// CRD's conversion stanza.
+pub fn webhook_cluster_rules() -> Value {
+    json!([
+        { "apiGroups": ["admissionregistration.k8s.io"],
+          "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
+          "verbs": ["get", "patch"], "resourceNames": [NAME] },
+        { "apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+          "verbs": ["get", "patch"],
+          "resourceNames": [crate::webhook::configuration::CRD_NAME] },
+    ])
+}
+
+/// What the webhooks need in the operator's namespace: the Secret with the self-managed
+/// certificate (create cannot be limited by name).
+pub fn webhook_namespace_rules() -> Value {
+    json!([
+        { "apiGroups": [""], "resources": ["secrets"], "verbs": ["create"] },
+        { "apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "update"],
+          "resourceNames": [crate::webhook::CERT_SECRET] },
+    ])
+}
+
+/// The webhook objects of a cluster-wide install: RBAC, the Service the API server calls,
+/// and the two configurations (the operator injects their CA when it starts).
+fn webhook_objects() -> Vec<Value> {
+    let subjects = json!([{ "kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE }]);
+    let settings = crate::webhook::WebhookSettings::default();
+    vec![
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": { "name": WEBHOOK_NAME, "labels": labels() },
+            "rules": webhook_cluster_rules(),
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": { "name": WEBHOOK_NAME, "labels": labels() },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": WEBHOOK_NAME },
+            "subjects": subjects,
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": { "name": WEBHOOK_NAME, "namespace": NAMESPACE, "labels": labels() },
+            "rules": webhook_namespace_rules(),
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": { "name": WEBHOOK_NAME, "namespace": NAMESPACE, "labels": labels() },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": WEBHOOK_NAME },
+            "subjects": subjects,
+        }),
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": { "name": settings.service_name, "namespace": NAMESPACE, "labels": labels() },
+            "spec": {
+                "selector": { "app.kubernetes.io/name": NAME, "app.kubernetes.io/instance": NAME },
+                "ports": [{ "name": "webhook", "port": crate::webhook::configuration::SERVICE_PORT, "targetPort": "webhook", "protocol": "TCP" }],
+            }
+        }),
+        crate::webhook::configuration::validating(&settings, ""),
+        crate::webhook::configuration::mutating(&settings, ""),
+    ]
+}
+
 /// Options of `devctl operator install`.
 #[derive(Debug, Clone)]
 pub struct InstallOptions {
@@ -391,8 +461,11 @@ pub fn manifests(options: &InstallOptions) -> Vec<Value> {
                 "ports": [{ "name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP" }],
             }
         }),
-        deployment(options, &watched),
     ]);
+    if watched.is_empty() {
+        objects.extend(webhook_objects());
+    }
+    objects.push(deployment(options, &watched));
     objects
 }
 
@@ -404,6 +477,16 @@ fn deployment(options: &InstallOptions, watched: &[String]) -> Value {
         // The image holds devctl-agent too; database pods copy it from there.
         format!("--agent-image={}", options.image),
     ];
+    // Webhook configurations are cluster-wide: an operator confined to some namespaces has
+    // no right to keep them, so it serves none (docs/webhooks.md).
+    if watched.is_empty() {
+        args.push(format!(
+            "--webhook-bind-address=0.0.0.0:{}",
+            crate::webhook::PORT
+        ));
+    } else {
+        args.push("--webhook-bind-address=off".to_string());
+    }
     args.extend(
         watched
             .iter()
@@ -425,7 +508,10 @@ fn deployment(options: &InstallOptions, watched: &[String]) -> Value {
                         "name": "operator",
                         "image": options.image,
                         "args": args,
-                        "ports": [{ "name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP" }],
+                        "ports": [
+                            { "name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP" },
+                            { "name": "webhook", "containerPort": crate::webhook::PORT, "protocol": "TCP" },
+                        ],
                         "livenessProbe": { "httpGet": { "path": "/healthz", "port": "metrics" }, "periodSeconds": 10 },
                         "readinessProbe": { "httpGet": { "path": "/readyz", "port": "metrics" }, "periodSeconds": 5 },
                         "env": [
@@ -519,11 +605,26 @@ mod tests {
         let cluster_roles = of_kind(&objects, "ClusterRole");
         assert_eq!(cluster_roles[0], &cluster_role(RULES));
         let bindings = of_kind(&objects, "ClusterRoleBinding");
-        assert_eq!(bindings.len(), 1);
+        assert_eq!(bindings.len(), 2);
         assert_eq!(bindings[0]["roleRef"]["name"], NAME);
+        // The webhooks' cluster-wide rights name their objects.
+        assert_eq!(bindings[1]["roleRef"]["name"], WEBHOOK_NAME);
+        for rule in webhook_cluster_rules().as_array().unwrap() {
+            assert!(
+                rule["resourceNames"]
+                    .as_array()
+                    .is_some_and(|n| !n.is_empty()),
+                "{rule}"
+            );
+        }
         let roles = of_kind(&objects, "Role");
-        assert_eq!(roles.len(), 1, "only the leader-election Role");
-        assert_eq!(roles[0]["metadata"]["name"], LEADER_ELECTION_NAME);
+        let names: Vec<&str> = roles
+            .iter()
+            .filter_map(|r| r["metadata"]["name"].as_str())
+            .collect();
+        assert_eq!(names, [LEADER_ELECTION_NAME, WEBHOOK_NAME]);
+        assert_eq!(of_kind(&objects, "ValidatingWebhookConfiguration").len(), 1);
+        assert_eq!(of_kind(&objects, "MutatingWebhookConfiguration").len(), 1);
         let args = &objects.last().unwrap()["spec"]["template"]["spec"]["containers"][0]["args"];
         assert!(
             !args.to_string().contains("--namespace"),
@@ -606,6 +707,9 @@ mod tests {
             .filter_map(|a| a.as_str())
             .collect();
         assert_eq!(args[args.len() - 2..], ["--namespace=a", "--namespace=b"]);
+        // Webhook configurations are cluster-wide: a confined operator serves none.
+        assert!(args.contains(&"--webhook-bind-address=off"));
+        assert!(of_kind(&objects, "ValidatingWebhookConfiguration").is_empty());
     }
 
     #[test]

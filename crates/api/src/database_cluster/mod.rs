@@ -1,6 +1,9 @@
-//! The `DatabaseCluster` resource. `v1beta1` is the storage version; earlier shapes will be
-//! served beside it through a conversion webhook, each in its own module.
+//! The `DatabaseCluster` resource. `v1beta1` is the storage version; `v1alpha1`, the first
+//! shape, is served beside it (deprecated) through the operator's conversion webhook.
 
+pub mod admission;
+pub mod conversion;
+pub mod v1alpha1;
 pub mod v1beta1;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -15,9 +18,43 @@ pub use v1beta1::{
 /// The finalizer the operator puts on every DatabaseCluster.
 pub const FINALIZER: &str = "db.devctl.io/finalizer";
 
-/// The CRD, generated from the Rust types.
+/// Where the API server sends conversion requests in an installed operator: the webhook
+/// Service in the operator's namespace. The operator replaces the client configuration with
+/// its URL when it runs with `--webhook-url`, and injects the CA either way.
+pub const CONVERSION_SERVICE_NAMESPACE: &str = "devctl-system";
+pub const CONVERSION_SERVICE_NAME: &str = "devctl-operator-webhook";
+pub const CONVERSION_PATH: &str = "/convert";
+
+/// The CRD, generated from the Rust types: `v1beta1` (stored) and `v1alpha1` (deprecated),
+/// converted by the operator's webhook.
 pub fn crd() -> CustomResourceDefinition {
-    crate::with_unobserved_status_default(DatabaseCluster::crd())
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+        CustomResourceConversion, ServiceReference, WebhookClientConfig, WebhookConversion,
+    };
+    let versions = vec![
+        v1beta1::DatabaseCluster::crd(),
+        v1alpha1::DatabaseCluster::crd(),
+    ];
+    // Infallible for these two: same group, kind and scope, one version each (a unit test
+    // merges them).
+    let mut crd = kube::core::crd::merge_crds(versions, "v1beta1")
+        .unwrap_or_else(|_| v1beta1::DatabaseCluster::crd());
+    crd.spec.conversion = Some(CustomResourceConversion {
+        strategy: "Webhook".into(),
+        webhook: Some(WebhookConversion {
+            conversion_review_versions: vec!["v1".into()],
+            client_config: Some(WebhookClientConfig {
+                service: Some(ServiceReference {
+                    namespace: CONVERSION_SERVICE_NAMESPACE.into(),
+                    name: CONVERSION_SERVICE_NAME.into(),
+                    path: Some(CONVERSION_PATH.into()),
+                    port: Some(443),
+                }),
+                ..WebhookClientConfig::default()
+            }),
+        }),
+    });
+    crate::with_unobserved_status_default(crd)
 }
 
 /// A `major.minor` engine version.
@@ -137,7 +174,8 @@ mod tests {
             spec.names.categories.as_deref(),
             Some(&["all".to_string(), "devctl".to_string()][..])
         );
-        let version = &spec.versions[0];
+        let version = spec.versions.iter().find(|v| v.name == "v1beta1").unwrap();
+        assert!(version.storage);
         let columns: Vec<_> = version
             .additional_printer_columns
             .as_ref()
@@ -160,5 +198,14 @@ mod tests {
             scale.label_selector_path.as_deref(),
             Some(".status.selector")
         );
+        let alpha = spec.versions.iter().find(|v| v.name == "v1alpha1").unwrap();
+        assert!(alpha.served && !alpha.storage);
+        assert_eq!(alpha.deprecated, Some(true));
+        assert_eq!(
+            alpha.deprecation_warning.as_deref(),
+            Some(v1alpha1::DEPRECATION_WARNING)
+        );
+        let conversion = spec.conversion.as_ref().unwrap();
+        assert_eq!(conversion.strategy, "Webhook");
     }
 }

@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
     validation = Rule::new("!has(self.spec.replication) || !has(self.spec.replication.synchronous) || self.spec.replication.synchronous.number < self.spec.replicas").message("spec.replication.synchronous.number must be less than spec.replicas: the primary waits for that many standbys").field_path(".spec.replication.synchronous.number"),
     validation = Rule::new("!has(self.spec.replication) || !has(self.spec.replication.synchronous) || self.spec.engine == 'postgres'").message("spec.replication.synchronous is supported for PostgreSQL only").field_path(".spec.replication.synchronous"),
     validation = Rule::new("!has(self.spec.highAvailability) || !self.spec.highAvailability.enabled || self.spec.engine == 'postgres'").message("spec.highAvailability.enabled: failover is supported for PostgreSQL only").field_path(".spec.highAvailability.enabled"),
+    validation = Rule::new("!has(self.spec.highAvailability) || !self.spec.highAvailability.enabled || (self.spec.replicas >= 3 && self.spec.replicas % 2 == 1)").message("spec.replicas must be odd and at least 3 when spec.highAvailability.enabled is true: a majority of the instances must survive a failure").field_path(".spec.replicas"),
     validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("metadata.name must be a DNS-1035 label: lowercase letters, digits and '-', starting with a letter and ending with a letter or digit (no dots)"),
     doc = "A replicated PostgreSQL or MySQL database managed by the devctl operator.",
     printcolumn(name = "Engine", type_ = "string", json_path = ".spec.engine"),
@@ -242,6 +243,22 @@ pub struct BackupSpec {
     /// Where backups and archived WAL go; the operator's default destination when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub destination: Option<BackupDestination>,
+}
+
+impl BackupSpec {
+    /// `backup: {}`: scheduled backups on, every other field at its default.
+    pub fn enabled_with_defaults() -> Self {
+        Self {
+            enabled: true,
+            schedule: default_backup_schedule(),
+            retention: default_retention(),
+            keep_last: None,
+            keep_backups_on_delete: false,
+            final_backup: false,
+            final_backup_timeout: default_final_backup_timeout(),
+            destination: None,
+        }
+    }
 }
 
 fn default_final_backup_timeout() -> String {

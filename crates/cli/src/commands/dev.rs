@@ -83,11 +83,31 @@ async fn up(nodes: usize, audit: bool, run_operator: bool, simulated: bool) -> a
         Some(store)
     };
     let (stop_operator, operator_stopped) = tokio::sync::watch::channel(false);
+    let mut webhooks = None;
     let operator = if run_operator {
         let client = cluster
             .client()
             .await
             .context("connecting to the local cluster")?;
+        // The API server runs on this machine: it calls the webhooks on loopback (Service
+        // IPs route nowhere on the simulated cluster).
+        ensure_namespace(&client, DEV_NAMESPACE)
+            .await
+            .context("creating the operator's namespace")?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("binding the webhook port")?;
+        let port = listener.local_addr()?.port();
+        let settings = devctl_operator::webhook::WebhookSettings {
+            url: Some(format!("https://127.0.0.1:{port}")),
+            namespace: DEV_NAMESPACE.into(),
+            ..Default::default()
+        };
+        webhooks = Some(
+            devctl_operator::webhook::start(client.clone(), settings, listener)
+                .await
+                .context("starting the admission and conversion webhooks")?,
+        );
         let settings = devctl_operator::Settings {
             default_backup_secret: store
                 .is_some()
@@ -143,6 +163,7 @@ async fn up(nodes: usize, audit: bool, run_operator: bool, simulated: bool) -> a
     if let Some(operator) = operator {
         let _ = operator.await;
     }
+    drop(webhooks);
     drop(store);
     drop(cluster);
     eprintln!("Stopped.");
@@ -153,24 +174,31 @@ async fn up(nodes: usize, audit: bool, run_operator: bool, simulated: bool) -> a
 const DEV_NAMESPACE: &str = "devctl-system";
 const DEV_BACKUP_SECRET: &str = "devctl-default-backup";
 
+async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::{Api, Patch, PatchParams};
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .patch(
+            name,
+            &PatchParams::apply("devctl-dev").force(),
+            &Patch::Apply(serde_json::json!({
+                "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": name }
+            })),
+        )
+        .await?;
+    Ok(())
+}
+
 /// The operator's default backup destination (docs/backup.md) for the local store.
 async fn default_backup_destination(
     client: &kube::Client,
     store: &devctl_testenv::s3::S3Server,
 ) -> anyhow::Result<()> {
-    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    use k8s_openapi::api::core::v1::Secret;
     use kube::api::{Api, Patch, PatchParams};
     let params = PatchParams::apply("devctl-dev").force();
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .patch(
-            DEV_NAMESPACE,
-            &params,
-            &Patch::Apply(serde_json::json!({
-                "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": DEV_NAMESPACE }
-            })),
-        )
-        .await?;
+    ensure_namespace(client, DEV_NAMESPACE).await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), DEV_NAMESPACE);
     secrets
         .patch(

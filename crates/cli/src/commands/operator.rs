@@ -139,6 +139,8 @@ fn resource_of(object: &Value) -> anyhow::Result<(ApiResource, bool)> {
         "RoleBinding" => ("rolebindings", true),
         "Deployment" => ("deployments", true),
         "Service" => ("services", true),
+        "ValidatingWebhookConfiguration" => ("validatingwebhookconfigurations", false),
+        "MutatingWebhookConfiguration" => ("mutatingwebhookconfigurations", false),
         other => anyhow::bail!("no API mapping for manifest kind {other}"),
     };
     Ok((
@@ -229,6 +231,15 @@ async fn delete_object(connection: &Connection, object: &Value) -> anyhow::Resul
     Ok(())
 }
 
+/// The webhook configurations, by name (uninstall removes them first: without the operator
+/// they would refuse every DatabaseCluster write).
+fn webhook_configurations() -> Vec<Value> {
+    ["ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"]
+        .into_iter()
+        .map(|kind| json!({ "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind, "metadata": { "name": NAME } }))
+        .collect()
+}
+
 /// After an install, deletes the operator grants the installed scope does not use: the
 /// cluster-wide ClusterRole and ClusterRoleBinding when watching namespaces, Roles and
 /// RoleBindings in namespaces no longer watched. A grant left behind would keep rights the
@@ -253,6 +264,14 @@ async fn prune_grants(
     if watching_namespaces {
         for kind in ["ClusterRoleBinding", "ClusterRole"] {
             stale.push(json!({ "apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": { "name": NAME } }));
+            stale.push(json!({ "apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": { "name": manifests::WEBHOOK_NAME } }));
+        }
+        // A namespace-scoped operator serves no webhooks: configurations left from a
+        // cluster-wide install would refuse every DatabaseCluster write.
+        stale.extend(webhook_configurations());
+        stale.push(json!({ "apiVersion": "v1", "kind": "Service", "metadata": { "name": manifests::WEBHOOK_NAME, "namespace": manifests::NAMESPACE } }));
+        for kind in ["RoleBinding", "Role"] {
+            stale.push(json!({ "apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": { "name": manifests::WEBHOOK_NAME, "namespace": manifests::NAMESPACE } }));
         }
     }
     for object in &stale {
@@ -486,6 +505,10 @@ async fn uninstall(
             remaining.len(),
             list.join(", ")
         );
+    }
+    // The webhooks first: once the operator is going, they could only refuse writes.
+    for object in webhook_configurations() {
+        delete_object(&connection, &object).await?;
     }
     if skip_finalizers {
         for r in &remaining {

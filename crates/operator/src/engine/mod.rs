@@ -13,20 +13,19 @@ use devctl_api::quantity;
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-/// Default requests when `spec.resources` sets none.
-pub const DEFAULT_CPU_REQUEST: &str = "250m";
-pub const DEFAULT_MEMORY_REQUEST: &str = "512Mi";
+/// The memory assumed when nothing sets one (the engines' default request).
+const DEFAULT_MEMORY_REQUEST: &str = "512Mi";
 
-/// `spec.resources` with the default requests filled in.
+/// `spec.resources` with the engine's default requests filled in (the mutating webhook writes
+/// the same defaults into admitted objects).
 pub fn effective_resources(spec: &DatabaseClusterSpec) -> ResourceRequirements {
     let mut resources = spec.resources.clone().unwrap_or_default();
     let requests = resources.requests.get_or_insert_with(Default::default);
-    requests
-        .entry("cpu".into())
-        .or_insert_with(|| Quantity(DEFAULT_CPU_REQUEST.into()));
-    requests
-        .entry("memory".into())
-        .or_insert_with(|| Quantity(DEFAULT_MEMORY_REQUEST.into()));
+    for (key, value) in devctl_api::database_cluster::admission::default_requests(spec.engine) {
+        requests
+            .entry(key.into())
+            .or_insert_with(|| Quantity(value.into()));
+    }
     resources
 }
 

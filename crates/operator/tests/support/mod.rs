@@ -336,6 +336,8 @@ impl OperatorProcess {
             .open(&self.log)
             .unwrap();
         self.child = std::process::Command::new(env!("CARGO_BIN_EXE_devctl-operator"))
+            // Webhooks have their own tests; on the shared control plane they would judge every test's objects.
+            .env("DEVCTL_WEBHOOK_BIND_ADDRESS", "off")
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .args(["--namespace", &self.namespace])

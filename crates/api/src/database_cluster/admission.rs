@@ -1,0 +1,262 @@
+//! Admission rules the CRD schema and CEL cannot express (pure; the operator's validating
+//! and mutating webhooks call them). Rules the schema already enforces — engine and
+//! storage-class immutability, no shrinking, the quorum rule on `v1beta1` — stay there; the
+//! webhook adds what needs the old object's meaning, a configurable minimum, or reaches
+//! objects written through `v1alpha1` (whose schema cannot see `highAvailability`).
+
+use serde_json::{Value, json};
+
+use super::v1beta1::{DatabaseClusterSpec, Engine};
+use super::{VersionChangeError, check_version_change};
+use crate::quantity;
+
+/// Settings of the admission rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmissionSettings {
+    /// The smallest `spec.storage.size` accepted (a quantity, e.g. `1Gi`).
+    pub min_storage: String,
+}
+
+impl Default for AdmissionSettings {
+    fn default() -> Self {
+        Self {
+            min_storage: DEFAULT_MIN_STORAGE.into(),
+        }
+    }
+}
+
+/// The default of `--webhook-min-storage`.
+pub const DEFAULT_MIN_STORAGE: &str = "1Gi";
+
+/// One refused field: its path and why, shown to the user as `path: message`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// The CPU and memory requests a database container gets when `spec.resources` sets none;
+/// the operator renders the same values for objects admitted without the webhook.
+pub fn default_requests(engine: Engine) -> [(&'static str, &'static str); 2] {
+    match engine {
+        Engine::Postgres => [("cpu", "250m"), ("memory", "512Mi")],
+        Engine::Mysql => [("cpu", "250m"), ("memory", "512Mi")],
+    }
+}
+
+/// Checks a new object (`old` is the stored one on an update); every refused field, in the
+/// order of the spec.
+pub fn validate(
+    spec: &DatabaseClusterSpec,
+    old: Option<&DatabaseClusterSpec>,
+    settings: &AdmissionSettings,
+) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    if let Some(old) = old
+        && old.version != spec.version
+        && let Err(error) = check_version_change(&old.version, &spec.version)
+    {
+        let message = match error {
+            VersionChangeError::Invalid(message) => message,
+            refused => format!("{refused}; keep {}", old.version),
+        };
+        errors.push(FieldError {
+            field: "spec.version",
+            message,
+        });
+    }
+    let high_availability = spec.high_availability.as_ref().is_some_and(|h| h.enabled);
+    if high_availability && (spec.replicas < 3 || spec.replicas % 2 == 0) {
+        errors.push(FieldError {
+            field: "spec.replicas",
+            message: format!(
+                "must be odd and at least 3 when spec.highAvailability.enabled is true (got {}): a majority of the instances must survive a failure",
+                spec.replicas
+            ),
+        });
+    } else if high_availability
+        && let Some(old) = old
+        && spec.replicas < majority(old.replicas)
+    {
+        errors.push(FieldError {
+            field: "spec.replicas",
+            message: format!(
+                "scaling a highly available cluster from {} to {} instances at once would leave fewer than a majority ({}) of its members; scale down in steps of at most {}",
+                old.replicas,
+                spec.replicas,
+                majority(old.replicas),
+                old.replicas - majority(old.replicas)
+            ),
+        });
+    }
+    match (
+        quantity::to_bytes(&spec.storage.size),
+        quantity::to_bytes(&settings.min_storage),
+    ) {
+        (Some(size), Some(min)) if size < min => errors.push(FieldError {
+            field: "spec.storage.size",
+            message: format!(
+                "{} is below the minimum of {} (a database volume smaller than that fills up with WAL and logs)",
+                spec.storage.size, settings.min_storage
+            ),
+        }),
+        _ => {}
+    }
+    errors
+}
+
+fn majority(members: i32) -> i32 {
+    members / 2 + 1
+}
+
+/// JSON Patch operations (RFC 6902) that fill in defaults depending on other fields: the
+/// engine's CPU and memory requests when `spec.resources.requests` lacks them. Written into
+/// the object, so a later change of the operator's defaults never restarts a database.
+pub fn defaults(spec: &DatabaseClusterSpec) -> Vec<Value> {
+    let missing: Vec<(&str, &str)> = default_requests(spec.engine)
+        .into_iter()
+        .filter(|(key, _)| {
+            !spec
+                .resources
+                .as_ref()
+                .and_then(|r| r.requests.as_ref())
+                .is_some_and(|requests| requests.contains_key(*key))
+        })
+        .collect();
+    if missing.is_empty() {
+        return Vec::new();
+    }
+    let requests: serde_json::Map<String, Value> = missing
+        .iter()
+        .map(|(key, value)| (key.to_string(), json!(value)))
+        .collect();
+    match &spec.resources {
+        None => vec![json!({ "op": "add", "path": "/spec/resources", "value": { "requests": requests } })],
+        Some(resources) if resources.requests.is_none() => {
+            vec![json!({ "op": "add", "path": "/spec/resources/requests", "value": requests })]
+        }
+        Some(_) => missing
+            .iter()
+            .map(|(key, value)| {
+                json!({ "op": "add", "path": format!("/spec/resources/requests/{key}"), "value": value })
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::database_cluster::HighAvailabilitySpec;
+
+    fn spec(value: Value) -> DatabaseClusterSpec {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn base() -> Value {
+        json!({ "engine": "postgres", "version": "16.2", "replicas": 3, "storage": { "size": "10Gi" } })
+    }
+
+    #[test]
+    fn storage_below_the_minimum_is_refused_with_the_field() {
+        let mut value = base();
+        value["storage"]["size"] = json!("512Mi");
+        let errors = validate(&spec(value), None, &AdmissionSettings::default());
+        assert_eq!(errors.len(), 1);
+        assert_eq!(
+            errors[0].to_string(),
+            "spec.storage.size: 512Mi is below the minimum of 1Gi (a database volume smaller than that fills up with WAL and logs)"
+        );
+        let settings = AdmissionSettings {
+            min_storage: "20Gi".into(),
+        };
+        assert_eq!(validate(&spec(base()), None, &settings).len(), 1);
+        assert!(validate(&spec(base()), None, &AdmissionSettings::default()).is_empty());
+    }
+
+    #[test]
+    fn downgrades_and_major_changes_are_refused_on_update_only() {
+        let old = spec(base());
+        let mut value = base();
+        value["version"] = json!("16.1");
+        let errors = validate(
+            &spec(value.clone()),
+            Some(&old),
+            &AdmissionSettings::default(),
+        );
+        assert_eq!(errors[0].field, "spec.version");
+        assert!(
+            errors[0].message.starts_with("downgrade from 16.2 to 16.1"),
+            "{}",
+            errors[0]
+        );
+        assert!(validate(&spec(value), None, &AdmissionSettings::default()).is_empty());
+        let mut value = base();
+        value["version"] = json!("17.0");
+        let errors = validate(&spec(value), Some(&old), &AdmissionSettings::default());
+        assert!(errors[0].message.starts_with("major version upgrade"));
+        let mut value = base();
+        value["version"] = json!("16.4");
+        assert!(validate(&spec(value), Some(&old), &AdmissionSettings::default()).is_empty());
+    }
+
+    #[test]
+    fn high_availability_needs_an_odd_quorum_and_no_majority_loss_at_once() {
+        let ha = |replicas: i32| {
+            let mut s = spec(base());
+            s.replicas = replicas;
+            s.high_availability = Some(HighAvailabilitySpec {
+                enabled: true,
+                auto_failover: true,
+                failover_timeout: "30s".into(),
+            });
+            s
+        };
+        let settings = AdmissionSettings::default();
+        for replicas in [1, 2, 4, 6] {
+            let errors = validate(&ha(replicas), None, &settings);
+            assert_eq!(errors[0].field, "spec.replicas", "{replicas}");
+        }
+        for replicas in [3, 5, 7] {
+            assert!(validate(&ha(replicas), None, &settings).is_empty());
+        }
+        assert!(validate(&ha(5), Some(&ha(7)), &settings).is_empty());
+        let errors = validate(&ha(3), Some(&ha(7)), &settings);
+        assert!(errors[0].message.contains("from 7 to 3"), "{}", errors[0]);
+        // Without high availability any count goes.
+        let mut plain = spec(base());
+        plain.replicas = 2;
+        assert!(validate(&plain, None, &settings).is_empty());
+    }
+
+    #[test]
+    fn defaults_fill_only_missing_requests() {
+        assert_eq!(
+            defaults(&spec(base())),
+            vec![
+                json!({ "op": "add", "path": "/spec/resources", "value": { "requests": { "cpu": "250m", "memory": "512Mi" } } })
+            ]
+        );
+        let mut value = base();
+        value["resources"] = json!({ "limits": { "memory": "1Gi" } });
+        assert_eq!(
+            defaults(&spec(value))[0]["path"],
+            json!("/spec/resources/requests")
+        );
+        let mut value = base();
+        value["resources"] = json!({ "requests": { "memory": "1Gi" } });
+        assert_eq!(
+            defaults(&spec(value)),
+            vec![json!({ "op": "add", "path": "/spec/resources/requests/cpu", "value": "250m" })]
+        );
+        let mut value = base();
+        value["resources"] = json!({ "requests": { "cpu": "1", "memory": "1Gi" } });
+        assert!(defaults(&spec(value)).is_empty());
+    }
+}

@@ -1,0 +1,247 @@
+//! Where the API server finds the webhooks: the ValidatingWebhookConfiguration, the
+//! MutatingWebhookConfiguration and the CRD's conversion stanza (desired state is pure; the
+//! injection writes only what differs).
+
+use base64::Engine as _;
+use devctl_api::database_cluster::CONVERSION_PATH;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use super::{WebhookError, WebhookSettings};
+
+/// Path of the validating webhook.
+pub const VALIDATE_PATH: &str = "/validate-db-devctl-io-v1beta1-databasecluster";
+/// Path of the mutating webhook.
+pub const MUTATE_PATH: &str = "/mutate-db-devctl-io-v1beta1-databasecluster";
+/// Names of the webhooks inside their configurations (what the API server's errors quote).
+pub const VALIDATING_WEBHOOK: &str = "validate.databaseclusters.db.devctl.io";
+pub const MUTATING_WEBHOOK: &str = "default.databaseclusters.db.devctl.io";
+/// The CRD the conversion webhook serves.
+pub const CRD_NAME: &str = "databaseclusters.db.devctl.io";
+/// Port the webhook Service listens on (it forwards to the operator's 9443).
+pub const SERVICE_PORT: i32 = 443;
+
+/// A webhook's client configuration: the URL (`--webhook-url`) or the Service, and the CA.
+pub fn client_config(settings: &WebhookSettings, path: &str, ca_bundle: &str) -> Value {
+    let mut config = match &settings.url {
+        Some(base) => json!({ "url": format!("{}{path}", base.trim_end_matches('/')) }),
+        None => json!({ "service": {
+            "namespace": settings.namespace, "name": settings.service_name,
+            "path": path, "port": SERVICE_PORT,
+        } }),
+    };
+    if !ca_bundle.is_empty() {
+        config["caBundle"] = json!(base64::engine::general_purpose::STANDARD.encode(ca_bundle));
+    }
+    config
+}
+
+/// One webhook entry: DatabaseCluster creates and updates, skipping updates that leave `spec`
+/// alone (finalizer and status patches keep working while the operator is down).
+fn webhook(settings: &WebhookSettings, name: &str, path: &str, ca_bundle: &str) -> Value {
+    let mut webhook = json!({
+        "name": name,
+        "clientConfig": client_config(settings, path, ca_bundle),
+        "rules": [{
+            "apiGroups": ["db.devctl.io"], "apiVersions": ["v1beta1"],
+            "resources": ["databaseclusters"], "operations": ["CREATE", "UPDATE"],
+            "scope": "Namespaced",
+        }],
+        "matchPolicy": "Equivalent",
+        "matchConditions": [{
+            "name": "spec-changed",
+            "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec",
+        }],
+        "failurePolicy": "Fail",
+        "sideEffects": "None",
+        "timeoutSeconds": 5,
+        "admissionReviewVersions": ["v1"],
+    });
+    if !settings.watch_namespaces.is_empty() {
+        // An operator watching some namespaces judges only objects there.
+        webhook["namespaceSelector"] = json!({ "matchExpressions": [{
+            "key": "kubernetes.io/metadata.name", "operator": "In",
+            "values": settings.watch_namespaces,
+        }] });
+    }
+    webhook
+}
+
+fn labels() -> Value {
+    json!({
+        "app.kubernetes.io/name": crate::manifests::NAME,
+        "app.kubernetes.io/component": "webhook",
+        "app.kubernetes.io/part-of": "devctl",
+        "app.kubernetes.io/managed-by": crate::children::FIELD_MANAGER,
+    })
+}
+
+/// The ValidatingWebhookConfiguration.
+pub fn validating(settings: &WebhookSettings, ca_bundle: &str) -> Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": { "name": settings.configuration_name, "labels": labels() },
+        "webhooks": [webhook(settings, VALIDATING_WEBHOOK, VALIDATE_PATH, ca_bundle)],
+    })
+}
+
+/// The MutatingWebhookConfiguration.
+pub fn mutating(settings: &WebhookSettings, ca_bundle: &str) -> Value {
+    let mut webhook = webhook(settings, MUTATING_WEBHOOK, MUTATE_PATH, ca_bundle);
+    webhook["reinvocationPolicy"] = json!("Never");
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": { "name": settings.configuration_name, "labels": labels() },
+        "webhooks": [webhook],
+    })
+}
+
+/// The CRD's `spec.conversion`, as a JSON merge patch (`service: null` when a URL replaces it).
+pub fn conversion_patch(settings: &WebhookSettings, ca_bundle: &str) -> Value {
+    let mut client_config = client_config(settings, CONVERSION_PATH, ca_bundle);
+    if settings.url.is_some() {
+        client_config["service"] = Value::Null;
+    } else {
+        client_config["url"] = Value::Null;
+    }
+    json!({ "spec": { "conversion": {
+        "strategy": "Webhook",
+        "webhook": { "conversionReviewVersions": ["v1"], "clientConfig": client_config },
+    } } })
+}
+
+/// Whether everything `desired` says is already in `actual` (`null` in `desired`: absent).
+pub fn contains(actual: &Value, desired: &Value) -> bool {
+    match (desired, actual) {
+        (Value::Null, actual) => actual.is_null(),
+        (Value::Object(desired), Value::Object(actual)) => desired
+            .iter()
+            .all(|(key, value)| contains(actual.get(key).unwrap_or(&Value::Null), value)),
+        (Value::Array(desired), Value::Array(actual)) => {
+            desired.len() == actual.len() && desired.iter().zip(actual).all(|(d, a)| contains(a, d))
+        }
+        (desired, actual) => desired == actual,
+    }
+}
+
+/// Points the configurations and the CRD at this operator with `ca_bundle`; writes only what
+/// differs. Returns whether anything was written.
+pub async fn inject(
+    client: &kube::Client,
+    settings: &WebhookSettings,
+    ca_bundle: &str,
+) -> Result<bool, WebhookError> {
+    let params = PatchParams::apply(crate::children::FIELD_MANAGER).force();
+    let mut wrote = false;
+    let validating_api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let desired = validating(settings, ca_bundle);
+    let actual = validating_api
+        .get_opt(&settings.configuration_name)
+        .await?
+        .map(|c| serde_json::to_value(c).unwrap_or_default());
+    if !actual.is_some_and(|a| contains(&a, &desired)) {
+        validating_api
+            .patch(
+                &settings.configuration_name,
+                &params,
+                &Patch::Apply(&desired),
+            )
+            .await?;
+        wrote = true;
+    }
+    let mutating_api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let desired = mutating(settings, ca_bundle);
+    let actual = mutating_api
+        .get_opt(&settings.configuration_name)
+        .await?
+        .map(|c| serde_json::to_value(c).unwrap_or_default());
+    if !actual.is_some_and(|a| contains(&a, &desired)) {
+        mutating_api
+            .patch(
+                &settings.configuration_name,
+                &params,
+                &Patch::Apply(&desired),
+            )
+            .await?;
+        wrote = true;
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let patch = conversion_patch(settings, ca_bundle);
+    match crds.get_opt(CRD_NAME).await? {
+        None => return Err(WebhookError::CrdMissing),
+        Some(crd) => {
+            let actual = serde_json::to_value(crd).unwrap_or_default();
+            if !contains(&actual, &patch) {
+                crds.patch(CRD_NAME, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                wrote = true;
+            }
+        }
+    }
+    Ok(wrote)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(url: Option<&str>) -> WebhookSettings {
+        WebhookSettings {
+            url: url.map(String::from),
+            ..WebhookSettings::default()
+        }
+    }
+
+    #[test]
+    fn configurations_skip_unchanged_specs_and_fail_closed() {
+        let validating = validating(&settings(None), "CA");
+        let webhook = &validating["webhooks"][0];
+        assert_eq!(webhook["failurePolicy"], "Fail");
+        assert_eq!(webhook["sideEffects"], "None");
+        assert_eq!(webhook["matchPolicy"], "Equivalent");
+        assert_eq!(
+            webhook["matchConditions"][0]["expression"],
+            "request.operation == 'CREATE' || object.spec != oldObject.spec"
+        );
+        assert_eq!(
+            webhook["clientConfig"]["service"]["name"],
+            "devctl-operator-webhook"
+        );
+        assert!(webhook.get("namespaceSelector").is_none());
+        let scoped = WebhookSettings {
+            watch_namespaces: vec!["a".into()],
+            ..settings(Some("https://127.0.0.1:9443"))
+        };
+        let mutating = mutating(&scoped, "");
+        assert_eq!(
+            mutating["webhooks"][0]["clientConfig"],
+            json!({ "url": "https://127.0.0.1:9443/mutate-db-devctl-io-v1beta1-databasecluster" })
+        );
+        assert_eq!(
+            mutating["webhooks"][0]["namespaceSelector"]["matchExpressions"][0]["values"],
+            json!(["a"])
+        );
+    }
+
+    #[test]
+    fn the_conversion_patch_replaces_the_service_with_the_url() {
+        let patch = conversion_patch(&settings(Some("https://10.0.0.1:9443/")), "CA");
+        let config = &patch["spec"]["conversion"]["webhook"]["clientConfig"];
+        assert_eq!(config["url"], "https://10.0.0.1:9443/convert");
+        assert!(config["service"].is_null() && config.get("service").is_some());
+        let installed = json!({ "spec": { "conversion": { "strategy": "Webhook", "webhook": {
+            "conversionReviewVersions": ["v1"],
+            "clientConfig": { "url": "https://10.0.0.1:9443/convert", "caBundle": config["caBundle"] } } } } });
+        assert!(contains(&installed, &patch));
+        let mut with_service = installed.clone();
+        with_service["spec"]["conversion"]["webhook"]["clientConfig"]["service"] =
+            json!({ "name": "x" });
+        assert!(!contains(&with_service, &patch));
+    }
+}

@@ -1,0 +1,519 @@
+//! Admission and conversion webhooks for `DatabaseCluster`, served over HTTPS by every
+//! replica (outside the leader gate: a leader change never interrupts admission).
+//!
+//! - `handlers`: bytes in, bytes out — validation, defaults, conversion (docs/webhooks.md);
+//! - `certificates`: the serving certificate, self-managed in a shared Secret or read from a
+//!   directory (cert-manager), hot-swapped on renewal;
+//! - `configuration`: the webhook configurations and the CRD's conversion stanza, with the CA
+//!   injected.
+
+pub mod certificates;
+pub mod configuration;
+pub mod handlers;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::post;
+use devctl_api::database_cluster::CONVERSION_PATH;
+use devctl_api::database_cluster::admission::AdmissionSettings;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PostParams};
+
+use certificates::{Material, Resolver};
+
+/// The Secret holding the self-managed certificate (in the operator's namespace).
+pub const CERT_SECRET: &str = "devctl-operator-webhook-cert";
+/// Port the webhook server listens on in the operator's pod.
+pub const PORT: u16 = 9443;
+/// Validity of self-managed certificates unless `--webhook-cert-validity` says otherwise.
+pub const DEFAULT_CERT_VALIDITY: Duration = Duration::from_secs(90 * 24 * 3600);
+/// How long the API server takes to use a new `caBundle` (its informer); a renewed
+/// certificate is served only after this, while the previous CA stays trusted.
+const CA_PROPAGATION: Duration = Duration::from_secs(2);
+/// How often the certificate and the configurations are checked when nothing is due.
+const RECHECK: Duration = Duration::from_secs(60);
+/// How often mounted certificate files are looked at (`--webhook-cert-dir`).
+const FILE_POLL: Duration = Duration::from_secs(2);
+
+/// Why the webhook server could not start or keep its certificate.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error("certificate: {0}")]
+    Certificate(String),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(
+        "the CRD databaseclusters.db.devctl.io is not installed (devctl operator install installs it)"
+    )]
+    CrdMissing,
+    #[error("TLS: {0}")]
+    Tls(#[from] rustls::Error),
+    #[error("reading {path}: {source}")]
+    File {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Settings of the webhook server (`--webhook-*` flags).
+#[derive(Debug, Clone)]
+pub struct WebhookSettings {
+    /// `https://host:port` the API server calls instead of the Service (`--webhook-url`).
+    pub url: Option<String>,
+    /// A directory with `tls.crt` and `tls.key` (and optionally `ca.crt`, which is then
+    /// injected) managed by someone else (`--webhook-cert-dir`); self-managed when unset.
+    pub cert_dir: Option<PathBuf>,
+    /// Validity of self-managed certificates (`--webhook-cert-validity`).
+    pub cert_validity: Duration,
+    /// The operator's namespace: the certificate Secret and the webhook Service live there.
+    pub namespace: String,
+    /// The webhook Service (its DNS names go into the certificate).
+    pub service_name: String,
+    /// Name of the ValidatingWebhookConfiguration and MutatingWebhookConfiguration.
+    pub configuration_name: String,
+    /// Namespaces the operator watches (empty: all); the webhooks judge objects only there.
+    pub watch_namespaces: Vec<String>,
+    /// The admission rules' settings (`--webhook-min-storage`).
+    pub admission: AdmissionSettings,
+}
+
+impl Default for WebhookSettings {
+    fn default() -> Self {
+        Self {
+            url: None,
+            cert_dir: None,
+            cert_validity: DEFAULT_CERT_VALIDITY,
+            namespace: crate::manifests::NAMESPACE.into(),
+            service_name: devctl_api::database_cluster::CONVERSION_SERVICE_NAME.into(),
+            configuration_name: crate::manifests::NAME.into(),
+            watch_namespaces: Vec::new(),
+            admission: AdmissionSettings::default(),
+        }
+    }
+}
+
+impl WebhookSettings {
+    /// The names the serving certificate must be valid for.
+    pub fn hosts(&self) -> Vec<String> {
+        if let Some(url) = &self.url {
+            let host = url
+                .trim_start_matches("https://")
+                .split(['/', '?'])
+                .next()
+                .unwrap_or_default();
+            // `[::1]:9443`, `10.0.0.1:9443` or `host:9443`.
+            let host = match host.strip_prefix('[') {
+                Some(rest) => rest.split(']').next().unwrap_or_default(),
+                None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+            };
+            return vec![host.to_string()];
+        }
+        let service = format!("{}.{}", self.service_name, self.namespace);
+        vec![
+            format!("{service}.svc"),
+            format!("{service}.svc.cluster.local"),
+            service,
+        ]
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    admission: Arc<AdmissionSettings>,
+}
+
+/// The webhook routes (plain HTTP; [`serve`] puts TLS in front).
+pub fn router(admission: AdmissionSettings) -> Router {
+    let state = AppState {
+        admission: Arc::new(admission),
+    };
+    Router::new()
+        .route(configuration::VALIDATE_PATH, post(validate))
+        .route(configuration::MUTATE_PATH, post(mutate))
+        .route(CONVERSION_PATH, post(convert))
+        // A list's conversion carries every object of the page.
+        .layer(DefaultBodyLimit::max(64 * 1024 * 1024))
+        .with_state(state)
+}
+
+fn json(body: Vec<u8>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], body)
+}
+
+async fn validate(State(state): State<AppState>, body: Bytes) -> impl IntoResponse {
+    json(handlers::validate(&body, &state.admission))
+}
+
+async fn mutate(body: Bytes) -> impl IntoResponse {
+    json(handlers::mutate(&body))
+}
+
+async fn convert(body: Bytes) -> impl IntoResponse {
+    json(handlers::convert(&body))
+}
+
+/// A running webhook server.
+pub struct Webhooks {
+    pub local_addr: std::net::SocketAddr,
+    pub resolver: Arc<Resolver>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Closes the open connections too (the API server keeps them alive between calls).
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl Webhooks {
+    /// Stops serving (closing open connections) and managing the certificate.
+    pub fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Webhooks {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Serves the webhooks on `listener` over TLS and keeps the certificate (and the
+/// configurations that trust it) current. Returns once the first certificate is loaded, so
+/// a caller that waits for this is ready to answer the API server.
+pub async fn start(
+    client: kube::Client,
+    settings: WebhookSettings,
+    listener: tokio::net::TcpListener,
+) -> Result<Webhooks, WebhookError> {
+    let local_addr = listener.local_addr().map_err(|source| WebhookError::File {
+        path: "webhook listener".into(),
+        source,
+    })?;
+    let resolver = Arc::new(Resolver::default());
+    let mut tasks = Vec::new();
+    // The first certificate before serving, so the first handshake already succeeds.
+    match &settings.cert_dir {
+        Some(dir) => {
+            let mut watcher = CertDir::new(dir.clone());
+            watcher.load(&client, &settings, &resolver).await?;
+            let (client, settings, resolver) = (client.clone(), settings.clone(), resolver.clone());
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(FILE_POLL).await;
+                    if let Err(error) = watcher.load(&client, &settings, &resolver).await {
+                        tracing::warn!(%error, dir = %watcher.dir.display(), "webhook certificate files not reloaded; serving the previous certificate");
+                    }
+                }
+            }));
+        }
+        None => {
+            let first = self_managed_step(&client, &settings, &resolver).await?;
+            let (client, settings, resolver) = (client.clone(), settings.clone(), resolver.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut wait = first;
+                loop {
+                    tokio::time::sleep(wait).await;
+                    wait = match self_managed_step(&client, &settings, &resolver).await {
+                        Ok(wait) => wait,
+                        Err(error) => {
+                            tracing::warn!(%error, "webhook certificate not checked or renewed; retrying");
+                            Duration::from_secs(5)
+                        }
+                    };
+                }
+            }));
+        }
+    }
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_no_client_auth()
+    .with_cert_resolver(resolver.clone());
+    let mut config = config;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let app = router(settings.admission.clone());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tasks.push(tokio::spawn(serve(listener, acceptor, app, stopped)));
+    tracing::info!(address = %local_addr, url = ?settings.url, "serving the admission and conversion webhooks");
+    Ok(Webhooks {
+        local_addr,
+        resolver,
+        tasks,
+        stop,
+    })
+}
+
+async fn serve(
+    listener: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    app: Router,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "accepting a webhook connection");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        let mut stopped = stopped.clone();
+        tokio::spawn(async move {
+            let stream =
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(error)) => {
+                        tracing::debug!(%error, %peer, "webhook TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::select! {
+                result = connection => {
+                    if let Err(error) = result {
+                        tracing::debug!(%error, %peer, "webhook connection ended");
+                    }
+                }
+                _ = stopped.wait_for(|stop| *stop) => {}
+            }
+        });
+    }
+}
+
+/// One round of self-management: make sure the Secret holds a certificate for our hosts that
+/// is not due for renewal (renewing it if needed), inject its CAs, then serve it. Returns how
+/// long to wait before the next round.
+async fn self_managed_step(
+    client: &kube::Client,
+    settings: &WebhookSettings,
+    resolver: &Resolver,
+) -> Result<Duration, WebhookError> {
+    let material = ensure_secret(client, settings).await?;
+    let wrote = configuration::inject(client, settings, &material.ca_bundle).await?;
+    if wrote && resolver.is_loaded() {
+        // The API server picks up a new caBundle asynchronously; the previous CA is still in
+        // it, so the certificate served until now keeps working meanwhile.
+        tokio::time::sleep(CA_PROPAGATION).await;
+    }
+    resolver.set(&material.cert_pem, &material.key_pem)?;
+    let renew_at = certificates::inspect(&material.cert_pem)
+        .map(|c| c.not_after - certificates::renew_before(settings.cert_validity))
+        .unwrap_or_else(SystemTime::now);
+    let until_renewal = renew_at
+        .duration_since(SystemTime::now())
+        .unwrap_or_default();
+    // Replicas renew at the same moment; a little jitter lets one win and the others read it.
+    let jitter = Duration::from_millis(rand::random::<u64>() % 1000);
+    Ok(until_renewal.min(RECHECK) + jitter)
+}
+
+fn data(secret: &Secret, key: &str) -> Option<String> {
+    secret
+        .data
+        .as_ref()?
+        .get(key)
+        .and_then(|v| String::from_utf8(v.0.clone()).ok())
+}
+
+/// The certificate from the shared Secret, made or renewed when missing, due, or not valid
+/// for our hosts. Concurrent replicas: a create or replace that loses the race re-reads.
+async fn ensure_secret(
+    client: &kube::Client,
+    settings: &WebhookSettings,
+) -> Result<Material, WebhookError> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.namespace);
+    let hosts = settings.hosts();
+    for _ in 0..5 {
+        let existing = secrets.get_opt(CERT_SECRET).await?;
+        let now = SystemTime::now();
+        if let Some(secret) = &existing
+            && let (Some(cert_pem), Some(key_pem), Some(ca)) = (
+                data(secret, "tls.crt"),
+                data(secret, "tls.key"),
+                data(secret, "ca.crt"),
+            )
+            && let Some(inspected) = certificates::inspect(&cert_pem)
+            && hosts.iter().all(|h| inspected.hosts.contains(h))
+            && now + certificates::renew_before(settings.cert_validity) < inspected.not_after
+        {
+            let previous = data(secret, "ca-previous.crt").unwrap_or_default();
+            let ca_bundle = certificates::unexpired(&format!("{ca}{previous}"), now);
+            return Ok(Material {
+                cert_pem,
+                key_pem,
+                ca_bundle,
+            });
+        }
+        let generated = certificates::generate(&hosts, settings.cert_validity)?;
+        // The CA being replaced stays trusted until it expires, so the certificate it signed
+        // keeps working on replicas that have not switched yet.
+        let previous = existing
+            .as_ref()
+            .and_then(|s| data(s, "ca.crt"))
+            .map(|ca| certificates::unexpired(&ca, now))
+            .unwrap_or_default();
+        let mut secret = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(CERT_SECRET.into()),
+                namespace: Some(settings.namespace.clone()),
+                labels: Some(
+                    [
+                        ("app.kubernetes.io/name", crate::manifests::NAME),
+                        ("app.kubernetes.io/component", "webhook"),
+                        ("app.kubernetes.io/part-of", "devctl"),
+                        (
+                            "app.kubernetes.io/managed-by",
+                            crate::children::FIELD_MANAGER,
+                        ),
+                    ]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ),
+                resource_version: existing
+                    .as_ref()
+                    .and_then(|s| s.metadata.resource_version.clone()),
+                ..Default::default()
+            },
+            type_: Some("kubernetes.io/tls".into()),
+            ..Default::default()
+        };
+        let mut map = std::collections::BTreeMap::new();
+        map.insert(
+            "tls.crt".to_string(),
+            ByteString(generated.cert_pem.clone().into_bytes()),
+        );
+        map.insert(
+            "tls.key".to_string(),
+            ByteString(generated.key_pem.clone().into_bytes()),
+        );
+        map.insert(
+            "ca.crt".to_string(),
+            ByteString(generated.ca_pem.clone().into_bytes()),
+        );
+        if !previous.is_empty() {
+            map.insert(
+                "ca-previous.crt".to_string(),
+                ByteString(previous.clone().into_bytes()),
+            );
+        }
+        secret.data = Some(map);
+        let written = match &existing {
+            None => secrets.create(&PostParams::default(), &secret).await,
+            Some(_) => {
+                secrets
+                    .replace(CERT_SECRET, &PostParams::default(), &secret)
+                    .await
+            }
+        };
+        match written {
+            Ok(_) => {
+                tracing::info!(secret = CERT_SECRET, namespace = %settings.namespace, validity = ?settings.cert_validity, "made a new webhook certificate");
+                return Ok(Material {
+                    cert_pem: generated.cert_pem,
+                    key_pem: generated.key_pem,
+                    ca_bundle: format!("{}{previous}", generated.ca_pem),
+                });
+            }
+            // Another replica wrote first: use what it wrote.
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Err(WebhookError::Certificate(format!(
+        "the Secret {}/{CERT_SECRET} kept changing while it was being renewed",
+        settings.namespace
+    )))
+}
+
+/// Certificate files someone else renews (cert-manager): reloaded when they change.
+struct CertDir {
+    dir: PathBuf,
+    seen: Option<Vec<Option<SystemTime>>>,
+}
+
+impl CertDir {
+    fn new(dir: PathBuf) -> Self {
+        Self { dir, seen: None }
+    }
+
+    async fn load(
+        &mut self,
+        client: &kube::Client,
+        settings: &WebhookSettings,
+        resolver: &Resolver,
+    ) -> Result<(), WebhookError> {
+        let names = ["tls.crt", "tls.key", "ca.crt"];
+        let mut stamps = Vec::new();
+        for name in names {
+            let modified = tokio::fs::metadata(self.dir.join(name))
+                .await
+                .and_then(|m| m.modified())
+                .ok();
+            stamps.push(modified);
+        }
+        if self.seen.as_ref() == Some(&stamps) {
+            return Ok(());
+        }
+        let read = |name: &str| {
+            let path = self.dir.join(name);
+            async move {
+                tokio::fs::read_to_string(&path)
+                    .await
+                    .map_err(|source| WebhookError::File { path, source })
+            }
+        };
+        let cert_pem = read("tls.crt").await?;
+        let key_pem = read("tls.key").await?;
+        if let Ok(ca) = read("ca.crt").await {
+            configuration::inject(client, settings, &ca).await?;
+        }
+        resolver.set(&cert_pem, &key_pem)?;
+        tracing::info!(dir = %self.dir.display(), "loaded the webhook certificate");
+        self.seen = Some(stamps);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn certificate_hosts_follow_the_url_or_the_service() {
+        let url = |u: &str| WebhookSettings {
+            url: Some(u.into()),
+            ..WebhookSettings::default()
+        };
+        assert_eq!(url("https://127.0.0.1:9443").hosts(), ["127.0.0.1"]);
+        assert_eq!(url("https://[::1]:9443/x").hosts(), ["::1"]);
+        assert_eq!(
+            url("https://webhooks.example.com").hosts(),
+            ["webhooks.example.com"]
+        );
+        assert_eq!(
+            WebhookSettings::default().hosts(),
+            [
+                "devctl-operator-webhook.devctl-system.svc",
+                "devctl-operator-webhook.devctl-system.svc.cluster.local",
+                "devctl-operator-webhook.devctl-system"
+            ]
+        );
+    }
+}
