@@ -433,6 +433,12 @@ async fn ensure_secret(
             }
             // Another replica wrote first: use what it wrote.
             Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                return Err(WebhookError::Certificate(format!(
+                    "the namespace {} does not exist; the webhook certificate Secret is kept there (--leader-election-namespace, or $POD_NAMESPACE)",
+                    settings.namespace
+                )));
+            }
             Err(error) => return Err(error.into()),
         }
     }
