@@ -85,20 +85,28 @@ pub async fn operator_kubeconfig(cluster: &devctl_testenv::Cluster, dir: &Path) 
 }
 
 /// The operator binary running with `kubeconfig` and leader election on (as the installed
-/// Deployment runs it, so the leader-election Role is exercised too); killed on drop.
+/// Deployment runs it, so the leader-election Role and the webhooks' rights are exercised
+/// too); killed on drop. The installed webhook configurations point at a Service that routes
+/// nowhere on the simulated cluster, so it serves them on loopback (`--webhook-url`).
 pub struct Operator(Child);
 
 impl Operator {
     pub fn start(kubeconfig: &Path, log: &Path) -> Self {
         let log = std::fs::File::create(log).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         Self(
             Command::new(operator_binary())
-                // Webhooks have their own tests; on the shared control plane they would judge every test's objects.
-                .env("DEVCTL_WEBHOOK_BIND_ADDRESS", "off")
                 .arg("--kubeconfig")
                 .arg(kubeconfig)
                 .arg("--leader-elect")
                 .args(["--metrics-bind-address", "127.0.0.1:0"])
+                .arg(format!("--webhook-bind-address=127.0.0.1:{port}"))
+                .arg(format!("--webhook-url=https://127.0.0.1:{port}"))
+                .env_remove("DEVCTL_WEBHOOK_BIND_ADDRESS")
                 .env("DEVCTL_LOG", "info")
                 .stdout(Stdio::null())
                 .stderr(log)

@@ -132,45 +132,30 @@ pub fn contains(actual: &Value, desired: &Value) -> bool {
 
 /// Points the configurations and the CRD at this operator with `ca_bundle`; writes only what
 /// differs. Returns whether anything was written.
+///
+/// Existing configurations get a JSON merge patch, which replaces the `webhooks` list whole:
+/// a URL then replaces the Service reference of the install manifests instead of joining it
+/// (a client configuration holds exactly one of them).
 pub async fn inject(
     client: &kube::Client,
     settings: &WebhookSettings,
     ca_bundle: &str,
 ) -> Result<bool, WebhookError> {
-    let params = PatchParams::apply(crate::children::FIELD_MANAGER).force();
-    let mut wrote = false;
     let validating_api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    let desired = validating(settings, ca_bundle);
-    let actual = validating_api
-        .get_opt(&settings.configuration_name)
-        .await?
-        .map(|c| serde_json::to_value(c).unwrap_or_default());
-    if !actual.is_some_and(|a| contains(&a, &desired)) {
-        validating_api
-            .patch(
-                &settings.configuration_name,
-                &params,
-                &Patch::Apply(&desired),
-            )
-            .await?;
-        wrote = true;
-    }
     let mutating_api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let desired = mutating(settings, ca_bundle);
-    let actual = mutating_api
-        .get_opt(&settings.configuration_name)
-        .await?
-        .map(|c| serde_json::to_value(c).unwrap_or_default());
-    if !actual.is_some_and(|a| contains(&a, &desired)) {
-        mutating_api
-            .patch(
-                &settings.configuration_name,
-                &params,
-                &Patch::Apply(&desired),
-            )
-            .await?;
-        wrote = true;
-    }
+    let mut wrote = false;
+    wrote |= ensure(
+        &validating_api,
+        &settings.configuration_name,
+        validating(settings, ca_bundle),
+    )
+    .await?;
+    wrote |= ensure(
+        &mutating_api,
+        &settings.configuration_name,
+        mutating(settings, ca_bundle),
+    )
+    .await?;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let patch = conversion_patch(settings, ca_bundle);
     match crds.get_opt(CRD_NAME).await? {
@@ -185,6 +170,29 @@ pub async fn inject(
         }
     }
     Ok(wrote)
+}
+
+/// Makes the configuration `name` say what `desired` says; whether it wrote.
+async fn ensure<K>(api: &Api<K>, name: &str, desired: Value) -> Result<bool, WebhookError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    match api.get_opt(name).await? {
+        Some(actual) => {
+            let actual = serde_json::to_value(actual).unwrap_or_default();
+            if contains(&actual, &desired) {
+                return Ok(false);
+            }
+            let patch = json!({ "metadata": { "labels": desired["metadata"]["labels"] }, "webhooks": desired["webhooks"] });
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+        None => {
+            let params = PatchParams::apply(crate::children::FIELD_MANAGER).force();
+            api.patch(name, &params, &Patch::Apply(&desired)).await?;
+        }
+    }
+    Ok(true)
 }
 
 #[cfg(test)]
