@@ -8,9 +8,23 @@
 //! `controller_runtime_max_concurrent_reconciles{controller}` and
 //! `leader_election_master_status{name}`; devctl's own: `devctl_reconciles_in_flight{controller}`
 //! and its high-water mark `devctl_reconciles_in_flight_max{controller}`.
+//!
+//! Per DatabaseCluster, from the status each reconcile computes (docs/monitoring.md), in the
+//! kube-state-metrics style so the series of one cluster join on `namespace` and `cluster`:
+//! `devctl_clusters{namespace,phase}`, `devctl_cluster_phase{namespace,cluster,phase}` (1 for
+//! the current phase), `devctl_cluster_created_timestamp_seconds`,
+//! `devctl_cluster_desired_replicas`, `devctl_cluster_replicas`,
+//! `devctl_cluster_ready_replicas`, `devctl_cluster_replication_lag_bytes{...,pod}`,
+//! `devctl_cluster_last_backup_timestamp_seconds`,
+//! `devctl_cluster_next_scheduled_backup_timestamp_seconds`,
+//! `devctl_cluster_backup_schedule_interval_seconds`, `devctl_cluster_failovers_total` and
+//! `devctl_cluster_last_failover_timestamp_seconds`. A cluster's series go when its
+//! finalizer's cleanup runs, and all of them when this replica stops leading (its view of the
+//! clusters goes stale; the new leader exports the current one).
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -18,6 +32,9 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use devctl_api::database_cluster::{DatabaseCluster, DatabaseClusterStatus};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -53,6 +70,149 @@ struct LeaseLabels {
     name: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterLabels {
+    namespace: String,
+    cluster: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterPhaseLabels {
+    namespace: String,
+    cluster: String,
+    phase: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NamespacePhaseLabels {
+    namespace: String,
+    phase: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InstanceLabels {
+    namespace: String,
+    cluster: String,
+    pod: String,
+}
+
+/// Gauges of values that are not integers (timestamps, durations).
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// The per-cluster families. Each cluster's series are set from its status and removed
+/// with it, so they live in their own struct next to the bookkeeping that makes removal
+/// possible.
+#[derive(Default)]
+struct ClusterFamilies {
+    clusters: Family<NamespacePhaseLabels, Gauge>,
+    phase: Family<ClusterPhaseLabels, Gauge>,
+    created: Family<ClusterLabels, FloatGauge>,
+    desired_replicas: Family<ClusterLabels, Gauge>,
+    replicas: Family<ClusterLabels, Gauge>,
+    ready_replicas: Family<ClusterLabels, Gauge>,
+    lag_bytes: Family<InstanceLabels, Gauge>,
+    last_backup: Family<ClusterLabels, FloatGauge>,
+    next_backup: Family<ClusterLabels, FloatGauge>,
+    schedule_interval: Family<ClusterLabels, FloatGauge>,
+    failovers: Family<ClusterLabels, Counter>,
+    last_failover: Family<ClusterLabels, FloatGauge>,
+}
+
+/// What was exported for one cluster, so that the next update (or the cleanup) can remove
+/// series that no longer apply: label values are not enumerable from a `Family`.
+#[derive(Debug, Default)]
+struct ExportedCluster {
+    phase: Option<&'static str>,
+    lag_pods: Vec<String>,
+    /// The schedule the interval was computed for, and the interval: scanning a cron
+    /// expression's runs is the one costly step, and the schedule rarely changes.
+    schedule: Option<(String, Option<f64>)>,
+}
+
+/// What the metrics say of one DatabaseCluster (pure): the inputs of
+/// [`Metrics::observe_cluster`] once parsed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClusterSnapshot {
+    pub phase: Option<&'static str>,
+    pub created: Option<f64>,
+    pub desired_replicas: i64,
+    pub replicas: i64,
+    pub ready_replicas: i64,
+    /// Reported lag per pod; instances that report none (the primary) have no series.
+    pub lag_bytes: Vec<(String, i64)>,
+    pub last_backup: Option<f64>,
+    pub next_scheduled_backup: Option<f64>,
+    /// `spec.backup.schedule` while scheduled backups are on.
+    pub schedule: Option<String>,
+    pub failover_epoch: u64,
+    pub last_failover: Option<f64>,
+}
+
+impl ClusterSnapshot {
+    /// The snapshot of `db` with the status the reconcile computed for it.
+    pub fn of(db: &DatabaseCluster, status: &DatabaseClusterStatus) -> Self {
+        let seconds = |t: Option<&str>| {
+            t.and_then(|t| t.parse::<Timestamp>().ok())
+                .map(|t| t.as_millisecond() as f64 / 1000.0)
+        };
+        let schedule = db
+            .spec
+            .backup
+            .as_ref()
+            .filter(|b| b.enabled)
+            .map(|b| b.schedule.clone());
+        Self {
+            phase: status.phase.map(|p| p.as_str()),
+            created: db
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.as_millisecond() as f64 / 1000.0),
+            desired_replicas: i64::from(db.spec.replicas),
+            replicas: i64::from(status.replicas),
+            ready_replicas: i64::from(status.ready_replicas),
+            lag_bytes: status
+                .instances
+                .iter()
+                .filter_map(|i| Some((i.name.clone(), i.lag_bytes?)))
+                .collect(),
+            last_backup: seconds(status.last_backup.as_deref()),
+            next_scheduled_backup: seconds(status.next_scheduled_backup.as_deref()),
+            schedule,
+            failover_epoch: status
+                .failover_epoch
+                .and_then(|e| u64::try_from(e).ok())
+                .unwrap_or(0),
+            last_failover: seconds(status.last_failover_time.as_deref()),
+        }
+    }
+}
+
+/// The longest time between two consecutive runs of `schedule` over the next 31 days (at
+/// most 1000 runs), so that "the last backup is older than this" means a run was missed
+/// even for schedules with gaps (weekdays only); `None` for an invalid expression.
+pub fn schedule_interval(schedule: &str, from: Timestamp) -> Option<f64> {
+    use k8s_openapi::jiff::tz::TimeZone;
+    let cron = crate::database_cluster::schedule::parse(schedule).ok()?;
+    let horizon = from.as_second().saturating_add(31 * 24 * 3600);
+    let mut previous = cron
+        .find_next_occurrence(&from.to_zoned(TimeZone::UTC), false)
+        .ok()?;
+    let mut longest: Option<i64> = None;
+    for _ in 0..1000 {
+        let Ok(next) = cron.find_next_occurrence(&previous, false) else {
+            break;
+        };
+        let gap = next.timestamp().as_second() - previous.timestamp().as_second();
+        longest = Some(longest.map_or(gap, |l| l.max(gap)));
+        if next.timestamp().as_second() > horizon {
+            break;
+        }
+        previous = next;
+    }
+    longest.map(|l| l as f64)
+}
+
 /// The operator's metrics registry.
 pub struct Metrics {
     registry: Registry,
@@ -70,6 +230,10 @@ pub struct Metrics {
     queue_duration: Family<QueueLabels, Histogram>,
     work_duration: Family<QueueLabels, Histogram>,
     rest_requests: Family<RestLabels, Counter>,
+    cluster_families: ClusterFamilies,
+    /// What each cluster exports, by (namespace, name); also serialises updates of the
+    /// per-cluster families so the per-phase counts stay consistent.
+    exported: std::sync::Mutex<HashMap<(String, String), ExportedCluster>>,
     /// Objects triggered and not yet started, with the time of their first trigger.
     pending:
         std::sync::Mutex<std::collections::HashMap<(&'static str, String), std::time::Instant>>,
@@ -189,6 +353,8 @@ impl Default for Metrics {
             "1 while this replica holds the leader lease",
             leader.clone(),
         );
+        let cluster_families = ClusterFamilies::default();
+        register_cluster_families(&mut registry, &cluster_families);
         Self {
             registry,
             reconciles,
@@ -205,6 +371,8 @@ impl Default for Metrics {
             queue_duration,
             work_duration,
             rest_requests,
+            cluster_families,
+            exported: Default::default(),
             pending: Default::default(),
             ready: AtomicBool::new(false),
         }
@@ -280,6 +448,14 @@ impl Metrics {
     /// Counts one reconcile of `controller` as running until the guard is dropped.
     pub fn start_reconcile(&self, controller: &'static str) -> InFlight<'_> {
         let labels = ControllerLabels { controller };
+        // Zero until the first failure, as controller-runtime exports it: an error rate of a
+        // controller that never failed is 0, not an absent series alerts cannot divide by.
+        let _ = self.errors.get_or_create(&labels);
+        for result in ["success", "error"] {
+            let _ = self
+                .reconciles
+                .get_or_create(&ResultLabels { controller, result });
+        }
         let now = self.in_flight.get_or_create(&labels).inc() + 1;
         self.active_workers.get_or_create(&labels).inc();
         self.in_flight_max
@@ -304,6 +480,161 @@ impl Metrics {
         self.leader
             .get_or_create(&LeaseLabels { name })
             .set(i64::from(leading));
+        if !leading {
+            // Its controllers stopped: what it knows of the clusters only gets older, and
+            // two replicas exporting them would count each cluster twice.
+            self.forget_all_clusters();
+        }
+    }
+
+    /// Sets the series of the DatabaseCluster `db` from the status a reconcile computed.
+    pub fn observe_cluster(&self, db: &DatabaseCluster, status: &DatabaseClusterStatus) {
+        let Some(namespace) = db.namespace() else {
+            return;
+        };
+        self.set_cluster(
+            &namespace,
+            &db.name_any(),
+            &ClusterSnapshot::of(db, status),
+            Timestamp::now(),
+        );
+    }
+
+    /// Sets the series of the cluster `namespace/name` to `snapshot` and removes those that
+    /// no longer apply (a pod gone, a previous phase).
+    pub fn set_cluster(
+        &self,
+        namespace: &str,
+        name: &str,
+        snapshot: &ClusterSnapshot,
+        now: Timestamp,
+    ) {
+        let Ok(mut exported) = self.exported.lock() else {
+            return;
+        };
+        let f = &self.cluster_families;
+        let state = exported
+            .entry((namespace.to_string(), name.to_string()))
+            .or_default();
+        let labels = ClusterLabels {
+            namespace: namespace.to_string(),
+            cluster: name.to_string(),
+        };
+        if state.phase != snapshot.phase {
+            if let Some(old) = state.phase {
+                f.phase.remove(&phase_labels(&labels, old));
+                count_phase(&f.clusters, namespace, old, -1);
+            }
+            if let Some(new) = snapshot.phase {
+                f.phase.get_or_create(&phase_labels(&labels, new)).set(1);
+                count_phase(&f.clusters, namespace, new, 1);
+            }
+            state.phase = snapshot.phase;
+        }
+        set_or_remove(&f.created, &labels, snapshot.created);
+        f.desired_replicas
+            .get_or_create(&labels)
+            .set(snapshot.desired_replicas);
+        f.replicas.get_or_create(&labels).set(snapshot.replicas);
+        f.ready_replicas
+            .get_or_create(&labels)
+            .set(snapshot.ready_replicas);
+        let instance = |pod: &str| InstanceLabels {
+            namespace: namespace.to_string(),
+            cluster: name.to_string(),
+            pod: pod.to_string(),
+        };
+        for gone in state
+            .lag_pods
+            .iter()
+            .filter(|p| !snapshot.lag_bytes.iter().any(|(q, _)| q == *p))
+        {
+            f.lag_bytes.remove(&instance(gone));
+        }
+        for (pod, lag) in &snapshot.lag_bytes {
+            f.lag_bytes.get_or_create(&instance(pod)).set(*lag);
+        }
+        state.lag_pods = snapshot.lag_bytes.iter().map(|(p, _)| p.clone()).collect();
+        set_or_remove(&f.last_backup, &labels, snapshot.last_backup);
+        set_or_remove(&f.next_backup, &labels, snapshot.next_scheduled_backup);
+        let interval = match (&snapshot.schedule, &state.schedule) {
+            (Some(want), Some((had, interval))) if want == had => *interval,
+            (Some(want), _) => {
+                let interval = schedule_interval(want, now);
+                state.schedule = Some((want.clone(), interval));
+                interval
+            }
+            (None, _) => {
+                state.schedule = None;
+                None
+            }
+        };
+        set_or_remove(&f.schedule_interval, &labels, interval);
+        let failovers = f.failovers.get_or_create(&labels);
+        let counted = failovers.get();
+        if snapshot.failover_epoch >= counted {
+            failovers.inc_by(snapshot.failover_epoch - counted);
+        } else {
+            // Only a cluster recreated under the same name starts over; a counter cannot go
+            // down, so the series starts again (Prometheus reads it as a reset).
+            drop(failovers);
+            f.failovers.remove(&labels);
+            f.failovers
+                .get_or_create(&labels)
+                .inc_by(snapshot.failover_epoch);
+        }
+        set_or_remove(&f.last_failover, &labels, snapshot.last_failover);
+    }
+
+    /// Removes every series of the cluster `namespace/name` (it is being deleted).
+    pub fn forget_cluster(&self, namespace: &str, name: &str) {
+        let Ok(mut exported) = self.exported.lock() else {
+            return;
+        };
+        if let Some(state) = exported.remove(&(namespace.to_string(), name.to_string())) {
+            self.remove_cluster_series(namespace, name, &state);
+        }
+    }
+
+    fn forget_all_clusters(&self) {
+        let Ok(mut exported) = self.exported.lock() else {
+            return;
+        };
+        for ((namespace, name), state) in exported.drain() {
+            self.remove_cluster_series(&namespace, &name, &state);
+        }
+    }
+
+    fn remove_cluster_series(&self, namespace: &str, name: &str, state: &ExportedCluster) {
+        let f = &self.cluster_families;
+        let labels = ClusterLabels {
+            namespace: namespace.to_string(),
+            cluster: name.to_string(),
+        };
+        if let Some(phase) = state.phase {
+            f.phase.remove(&phase_labels(&labels, phase));
+            count_phase(&f.clusters, namespace, phase, -1);
+        }
+        for pod in &state.lag_pods {
+            f.lag_bytes.remove(&InstanceLabels {
+                namespace: namespace.to_string(),
+                cluster: name.to_string(),
+                pod: pod.clone(),
+            });
+        }
+        for family in [&f.desired_replicas, &f.replicas, &f.ready_replicas] {
+            family.remove(&labels);
+        }
+        for family in [
+            &f.created,
+            &f.last_backup,
+            &f.next_backup,
+            &f.schedule_interval,
+            &f.last_failover,
+        ] {
+            family.remove(&labels);
+        }
+        f.failovers.remove(&labels);
     }
 
     /// Marks the operator ready: every cache has synced (leadership does not matter).
@@ -319,6 +650,110 @@ impl Metrics {
         }
         text
     }
+}
+
+fn phase_labels(cluster: &ClusterLabels, phase: &'static str) -> ClusterPhaseLabels {
+    ClusterPhaseLabels {
+        namespace: cluster.namespace.clone(),
+        cluster: cluster.cluster.clone(),
+        phase,
+    }
+}
+
+/// Adds `by` to the number of clusters in `phase` in `namespace`; a count that reaches zero
+/// goes, so namespaces without clusters leave nothing behind.
+fn count_phase(
+    clusters: &Family<NamespacePhaseLabels, Gauge>,
+    namespace: &str,
+    phase: &'static str,
+    by: i64,
+) {
+    let labels = NamespacePhaseLabels {
+        namespace: namespace.to_string(),
+        phase,
+    };
+    let now = clusters.get_or_create(&labels).inc_by(by) + by;
+    if now <= 0 {
+        clusters.remove(&labels);
+    }
+}
+
+fn set_or_remove(
+    family: &Family<ClusterLabels, FloatGauge>,
+    labels: &ClusterLabels,
+    value: Option<f64>,
+) {
+    match value {
+        Some(value) => {
+            family.get_or_create(labels).set(value);
+        }
+        None => {
+            family.remove(labels);
+        }
+    }
+}
+
+fn register_cluster_families(registry: &mut Registry, f: &ClusterFamilies) {
+    registry.register(
+        "devctl_clusters",
+        "DatabaseClusters by namespace and status.phase",
+        f.clusters.clone(),
+    );
+    registry.register(
+        "devctl_cluster_phase",
+        "1 for the status.phase a DatabaseCluster is in (only the current phase has a series)",
+        f.phase.clone(),
+    );
+    registry.register(
+        "devctl_cluster_created_timestamp_seconds",
+        "When the DatabaseCluster was created (metadata.creationTimestamp), Unix seconds",
+        f.created.clone(),
+    );
+    registry.register(
+        "devctl_cluster_desired_replicas",
+        "Instances the DatabaseCluster asks for (spec.replicas)",
+        f.desired_replicas.clone(),
+    );
+    registry.register(
+        "devctl_cluster_replicas",
+        "Instances that exist (status.replicas)",
+        f.replicas.clone(),
+    );
+    registry.register(
+        "devctl_cluster_ready_replicas",
+        "Instances whose engine accepts connections (status.readyReplicas)",
+        f.ready_replicas.clone(),
+    );
+    registry.register(
+        "devctl_cluster_replication_lag_bytes",
+        "Bytes of WAL/binlog a replica has not replayed yet, as its agent reports (status.instances[].lagBytes)",
+        f.lag_bytes.clone(),
+    );
+    registry.register(
+        "devctl_cluster_last_backup_timestamp_seconds",
+        "Completion time of the last successful backup (status.lastBackup), Unix seconds",
+        f.last_backup.clone(),
+    );
+    registry.register(
+        "devctl_cluster_next_scheduled_backup_timestamp_seconds",
+        "When the backup schedule runs next (status.nextScheduledBackup), Unix seconds",
+        f.next_backup.clone(),
+    );
+    registry.register(
+        "devctl_cluster_backup_schedule_interval_seconds",
+        "Longest gap between two runs of spec.backup.schedule, while scheduled backups are on",
+        f.schedule_interval.clone(),
+    );
+    registry.register(
+        "devctl_cluster_failovers",
+        "Failovers of the DatabaseCluster (status.failoverEpoch)",
+        f.failovers.clone(),
+    );
+    registry.register(
+        "devctl_cluster_last_failover_timestamp_seconds",
+        "When the last failover started (status.lastFailoverTime), Unix seconds",
+        f.last_failover.clone(),
+    );
 }
 
 async fn metrics(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
@@ -372,6 +807,10 @@ mod tests {
         let _c = metrics.start_reconcile("webapp");
         let text = metrics.encode();
         assert!(
+            text.contains(r#"controller_runtime_reconcile_errors_total{controller="webapp"} 0"#),
+            "{text}"
+        );
+        assert!(
             text.contains(r#"devctl_reconciles_in_flight{controller="webapp"} 1"#),
             "{text}"
         );
@@ -394,5 +833,146 @@ mod tests {
             text.contains(r#"leader_election_master_status{name="devctl-operator"} 1"#),
             "{text}"
         );
+    }
+
+    fn snapshot(phase: &'static str, lag: &[(&str, i64)]) -> ClusterSnapshot {
+        ClusterSnapshot {
+            phase: Some(phase),
+            created: Some(1_700_000_000.0),
+            desired_replicas: 2,
+            replicas: 2,
+            ready_replicas: 1,
+            lag_bytes: lag.iter().map(|(p, l)| (p.to_string(), *l)).collect(),
+            last_backup: Some(1_700_000_100.5),
+            next_scheduled_backup: Some(1_700_086_400.0),
+            schedule: Some("0 2 * * *".into()),
+            failover_epoch: 2,
+            last_failover: Some(1_700_000_200.0),
+        }
+    }
+
+    fn now() -> Timestamp {
+        "2026-11-30T12:00:00Z"
+            .parse()
+            .unwrap_or(Timestamp::UNIX_EPOCH)
+    }
+
+    #[test]
+    fn a_cluster_exports_its_status_and_drops_what_no_longer_applies() {
+        let metrics = Metrics::default();
+        metrics.set_cluster("ns", "db", &snapshot("Creating", &[("db-1", 7)]), now());
+        metrics.set_cluster("ns", "other", &snapshot("Running", &[]), now());
+        metrics.set_cluster("ns", "db", &snapshot("Running", &[("db-2", 9)]), now());
+        let text = metrics.encode();
+        for line in [
+            r#"devctl_clusters{namespace="ns",phase="Running"} 2"#,
+            r#"devctl_cluster_phase{namespace="ns",cluster="db",phase="Running"} 1"#,
+            r#"devctl_cluster_replication_lag_bytes{namespace="ns",cluster="db",pod="db-2"} 9"#,
+            r#"devctl_cluster_ready_replicas{namespace="ns",cluster="db"} 1"#,
+            r#"devctl_cluster_desired_replicas{namespace="ns",cluster="db"} 2"#,
+            r#"devctl_cluster_last_backup_timestamp_seconds{namespace="ns",cluster="db"} 1700000100.5"#,
+            r#"devctl_cluster_backup_schedule_interval_seconds{namespace="ns",cluster="db"} 86400.0"#,
+            r#"devctl_cluster_failovers_total{namespace="ns",cluster="db"} 2"#,
+            r#"devctl_cluster_last_failover_timestamp_seconds{namespace="ns",cluster="db"} 1700000200.0"#,
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+        assert!(!text.contains(r#"phase="Creating""#), "{text}");
+        assert!(!text.contains(r#"pod="db-1""#), "{text}");
+
+        // A later failover counts on; backups turned off take their series along.
+        let mut later = snapshot("Running", &[("db-2", 9)]);
+        later.failover_epoch = 3;
+        later.schedule = None;
+        later.last_backup = None;
+        metrics.set_cluster("ns", "db", &later, now());
+        let text = metrics.encode();
+        assert!(
+            text.contains(r#"devctl_cluster_failovers_total{namespace="ns",cluster="db"} 3"#),
+            "{text}"
+        );
+        assert!(
+            !text.contains(
+                r#"devctl_cluster_backup_schedule_interval_seconds{namespace="ns",cluster="db"}"#
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.contains(
+                r#"devctl_cluster_last_backup_timestamp_seconds{namespace="ns",cluster="db"}"#
+            ),
+            "{text}"
+        );
+
+        metrics.forget_cluster("ns", "db");
+        let text = metrics.encode();
+        assert!(!text.contains(r#"cluster="db""#), "{text}");
+        assert!(
+            text.contains(r#"devctl_clusters{namespace="ns",phase="Running"} 1"#),
+            "{text}"
+        );
+        metrics.forget_cluster("ns", "other");
+        assert!(!metrics.encode().contains(r#"namespace="ns""#));
+    }
+
+    #[test]
+    fn losing_the_lease_drops_every_cluster() {
+        let metrics = Metrics::default();
+        metrics.set_leader("devctl-operator", true);
+        metrics.set_cluster("ns", "db", &snapshot("Running", &[("db-1", 1)]), now());
+        metrics.set_leader("devctl-operator", false);
+        let text = metrics.encode();
+        assert!(!text.contains(r#"namespace="ns""#), "{text}");
+    }
+
+    #[test]
+    fn the_schedule_interval_is_the_longest_gap() {
+        assert_eq!(schedule_interval("0 2 * * *", now()), Some(86_400.0));
+        assert_eq!(schedule_interval("*/15 * * * *", now()), Some(900.0));
+        // Weekdays only: Friday's run to Monday's.
+        assert_eq!(
+            schedule_interval("0 2 * * 1-5", now()),
+            Some(3.0 * 86_400.0)
+        );
+        assert_eq!(schedule_interval("not a schedule", now()), None);
+    }
+
+    #[test]
+    fn a_snapshot_reads_the_status() {
+        use devctl_api::database_cluster::{DatabaseClusterStatus, InstanceSummary, Phase};
+        let db: DatabaseCluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "db.devctl.io/v1beta1", "kind": "DatabaseCluster",
+            "metadata": { "name": "db", "namespace": "ns", "creationTimestamp": "2026-11-30T10:00:00Z" },
+            "spec": { "engine": "postgres", "version": "16.2", "replicas": 3,
+                      "storage": { "size": "1Gi" }, "backup": { "schedule": "0 * * * *" } },
+        }))
+        .unwrap();
+        let status = DatabaseClusterStatus {
+            phase: Some(Phase::Running),
+            ready_replicas: 3,
+            replicas: 3,
+            last_backup: Some("2026-11-30T11:00:05Z".into()),
+            instances: vec![
+                InstanceSummary {
+                    name: "db-0".into(),
+                    ..Default::default()
+                },
+                InstanceSummary {
+                    name: "db-1".into(),
+                    lag_bytes: Some(0),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let snapshot = ClusterSnapshot::of(&db, &status);
+        assert_eq!(snapshot.phase, Some("Running"));
+        assert_eq!(snapshot.created, Some(1_796_032_800.0));
+        assert_eq!(snapshot.desired_replicas, 3);
+        assert_eq!(snapshot.lag_bytes, vec![("db-1".to_string(), 0)]);
+        assert_eq!(snapshot.last_backup, Some(1_796_036_405.0));
+        assert_eq!(snapshot.schedule.as_deref(), Some("0 * * * *"));
+        assert_eq!(snapshot.failover_epoch, 0);
+        assert_eq!(snapshot.last_failover, None);
     }
 }

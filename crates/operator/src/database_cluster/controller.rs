@@ -215,6 +215,11 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
                 next_scheduled_backup: scheduled.next.clone(),
             };
             let status = status::compute(&db, &observed, &now());
+            if let Some(status) = &status {
+                // Every reconcile, not only on writes: cheap, and a restarted operator
+                // exports unchanged clusters too.
+                ctx.settings.metrics.observe_cluster(&db, status);
+            }
             (status.is_some() && status != db.status).then(|| json!(status))
         },
         transition,
@@ -1000,5 +1005,11 @@ async fn run_cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> 
         .await;
     }
     ctx.backoff.reset(&key(db.as_ref()));
+    // The object goes with the finalizer: its series must not outlive it.
+    if let Some(namespace) = db.namespace() {
+        ctx.settings
+            .metrics
+            .forget_cluster(&namespace, &db.name_any());
+    }
     Ok(Action::await_change())
 }
