@@ -64,6 +64,7 @@ async fn install_run_drive_and_uninstall() {
     let operator_kubeconfig = operator_kubeconfig(cluster, dir.path()).await;
     let log = dir.path().join("operator.log");
     let operator = Operator::start(&operator_kubeconfig, &log);
+    wait_admitting(cluster).await;
 
     let namespace = restricted_namespace(cluster, "lifecycle").await;
     let ns = namespace.as_str();

@@ -42,6 +42,7 @@ async fn a_removed_rule_becomes_a_forbidden_condition() {
         &operator_kubeconfig(cluster, dir.path()).await,
         &dir.path().join("operator.log"),
     );
+    wait_admitting(cluster).await;
     let namespace = cluster.create_namespace("forbidden").await.unwrap();
     devctl_ok(
         &kubeconfig,

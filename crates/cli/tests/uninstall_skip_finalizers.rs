@@ -20,6 +20,7 @@ async fn uninstall_with_the_operator_stopped_strips_finalizers() {
         &operator_kubeconfig(cluster, dir.path()).await,
         &dir.path().join("operator.log"),
     );
+    wait_admitting(cluster).await;
     devctl_ok(
         &kubeconfig,
         &[

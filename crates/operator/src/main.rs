@@ -74,13 +74,11 @@ struct Args {
     #[arg(long, env = "DEVCTL_DEFAULT_BACKUP_SECRET")]
     default_backup_secret: Option<String>,
     /// Address of the HTTPS admission and conversion webhooks; `off` disables them (then
-    /// nothing validates beyond the CRD schema and v1alpha1 cannot be read).
-    #[arg(
-        long,
-        default_value = "0.0.0.0:9443",
-        env = "DEVCTL_WEBHOOK_BIND_ADDRESS"
-    )]
-    webhook_bind_address: String,
+    /// nothing validates beyond the CRD schema and v1alpha1 cannot be read). Default:
+    /// 0.0.0.0:9443 in a cluster or with --webhook-url, else off (the configurations name
+    /// the in-cluster Service, which an operator outside the cluster is not behind).
+    #[arg(long, env = "DEVCTL_WEBHOOK_BIND_ADDRESS")]
+    webhook_bind_address: Option<String>,
     /// URL the API server calls the webhooks at (e.g. https://127.0.0.1:9443) instead of the
     /// Service `devctl-operator-webhook`: for an operator running outside the cluster.
     #[arg(long)]
@@ -225,7 +223,15 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(namespaces = ?args.namespaces, "starting");
 
     // Every replica serves the webhooks, leader or not, from the start.
-    let _webhooks = if args.webhook_bind_address == "off" {
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let webhook_bind_address = args.webhook_bind_address.clone().unwrap_or_else(|| {
+        if in_cluster || args.webhook_url.is_some() {
+            format!("0.0.0.0:{}", devctl_operator::webhook::PORT)
+        } else {
+            "off".into()
+        }
+    });
+    let _webhooks = if webhook_bind_address == "off" {
         None
     } else {
         if let Some(url) = &args.webhook_url
@@ -241,11 +247,9 @@ async fn main() -> anyhow::Result<()> {
             );
             std::process::exit(2);
         }
-        let listener = tokio::net::TcpListener::bind(&args.webhook_bind_address)
+        let listener = tokio::net::TcpListener::bind(&webhook_bind_address)
             .await
-            .with_context(|| {
-                format!("binding the webhook address {}", args.webhook_bind_address)
-            })?;
+            .with_context(|| format!("binding the webhook address {webhook_bind_address}"))?;
         let settings = devctl_operator::webhook::WebhookSettings {
             url: args.webhook_url.clone(),
             cert_dir: args.webhook_cert_dir.clone(),

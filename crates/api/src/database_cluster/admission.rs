@@ -50,28 +50,63 @@ pub fn default_requests(engine: Engine) -> [(&'static str, &'static str); 2] {
     }
 }
 
-/// Checks a new object (`old` is the stored one on an update); every refused field, in the
-/// order of the spec.
+/// What the validating webhook knows of the request besides the new spec.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Request<'a> {
+    /// The stored object's spec, on an update.
+    pub old: Option<&'a DatabaseClusterSpec>,
+    /// The version every instance runs (`status.currentVersion`), when known.
+    pub running_version: Option<&'a str>,
+    /// The client wrote through `db.devctl.io/v1alpha1`.
+    pub via_v1alpha1: bool,
+}
+
+/// Checks a new spec; every refused field, in the order of the spec.
 pub fn validate(
     spec: &DatabaseClusterSpec,
-    old: Option<&DatabaseClusterSpec>,
+    request: Request<'_>,
     settings: &AdmissionSettings,
 ) -> Vec<FieldError> {
     let mut errors = Vec::new();
+    let old = request.old;
+    if request.via_v1alpha1 {
+        // v1alpha1's schema cannot check what it cannot express (it travels in an
+        // annotation): such fields keep their stored values, or are absent on create.
+        let before = old.map(super::conversion::hidden_in_v1alpha1);
+        let after = super::conversion::hidden_in_v1alpha1(spec);
+        let unchanged = before.map_or_else(
+            || after.as_object().is_none_or(|m| m.is_empty()),
+            |b| b == after,
+        );
+        if !unchanged {
+            errors.push(FieldError {
+                field: "metadata.annotations[db.devctl.io/v1beta1-fields]",
+                message: "image, resource limits, backup settings other than backupsEnabled, highAvailability, replication and bootstrap cannot be set or changed through db.devctl.io/v1alpha1; use db.devctl.io/v1beta1".into(),
+            });
+        }
+    }
     if let Some(old) = old
         && old.version != spec.version
-        && let Err(error) = check_version_change(&old.version, &spec.version)
     {
-        let message = match error {
-            VersionChangeError::Invalid(message) => message,
-            refused => format!("{refused}; keep {}", old.version),
-        };
-        errors.push(FieldError {
-            field: "spec.version",
-            message,
-        });
+        // From what runs: setting the version back to the running one is always allowed.
+        let running = request.running_version.unwrap_or(&old.version);
+        if running != spec.version
+            && let Err(error) = check_version_change(running, &spec.version)
+        {
+            let message = match error {
+                VersionChangeError::Invalid(message) => message,
+                refused => format!("{refused}; keep {running}"),
+            };
+            errors.push(FieldError {
+                field: "spec.version",
+                message,
+            });
+        }
     }
     let high_availability = spec.high_availability.as_ref().is_some_and(|h| h.enabled);
+    let was_highly_available = old
+        .and_then(|o| o.high_availability.as_ref())
+        .is_some_and(|h| h.enabled);
     if high_availability && (spec.replicas < 3 || spec.replicas % 2 == 0) {
         errors.push(FieldError {
             field: "spec.replicas",
@@ -81,25 +116,29 @@ pub fn validate(
             ),
         });
     } else if high_availability
+        && was_highly_available
         && let Some(old) = old
         && spec.replicas < majority(old.replicas)
     {
+        // The smallest odd count that keeps a majority of the current members.
+        let step = majority(old.replicas) | 1;
         errors.push(FieldError {
             field: "spec.replicas",
             message: format!(
-                "scaling a highly available cluster from {} to {} instances at once would leave fewer than a majority ({}) of its members; scale down in steps of at most {}",
+                "scaling a highly available cluster from {} to {} instances at once would leave fewer than a majority ({}) of its members; scale to {step} first",
                 old.replicas,
                 spec.replicas,
                 majority(old.replicas),
-                old.replicas - majority(old.replicas)
             ),
         });
     }
+    // On create and when the size changes: a raised minimum never blocks other edits.
+    let size_changed = old.is_none_or(|o| o.storage.size != spec.storage.size);
     match (
         quantity::to_bytes(&spec.storage.size),
         quantity::to_bytes(&settings.min_storage),
     ) {
-        (Some(size), Some(min)) if size < min => errors.push(FieldError {
+        (Some(size), Some(min)) if size_changed && size < min => errors.push(FieldError {
             field: "spec.storage.size",
             message: format!(
                 "{} is below the minimum of {} (a database volume smaller than that fills up with WAL and logs)",
@@ -155,6 +194,71 @@ mod tests {
     use super::*;
     use crate::database_cluster::HighAvailabilitySpec;
 
+    fn update(old: &DatabaseClusterSpec) -> Request<'_> {
+        Request {
+            old: Some(old),
+            ..Request::default()
+        }
+    }
+
+    #[test]
+    fn the_running_version_is_the_baseline_and_going_back_to_it_is_allowed() {
+        let mut old = spec(base());
+        old.version = "17.0".into();
+        let mut value = base();
+        value["version"] = json!("16.4");
+        let request = Request {
+            old: Some(&old),
+            running_version: Some("16.4"),
+            via_v1alpha1: false,
+        };
+        assert!(validate(&spec(value), request, &AdmissionSettings::default()).is_empty());
+    }
+
+    #[test]
+    fn a_raised_storage_minimum_only_judges_new_sizes() {
+        let mut old = spec(base());
+        old.storage.size = "512Mi".into();
+        let mut value = base();
+        value["storage"]["size"] = json!("512Mi");
+        value["replicas"] = json!(5);
+        assert!(validate(&spec(value), update(&old), &AdmissionSettings::default()).is_empty());
+    }
+
+    #[test]
+    fn v1alpha1_writes_keep_what_v1alpha1_cannot_show() {
+        let mut old = spec(base());
+        old.high_availability = Some(HighAvailabilitySpec {
+            enabled: true,
+            auto_failover: true,
+            failover_timeout: "30s".into(),
+        });
+        let via = |old| Request {
+            old,
+            running_version: None,
+            via_v1alpha1: true,
+        };
+        // Unchanged hidden fields, a changed visible one: fine.
+        let mut same = old.clone();
+        same.replicas = 5;
+        assert!(validate(&same, via(Some(&old)), &AdmissionSettings::default()).is_empty());
+        // A changed hidden field (the annotation edited by hand): refused.
+        let mut changed = old.clone();
+        changed.high_availability.as_mut().unwrap().failover_timeout = "2s".into();
+        let errors = validate(&changed, via(Some(&old)), &AdmissionSettings::default());
+        assert!(
+            errors[0]
+                .message
+                .contains("cannot be set or changed through db.devctl.io/v1alpha1")
+        );
+        // On create, plain v1alpha1 objects pass and hidden fields do not.
+        assert!(validate(&spec(base()), via(None), &AdmissionSettings::default()).is_empty());
+        assert_eq!(
+            validate(&old, via(None), &AdmissionSettings::default()).len(),
+            1
+        );
+    }
+
     fn spec(value: Value) -> DatabaseClusterSpec {
         serde_json::from_value(value).unwrap()
     }
@@ -167,7 +271,11 @@ mod tests {
     fn storage_below_the_minimum_is_refused_with_the_field() {
         let mut value = base();
         value["storage"]["size"] = json!("512Mi");
-        let errors = validate(&spec(value), None, &AdmissionSettings::default());
+        let errors = validate(
+            &spec(value),
+            Request::default(),
+            &AdmissionSettings::default(),
+        );
         assert_eq!(errors.len(), 1);
         assert_eq!(
             errors[0].to_string(),
@@ -176,8 +284,18 @@ mod tests {
         let settings = AdmissionSettings {
             min_storage: "20Gi".into(),
         };
-        assert_eq!(validate(&spec(base()), None, &settings).len(), 1);
-        assert!(validate(&spec(base()), None, &AdmissionSettings::default()).is_empty());
+        assert_eq!(
+            validate(&spec(base()), Request::default(), &settings).len(),
+            1
+        );
+        assert!(
+            validate(
+                &spec(base()),
+                Request::default(),
+                &AdmissionSettings::default()
+            )
+            .is_empty()
+        );
     }
 
     #[test]
@@ -187,7 +305,7 @@ mod tests {
         value["version"] = json!("16.1");
         let errors = validate(
             &spec(value.clone()),
-            Some(&old),
+            update(&old),
             &AdmissionSettings::default(),
         );
         assert_eq!(errors[0].field, "spec.version");
@@ -196,14 +314,21 @@ mod tests {
             "{}",
             errors[0]
         );
-        assert!(validate(&spec(value), None, &AdmissionSettings::default()).is_empty());
+        assert!(
+            validate(
+                &spec(value),
+                Request::default(),
+                &AdmissionSettings::default()
+            )
+            .is_empty()
+        );
         let mut value = base();
         value["version"] = json!("17.0");
-        let errors = validate(&spec(value), Some(&old), &AdmissionSettings::default());
+        let errors = validate(&spec(value), update(&old), &AdmissionSettings::default());
         assert!(errors[0].message.starts_with("major version upgrade"));
         let mut value = base();
         value["version"] = json!("16.4");
-        assert!(validate(&spec(value), Some(&old), &AdmissionSettings::default()).is_empty());
+        assert!(validate(&spec(value), update(&old), &AdmissionSettings::default()).is_empty());
     }
 
     #[test]
@@ -220,19 +345,24 @@ mod tests {
         };
         let settings = AdmissionSettings::default();
         for replicas in [1, 2, 4, 6] {
-            let errors = validate(&ha(replicas), None, &settings);
+            let errors = validate(&ha(replicas), Request::default(), &settings);
             assert_eq!(errors[0].field, "spec.replicas", "{replicas}");
         }
         for replicas in [3, 5, 7] {
-            assert!(validate(&ha(replicas), None, &settings).is_empty());
+            assert!(validate(&ha(replicas), Request::default(), &settings).is_empty());
         }
-        assert!(validate(&ha(5), Some(&ha(7)), &settings).is_empty());
-        let errors = validate(&ha(3), Some(&ha(7)), &settings);
+        assert!(validate(&ha(5), update(&ha(7)), &settings).is_empty());
+        let errors = validate(&ha(3), update(&ha(7)), &settings);
         assert!(errors[0].message.contains("from 7 to 3"), "{}", errors[0]);
+        assert!(
+            errors[0].message.ends_with("scale to 5 first"),
+            "{}",
+            errors[0]
+        );
         // Without high availability any count goes.
         let mut plain = spec(base());
         plain.replicas = 2;
-        assert!(validate(&plain, None, &settings).is_empty());
+        assert!(validate(&plain, Request::default(), &settings).is_empty());
     }
 
     #[test]

@@ -160,6 +160,36 @@ pub fn default_enabled_backup() -> v1beta1::BackupSpec {
     v1beta1::BackupSpec::enabled_with_defaults()
 }
 
+/// The part of a `v1beta1` spec `v1alpha1` cannot show, as JSON (empty object when there is
+/// none), normalised so that edits of what `v1alpha1` shows (`backupsEnabled`, the cpu and
+/// memory requests) do not count.
+pub fn hidden_in_v1alpha1(spec: &v1beta1::DatabaseClusterSpec) -> Value {
+    let resources = spec.resources.clone().and_then(|mut r| {
+        if let Some(requests) = r.requests.as_mut() {
+            for key in REQUEST_KEYS {
+                requests.remove(key);
+            }
+            if requests.is_empty() {
+                r.requests = None;
+            }
+        }
+        (r != ResourceRequirements::default()).then_some(r)
+    });
+    let backup = spec.backup.clone().and_then(|mut b| {
+        b.enabled = true;
+        (b != default_enabled_backup()).then_some(b)
+    });
+    let hidden = Preserved {
+        image: spec.image.clone(),
+        resources,
+        backup,
+        high_availability: spec.high_availability.clone(),
+        replication: spec.replication.clone(),
+        bootstrap: spec.bootstrap.clone(),
+    };
+    serde_json::to_value(hidden).unwrap_or_else(|_| Value::Object(Map::new()))
+}
+
 const REQUEST_KEYS: [&str; 2] = ["cpu", "memory"];
 
 /// `v1beta1` resources that `v1alpha1` expresses exactly: requests of cpu and memory only.

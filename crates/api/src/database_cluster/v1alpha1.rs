@@ -3,7 +3,8 @@
 //! `v1beta1`; the operator's conversion webhook translates both ways ([`super::conversion`]).
 //!
 //! The status is the same in both versions: the operator writes it through `v1beta1` and a
-//! `v1alpha1` reader sees all of it.
+//! `v1alpha1` reader sees all of it. No scale subresource here: `kubectl scale` uses
+//! `v1beta1`, whose schema checks the high-availability quorum that `v1alpha1` cannot see.
 
 // `printcolumn(...)` repeats `type_ = "string"` by design; clippy reads that as duplicates.
 #![allow(clippy::duplicated_attributes)]
@@ -44,11 +45,6 @@ pub const DEPRECATION_WARNING: &str = "db.devctl.io/v1alpha1 DatabaseCluster is 
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
-    ),
-    scale(
-        spec_replicas_path = ".spec.replicas",
-        status_replicas_path = ".status.replicas",
-        label_selector_path = ".status.selector"
     )
 )]
 #[serde(rename_all = "camelCase")]

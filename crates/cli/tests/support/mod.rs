@@ -148,3 +148,35 @@ pub async fn restricted_namespace(cluster: &devctl_testenv::Cluster, prefix: &st
     );
     namespace
 }
+
+/// Waits until the installed operator's webhooks admit a DatabaseCluster (a server-side dry
+/// run): right after start the configurations still lack its CA, and the API server picks
+/// up the new one asynchronously.
+pub async fn wait_admitting(cluster: &devctl_testenv::Cluster) {
+    let client = cluster.client().await.unwrap();
+    let dbs: Api<devctl_api::database_cluster::DatabaseCluster> =
+        Api::namespaced(client, "default");
+    let probe: devctl_api::database_cluster::DatabaseCluster =
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "db.devctl.io/v1beta1", "kind": "DatabaseCluster",
+            "metadata": { "name": "webhook-probe" },
+            "spec": { "version": "16.2", "storage": { "size": "1Gi" } },
+        }))
+        .unwrap();
+    let params = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    devctl_testenv::eventually(
+        "the operator's webhooks to admit a dry-run create",
+        Duration::from_secs(60),
+        || {
+            let dbs = dbs.clone();
+            let probe = probe.clone();
+            let params = params.clone();
+            async move { dbs.create(&params, &probe).await.ok().map(|_| ()) }
+        },
+    )
+    .await
+    .unwrap();
+}

@@ -170,6 +170,8 @@ fn pem_certificate(der: &CertificateDer<'_>) -> String {
 #[derive(Debug, Default)]
 pub struct Resolver {
     current: RwLock<Option<Arc<CertifiedKey>>>,
+    /// The PEM of the certificate served, to tell a renewal from the same certificate.
+    pem: RwLock<String>,
 }
 
 impl Resolver {
@@ -192,7 +194,15 @@ impl Resolver {
         if let Ok(mut current) = self.current.write() {
             *current = Some(Arc::new(certified));
         }
+        if let Ok(mut pem) = self.pem.write() {
+            *pem = cert_pem.to_string();
+        }
         Ok(())
+    }
+
+    /// Whether `cert_pem` is the certificate served now.
+    pub fn serves(&self, cert_pem: &str) -> bool {
+        self.pem.read().is_ok_and(|pem| *pem == cert_pem)
     }
 
     /// Whether a certificate is loaded (the server answers handshakes).

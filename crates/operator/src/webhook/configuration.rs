@@ -144,16 +144,21 @@ pub async fn inject(
     let validating_api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let mutating_api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let mut wrote = false;
+    // With the Service (an installed operator) the configurations come from the install and
+    // are only kept current: creating them takes a right that cannot be limited by name.
+    let create = settings.url.is_some();
     wrote |= ensure(
         &validating_api,
         &settings.configuration_name,
         validating(settings, ca_bundle),
+        create,
     )
     .await?;
     wrote |= ensure(
         &mutating_api,
         &settings.configuration_name,
         mutating(settings, ca_bundle),
+        create,
     )
     .await?;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -173,7 +178,12 @@ pub async fn inject(
 }
 
 /// Makes the configuration `name` say what `desired` says; whether it wrote.
-async fn ensure<K>(api: &Api<K>, name: &str, desired: Value) -> Result<bool, WebhookError>
+async fn ensure<K>(
+    api: &Api<K>,
+    name: &str,
+    desired: Value,
+    create: bool,
+) -> Result<bool, WebhookError>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
@@ -186,6 +196,14 @@ where
             let patch = json!({ "metadata": { "labels": desired["metadata"]["labels"] }, "webhooks": desired["webhooks"] });
             api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await?;
+        }
+        None if !create => {
+            tracing::warn!(
+                configuration = name,
+                kind = desired["kind"].as_str().unwrap_or_default(),
+                "webhook configuration missing: `devctl operator install` puts it back"
+            );
+            return Ok(false);
         }
         None => {
             let params = PatchParams::apply(crate::children::FIELD_MANAGER).force();

@@ -3,7 +3,7 @@
 //! `AdmissionReview` or `ConversionReview` answer the API server can read.
 
 use devctl_api::database_cluster::admission::{self, AdmissionSettings};
-use devctl_api::database_cluster::{DatabaseCluster, DatabaseClusterSpec, conversion};
+use devctl_api::database_cluster::{DatabaseCluster, conversion};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
 use kube::core::{DynamicObject, Status};
@@ -12,16 +12,32 @@ use kube::core::{DynamicObject, Status};
 pub fn validate(body: &[u8], settings: &AdmissionSettings) -> Vec<u8> {
     respond(body, |request| {
         let response = AdmissionResponse::from(&request);
-        let Some(spec) = spec_of(request.object.as_ref()) else {
+        let Some(db) = cluster_of(request.object.as_ref()) else {
             // DELETE and CONNECT carry no object; the configuration does not send them.
             return Ok(response);
         };
-        let spec = spec?;
+        let db = db?;
         let old = match (&request.operation, request.old_object.as_ref()) {
-            (Operation::Update, Some(old)) => spec_of(Some(old)).transpose()?,
+            (Operation::Update, Some(old)) => cluster_of(Some(old)).transpose()?,
             _ => None,
         };
-        let errors = admission::validate(&spec, old.as_ref(), settings);
+        let via_v1alpha1 = request
+            .request_kind
+            .as_ref()
+            .is_some_and(|kind| kind.version == "v1alpha1");
+        let running_version = old
+            .as_ref()
+            .and_then(|o| o.status.as_ref())
+            .and_then(|s| s.current_version.as_deref());
+        let errors = admission::validate(
+            &db.spec,
+            admission::Request {
+                old: old.as_ref().map(|o| &o.spec),
+                running_version,
+                via_v1alpha1,
+            },
+            settings,
+        );
         if errors.is_empty() {
             return Ok(response);
         }
@@ -40,10 +56,12 @@ pub fn validate(body: &[u8], settings: &AdmissionSettings) -> Vec<u8> {
 pub fn mutate(body: &[u8]) -> Vec<u8> {
     respond(body, |request| {
         let response = AdmissionResponse::from(&request);
-        let Some(spec) = spec_of(request.object.as_ref()) else {
+        // Mutation runs before schema validation: an object that does not parse gets no
+        // defaults here and the API server's field-level schema error next.
+        let Some(Ok(db)) = cluster_of(request.object.as_ref()) else {
             return Ok(response);
         };
-        let operations = admission::defaults(&spec?);
+        let operations = admission::defaults(&db.spec);
         if operations.is_empty() {
             return Ok(response);
         }
@@ -155,13 +173,12 @@ fn respond(
     to_bytes(&review)
 }
 
-/// The spec of a DatabaseCluster in a request (`None` when there is no object).
-fn spec_of(object: Option<&DynamicObject>) -> Option<Result<DatabaseClusterSpec, String>> {
+/// The DatabaseCluster in a request (`None` when there is no object).
+fn cluster_of(object: Option<&DynamicObject>) -> Option<Result<DatabaseCluster, String>> {
     let object = object?;
     Some(
         serde_json::to_value(object)
             .and_then(serde_json::from_value::<DatabaseCluster>)
-            .map(|db| db.spec)
             .map_err(|e| format!("spec: {e}")),
     )
 }

@@ -305,10 +305,15 @@ async fn self_managed_step(
     resolver: &Resolver,
 ) -> Result<Duration, WebhookError> {
     let material = ensure_secret(client, settings).await?;
-    let wrote = configuration::inject(client, settings, &material.ca_bundle).await?;
-    if wrote && resolver.is_loaded() {
-        // The API server picks up a new caBundle asynchronously; the previous CA is still in
-        // it, so the certificate served until now keeps working meanwhile.
+    // Serving goes on when the configurations cannot be written (a missing right, the API
+    // briefly down): the next round tries again.
+    if let Err(error) = configuration::inject(client, settings, &material.ca_bundle).await {
+        tracing::warn!(%error, "webhook configurations not updated; retrying within a minute");
+    }
+    if resolver.is_loaded() && !resolver.serves(&material.cert_pem) {
+        // A renewed certificate (by this replica or another): the API server picks up the new
+        // caBundle asynchronously, and the previous CA is still in it, so the certificate
+        // served until now keeps working meanwhile.
         tokio::time::sleep(CA_PROPAGATION).await;
     }
     resolver.set(&material.cert_pem, &material.key_pem)?;
@@ -351,6 +356,8 @@ async fn ensure_secret(
             && let Some(inspected) = certificates::inspect(&cert_pem)
             && hosts.iter().all(|h| inspected.hosts.contains(h))
             && now + certificates::renew_before(settings.cert_validity) < inspected.not_after
+            // A pair that cannot be served (edited by hand, half-written) is renewed.
+            && Resolver::default().set(&cert_pem, &key_pem).is_ok()
         {
             let previous = data(secret, "ca-previous.crt").unwrap_or_default();
             let ca_bundle = certificates::unexpired(&format!("{ca}{previous}"), now);
@@ -433,6 +440,10 @@ async fn ensure_secret(
             }
             // Another replica wrote first: use what it wrote.
             Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            // Deleted between our read and our replace: create it.
+            Err(kube::Error::Api(status)) if status.code == 404 && existing.is_some() => {
+                continue;
+            }
             Err(kube::Error::Api(status)) if status.code == 404 => {
                 return Err(WebhookError::Certificate(format!(
                     "the namespace {} does not exist; the webhook certificate Secret is kept there (--leader-election-namespace, or $POD_NAMESPACE)",
