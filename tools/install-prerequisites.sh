@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing devctl needs, from the package registries only:
 # rustfmt and clippy (rustup); PostgreSQL and MariaDB servers (Debian packages), which check
-# that the configuration the operator renders starts a real database. Go (>= 1.26) and Rust
+# that the configuration the operator renders starts a real database; umoci and skopeo
+# (Debian packages), which build and inspect the operator image. Go (>= 1.26) and Rust
 # must already be on the machine.
 # Safe to run again: it installs only what is missing.
 set -euo pipefail
@@ -26,6 +27,10 @@ debian_packages=()
 compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || debian_packages+=(postgresql)
 command -v psql >/dev/null 2>&1 || debian_packages+=(postgresql-client)
 command -v mariadbd >/dev/null 2>&1 || debian_packages+=(mariadb-server)
+# The operator image without a container daemon: umoci builds the OCI layout
+# (tools/image/build.sh), skopeo inspects it in the tests and pushes it.
+command -v umoci >/dev/null 2>&1 || debian_packages+=(umoci)
+command -v skopeo >/dev/null 2>&1 || debian_packages+=(skopeo)
 if (( ${#debian_packages[@]} )); then
   sudo=""; [[ $(id -u) == 0 ]] || sudo="sudo"
   echo "installing Debian packages: ${debian_packages[*]}"

@@ -25,8 +25,19 @@ phase "build control plane" tools/control-plane/build.sh
 # The S3-compatible object store of the backup tests; the tests find it through this variable.
 build_versitygw() { DEVCTL_VERSITYGW="$(tools/versitygw/build.sh)"; export DEVCTL_VERSITYGW; }
 phase "build versitygw" build_versitygw
+# Helm, built from its Go module like the control plane; crates/cli/tests/helm.rs uses it.
+build_helm() { DEVCTL_HELM="$(tools/helm/build.sh)"; export DEVCTL_HELM; }
+phase "build helm" build_helm
 phase "cargo fmt --check" cargo fmt --all --check
 phase "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
+# The operator image (OCI layout, no container daemon); crates/cli/tests/image.rs inspects
+# the layout this variable names instead of building it again.
+build_image() {
+  DEVCTL_IMAGE_LAYOUT="$PWD/target/image/oci"
+  export DEVCTL_IMAGE_LAYOUT
+  tools/image/build.sh "$DEVCTL_IMAGE_LAYOUT"
+}
+phase "build image" build_image
 phase "cargo test" cargo test --workspace --locked
 
 leftovers() {

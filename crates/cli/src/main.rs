@@ -8,7 +8,7 @@ mod wait;
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::cluster::GlobalArgs;
 
@@ -46,6 +46,32 @@ enum Command {
     },
 }
 
+/// The file name kubectl looks for on PATH to run `kubectl devctl ...` (its plugin mechanism:
+/// `kubectl-<name>` executables; kubectl passes the remaining arguments unchanged).
+const KUBECTL_PLUGIN_NAME: &str = "kubectl-devctl";
+
+/// True when this binary runs as `kubectl-devctl` (a copy or symlink of `devctl` on PATH).
+fn invoked_as_kubectl_plugin() -> bool {
+    std::env::args_os().next().is_some_and(|arg0| {
+        // `file_stem`, not `file_name`: `kubectl-devctl.exe` on Windows.
+        std::path::Path::new(&arg0)
+            .file_stem()
+            .is_some_and(|stem| stem == KUBECTL_PLUGIN_NAME)
+    })
+}
+
+/// `Cli::parse()`, except that help and usage say `kubectl devctl` when run as the kubectl
+/// plugin (clap would otherwise show argv[0]'s file name, `kubectl-devctl`). Behaviour is
+/// otherwise identical.
+fn parse_args() -> Cli {
+    let mut command = Cli::command();
+    if invoked_as_kubectl_plugin() {
+        command = command.bin_name("kubectl devctl");
+    }
+    let matches = command.clone().get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.format(&mut command).exit())
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     // Output piped into `head` and closed early ends the process quietly, as it does for
@@ -63,7 +89,7 @@ async fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli = parse_args();
     let global = cli.global;
     let result = match cli.command {
         Command::Operator(command) => commands::operator::run(&global, command).await,

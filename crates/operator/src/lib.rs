@@ -13,6 +13,7 @@ pub mod database_backup;
 pub mod database_cluster;
 pub mod engine;
 pub mod error;
+pub mod helm;
 pub mod leader_election;
 pub mod manifests;
 pub mod metrics;
