@@ -44,6 +44,9 @@ pub enum Error {
     #[error("rendering a {kind}: {path} is not a field of {kind}")]
     UnknownField { kind: &'static str, path: String },
 
+    #[error("{kind} {name} changed while it was being reconciled; reconciling again")]
+    StaleChild { kind: &'static str, name: String },
+
     #[error("no cache is registered for child kind {0}")]
     UnregisteredKind(&'static str),
 
@@ -81,6 +84,7 @@ impl Error {
             } => "Forbidden",
             Error::CacheUnavailable { .. } => "WatchFailed",
             Error::CleanupTimeout(_) => "CleanupTimeout",
+            Error::StaleChild { .. } => "Conflict",
         }
     }
 }
@@ -123,7 +127,7 @@ impl Error {
                 _ => false,
             },
             Error::CacheUnavailable { forbidden, .. } => *forbidden,
-            Error::CleanupTimeout(_) => false,
+            Error::CleanupTimeout(_) | Error::StaleChild { .. } => false,
         }
     }
 }

@@ -38,25 +38,26 @@ pub use error::Error;
 use children::{Caches, CachesBuilder};
 
 /// The registry of child kinds: every kind any controller creates or reads, cached once per
-/// watch scope and shared by all controllers. A new child kind is one line here.
+/// watch scope and shared by all controllers, each as slim as what the operator reads of it
+/// allows ([`children::slim`]). A new child kind is one line here.
 pub fn child_caches(client: kube::Client, namespace: Option<String>) -> CachesBuilder {
+    use children::slim;
     CachesBuilder::new(client, namespace)
-        .add::<ConfigMap>()
-        .add::<Secret>()
-        .add::<Service>()
-        .add::<ServiceAccount>()
-        .add::<Role>()
-        .add::<RoleBinding>()
-        .add::<StatefulSet>()
-        .add::<Deployment>()
-        .add::<PodDisruptionBudget>()
+        .add_slim::<ConfigMap>(slim::config_map)
+        .add_slim::<Secret>(slim::secret)
+        .add_slim::<Service>(slim::service)
+        .add_slim::<ServiceAccount>(slim::service_account)
+        .add_slim::<Role>(slim::role)
+        .add_slim::<RoleBinding>(slim::role_binding)
+        .add_slim::<StatefulSet>(slim::stateful_set)
+        .add_slim::<Deployment>(slim::deployment)
+        .add_slim::<PodDisruptionBudget>(slim::pod_disruption_budget)
         .add_with_owner::<PersistentVolumeClaim>(database_cluster::labelled_owner)
         .add_trimmed::<Pod>(database_cluster::labelled_owner, database_cluster::trim_pod)
         // Agents renew the primary lock every second or so: only a new holder is news, and
         // the cache's change times are how the operator notices a lock nobody renews.
         .add_observed::<Lease>(
             children::caches::controller_owner::<Lease>,
-            reconciler::prune::<Lease>,
             database_cluster::resources::lease::significant,
         )
 }
@@ -116,6 +117,14 @@ impl Operator {
             },
             run,
         )
+    }
+
+    /// The child caches of the watch scope `namespace` (`None`: all namespaces).
+    pub fn caches(&self, namespace: Option<&str>) -> Option<&Caches> {
+        self.scopes
+            .iter()
+            .find(|(scope, _)| scope.as_deref() == namespace)
+            .map(|(_, caches)| caches)
     }
 
     /// Every controller of every scope as one stream of finished reconciles, ending after

@@ -798,3 +798,130 @@ async fn kubectl_explain_describes_the_fields() {
         "{text}"
     );
 }
+
+/// The caches keep children slim (metadata and a content fingerprint; no Secret data at
+/// all), and drift is still found and undone: hand edits of the StatefulSet, the ConfigMap's
+/// data and the Secret's data, and a deleted Service — then quiet again, with the password
+/// unchanged throughout.
+#[tokio::test]
+async fn slim_caches_still_restore_drift_and_hold_no_secret_data() {
+    let mut env = start("slim").await;
+    let dbs = env.dbs();
+    dbs.create(&PostParams::default(), &database("slim", 1))
+        .await
+        .unwrap();
+    env.wait_db("slim", "Ready", |db| is_ready(db, 1)).await;
+    let password_before = password(&env, "slim").await;
+
+    let assert_slim = |env: &support::Env| {
+        let secrets = env.caches.filter::<Secret>(|_| true);
+        assert!(secrets.len() >= 2, "the cluster's Secrets are cached");
+        for secret in &secrets {
+            assert!(
+                secret.data.is_none() && secret.string_data.is_none(),
+                "Secret {} is cached with its data",
+                secret.name_any()
+            );
+        }
+        let config = env
+            .caches
+            .get::<ConfigMap>(&env.namespace, "slim-config")
+            .expect("the ConfigMap is cached");
+        assert!(
+            config.data.is_none(),
+            "the ConfigMap is cached with its data"
+        );
+        let sts = env
+            .caches
+            .get::<StatefulSet>(&env.namespace, "slim")
+            .expect("the StatefulSet is cached");
+        let pod = sts.spec.template.spec.as_ref().expect("containers kept");
+        assert!(
+            pod.containers
+                .iter()
+                .all(|c| c.env.is_none() && c.image.is_some()),
+            "the StatefulSet is cached with more than the images"
+        );
+        assert!(pod.volumes.is_none() && pod.init_containers.is_none());
+    };
+    assert_slim(&env);
+
+    // Hand edits by another field manager, each undone.
+    let hand = PatchParams::default();
+    let sts_api = env.api::<StatefulSet>();
+    sts_api
+        .patch(
+            "slim",
+            &hand,
+            &Patch::Strategic(json!({ "spec": { "template": { "spec": { "containers": [
+                { "name": "postgres", "image": "postgres:hand-edited" }
+            ] } } } })),
+        )
+        .await
+        .unwrap();
+    let config_api = env.api::<ConfigMap>();
+    config_api
+        .patch(
+            "slim-config",
+            &hand,
+            &Patch::Merge(json!({ "data": { "postgresql.conf": "fsync = off\n" } })),
+        )
+        .await
+        .unwrap();
+    let secret_api = env.api::<Secret>();
+    let evil = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, "evil.example");
+    secret_api
+        .patch(
+            "slim-credentials",
+            &hand,
+            &Patch::Merge(json!({ "data": { "host": evil } })),
+        )
+        .await
+        .unwrap();
+    let services = env.api::<Service>();
+    let old_service = services.get("slim-rw").await.unwrap();
+    services
+        .delete("slim-rw", &DeleteParams::background())
+        .await
+        .unwrap();
+
+    devctl_testenv::eventually("every hand edit undone", TIMEOUT, || async {
+        let sts = sts_api.get("slim").await.ok()?;
+        let image = sts
+            .spec
+            .template
+            .spec
+            .as_ref()?
+            .containers
+            .first()?
+            .image
+            .clone()?;
+        let config = config_api.get("slim-config").await.ok()?;
+        let conf = config.data?.get("postgresql.conf")?.clone();
+        let secret = secret_api.get("slim-credentials").await.ok()?;
+        let host = secret.data?.get("host")?.0.clone();
+        let service = services.get("slim-rw").await.ok()?;
+        (image.starts_with("postgres:16")
+            && conf.contains("shared_buffers")
+            && host != b"evil.example"
+            && service.uid() != old_service.uid())
+        .then_some(())
+    })
+    .await
+    .unwrap();
+    env.wait_db("slim", "Ready after the hand edits", |db| is_ready(db, 1))
+        .await;
+    assert_eq!(
+        password(&env, "slim").await,
+        password_before,
+        "restoring the Secret must keep its password"
+    );
+    assert_slim(&env);
+
+    // Converged again: forced reconciles write nothing.
+    let writes = env.writes_during_forced_reconciles(&dbs, "slim", 3).await;
+    assert!(
+        writes.is_empty(),
+        "steady-state reconciles wrote: {writes:#?}"
+    );
+}

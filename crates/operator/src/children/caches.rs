@@ -28,7 +28,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::Value;
 use tokio::sync::{broadcast, watch};
 
-use super::{Applier, ChildKind, HASH_ANNOTATION};
+use super::{Applier, ChildKind, HASH_ANNOTATION, slim};
 use crate::error::{Error, Result};
 use crate::reconciler::{prune, scoped_api};
 
@@ -68,20 +68,27 @@ pub enum CacheState {
     Failing { message: String, forbidden: bool },
 }
 
-/// What [`super::Applier`] needs to know of a live child without serialising it.
+/// What [`super::Applier`] needs to know of a live child without its body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveMeta {
     pub resource_version: Option<String>,
     /// The [`HASH_ANNOTATION`] of the live object.
     pub hash: Option<String>,
+    /// Fingerprint of the live object's content ([`slim::content`]).
+    pub content: Option<u64>,
+    /// The uid of its controller owner.
+    pub controller: Option<String>,
 }
 
 /// The cache of one kind, seen without its type.
 pub trait KindCache: Send + Sync {
     fn api_resource(&self) -> &ApiResource;
     fn meta(&self, namespace: &str, name: &str) -> Option<LiveMeta>;
-    /// The live object as JSON (for the content check).
-    fn json(&self, namespace: &str, name: &str) -> Option<Result<Value>>;
+    /// The content fingerprint of a full object of this kind (an API response), computed as
+    /// the cache computes it for what its watch delivers.
+    fn content_of(&self, object: &Value) -> Option<u64>;
+    /// The cached object as JSON, for kinds cached with their body (`None` for slim ones).
+    fn body(&self, namespace: &str, name: &str) -> Option<Value>;
     /// Names of the cached objects controlled by the owner with `owner_uid`.
     fn owned(&self, namespace: &str, owner_uid: &str) -> Vec<String>;
     /// Resolves once the first list arrived or failed.
@@ -156,6 +163,8 @@ struct TypedCache<K: ChildKind> {
     state: watch::Receiver<CacheState>,
     /// For kinds registered with [`CachesBuilder::add_observed`].
     observations: Option<Arc<Observations>>,
+    /// Objects are kept whole (pruned only), so drift checks need no request.
+    keeps_body: bool,
 }
 
 impl<K: ChildKind> TypedCache<K> {
@@ -174,17 +183,33 @@ impl<K: ChildKind> KindCache for TypedCache<K> {
         Some(LiveMeta {
             resource_version: object.resource_version(),
             hash: object.annotations().get(HASH_ANNOTATION).cloned(),
+            content: slim::cached_content(object.as_ref()),
+            controller: object
+                .owner_references()
+                .iter()
+                .find(|r| r.controller == Some(true))
+                .map(|r| r.uid.clone()),
         })
     }
 
-    fn json(&self, namespace: &str, name: &str) -> Option<Result<Value>> {
-        let object = self.find(namespace, name)?;
-        Some(
-            serde_json::to_value(object.as_ref()).map_err(|source| Error::Render {
-                kind: K::KIND,
-                source,
-            }),
-        )
+    fn body(&self, namespace: &str, name: &str) -> Option<Value> {
+        if !self.keeps_body {
+            return None;
+        }
+        let mut body = serde_json::to_value(self.find(namespace, name)?.as_ref()).ok()?;
+        let annotations = body
+            .pointer_mut("/metadata/annotations")
+            .and_then(Value::as_object_mut);
+        if let Some(annotations) = annotations {
+            annotations.remove(slim::CONTENT_ANNOTATION);
+        }
+        Some(body)
+    }
+
+    fn content_of(&self, object: &Value) -> Option<u64> {
+        let mut object: K = serde_json::from_value(object.clone()).ok()?;
+        prune(&mut object);
+        slim::content(&object)
     }
 
     fn owned(&self, namespace: &str, owner_uid: &str) -> Vec<String> {
@@ -357,43 +382,54 @@ impl CachesBuilder {
         }
     }
 
-    /// Caches `K`, whose owner is its controller owner reference.
+    /// Caches `K`, whose owner is its controller owner reference, in full (pruned).
     pub fn add<K: ChildKind>(self) -> Self {
-        self.add_with_owner::<K>(controller_owner::<K>)
+        self.register(controller_owner::<K>, |_| {}, None, true)
+    }
+
+    /// Caches `K`, whose owner is its controller owner reference, keeping of each object
+    /// only what `slim` leaves (see [`slim`]: a child's metadata is enough to know whether it
+    /// is as we left it).
+    pub fn add_slim<K: ChildKind>(self, slim: fn(&mut K)) -> Self {
+        self.register(controller_owner::<K>, slim, None, false)
     }
 
     /// Caches `K`, finding the owner with `owner_of` (for objects other controllers create
     /// without an owner reference, such as a StatefulSet's claims).
     pub fn add_with_owner<K: ChildKind>(self, owner_of: OwnerOf<K>) -> Self {
-        self.add_trimmed(owner_of, prune::<K>)
+        self.register(owner_of, |_| {}, None, true)
     }
 
     /// Caches `K`, finding the owner with `owner_of` and keeping of each object only what
     /// `trim` leaves (for kinds the operator reads a few fields of, such as pods).
     pub fn add_trimmed<K: ChildKind>(self, owner_of: OwnerOf<K>, trim: fn(&mut K)) -> Self {
-        self.register(owner_of, trim, None)
+        self.register(owner_of, trim, None, false)
     }
 
-    /// Caches `K` like [`Self::add_trimmed`], but triggers the owner only when
+    /// Caches `K` (kept whole but pruned) like [`Self::add_with_owner`], but triggers the owner only when
     /// `significant(object)` changed since the last event for that object (or the object is
     /// new or deleted), and notes when each object last changed ([`Caches::changed_at`]).
     /// For objects rewritten often without news, such as a lock its holder renews.
     pub fn add_observed<K: ChildKind>(
         self,
         owner_of: OwnerOf<K>,
-        trim: fn(&mut K),
         significant: fn(&K) -> u64,
     ) -> Self {
-        self.register(owner_of, trim, Some(significant))
+        self.register(owner_of, |_| {}, Some(significant), true)
     }
 
+    /// Every kind: pruned, fingerprinted ([`slim::content`]) and slimmed before it is stored.
+    /// An event triggers the owner only when it is news: the object is new or gone, or what
+    /// the cache keeps of it changed (for observed kinds: its significant part), and it is
+    /// not the echo of the operator's own apply.
     fn register<K: ChildKind>(
         mut self,
         owner_of: OwnerOf<K>,
         trim: fn(&mut K),
         significant: Option<fn(&K) -> u64>,
+        keeps_body: bool,
     ) -> Self {
-        let (store, writer) = reflector::store::<K>();
+        let (store, mut writer) = reflector::store::<K>();
         let (set_state, state) = watch::channel(CacheState::Syncing);
         let config = watcher::Config::default().labels(&devctl_api::labels::managed_selector());
         let api: Api<K> = scoped_api(&self.client, self.namespace.as_deref());
@@ -402,22 +438,43 @@ impl CachesBuilder {
         let observations = significant.map(|_| Arc::new(Observations::default()));
         let observed = observations.clone();
         let reader = store.clone();
-        // Every object is news unless the kind is observed and its significant part is as
-        // it was.
+        let previous = store.clone();
+        // Whether an object as delivered is news for its owner (decided before the store
+        // takes it, so the previous copy is still there to compare with).
         let news = move |object: &K| match (significant, &observed) {
             (Some(significant), Some(observed)) => {
                 observed.record(object, significant(object), Instant::now())
             }
-            _ => true,
+            _ => previous
+                .get(&ObjectRef::from_obj(object))
+                .is_none_or(|old| slim::significance(old.as_ref()) != slim::significance(object)),
+        };
+        let echo = {
+            let applier = applier.clone();
+            move |object: &K| {
+                let (Some(namespace), Some(version)) =
+                    (object.namespace(), object.resource_version())
+                else {
+                    return false;
+                };
+                applier.wrote(K::KIND, &namespace, &object.name_any(), &version)
+            }
         };
         let forget = observations.clone();
         let watch = watcher(api, config)
             .default_backoff()
-            .modify(trim)
-            .reflect(writer)
+            .modify(move |object: &mut K| {
+                prune(object);
+                let content = slim::content(object);
+                trim(object);
+                slim::set_cached_content(object, content);
+            })
             .for_each(move |event| {
                 let owner = match &event {
-                    Ok(watcher::Event::Apply(o)) => news(o).then(|| owner_of(o)).flatten(),
+                    Ok(watcher::Event::Apply(o)) => {
+                        let news = news(o) && !echo(o);
+                        news.then(|| owner_of(o)).flatten()
+                    }
                     // Objects of a re-list may have changed while the watch was down; the
                     // first list is not news (each controller reconciles everything at start).
                     Ok(watcher::Event::InitApply(o)) => {
@@ -435,6 +492,12 @@ impl CachesBuilder {
                         }
                         owner_of(o)
                     }
+                    _ => None,
+                };
+                if let Ok(event) = &event {
+                    writer.apply_watcher_event(event);
+                }
+                match &event {
                     Ok(watcher::Event::InitDone) => {
                         if let Some(observations) = &forget {
                             observations.retain(|namespace, name| {
@@ -444,9 +507,7 @@ impl CachesBuilder {
                             });
                         }
                         set_state.send_replace(CacheState::Synced);
-                        None
                     }
-                    Ok(_) => None,
                     Err(error) => {
                         tracing::warn!(kind = K::KIND, %error, "watching children failed; retrying with backoff");
                         if *set_state.borrow() != CacheState::Synced {
@@ -461,9 +522,9 @@ impl CachesBuilder {
                                 forbidden,
                             });
                         }
-                        None
                     }
-                };
+                    _ => {}
+                }
                 if let Some(owner) = owner {
                     // No receiver (no controller running yet, e.g. a follower) is fine.
                     let _ = triggers.send(owner);
@@ -479,6 +540,7 @@ impl CachesBuilder {
                 api_resource: super::api_resource::<K>(),
                 state,
                 observations,
+                keeps_body,
             }),
         );
         self

@@ -7,14 +7,21 @@
 //! When is a child applied? Every child carries [`HASH_ANNOTATION`], a hash of the body we
 //! apply. A child is applied when it is missing, when its hash differs (the desired state
 //! changed — server-side apply then also prunes fields we stopped setting), or when someone
-//! else changed it: its `resourceVersion` is not the one our last apply returned (or the
-//! operator has not seen it since it started) *and* [`drift::drifted`] finds a field of ours
-//! with another value. Steady state therefore costs zero writes, also across a restart.
+//! else changed it and [`drift::drifted`] finds a field of ours with another value.
+//!
+//! "Someone else changed it" is decided without keeping children's bodies in memory: the
+//! caches keep a slim copy of each child plus a fingerprint of its content (everything but
+//! its status and the server's bookkeeping, see [`slim`]), and the applier remembers the
+//! `resourceVersion` and fingerprint each of its applies returned. A child whose version or
+//! fingerprint is the one we left is ours as we left it; only otherwise is its full body
+//! fetched (one GET) and compared. Steady state therefore costs zero writes and zero reads;
+//! after a restart (an empty record) each child is read once.
 //!
 //! Caches of children are shared by all controllers, one per kind ([`caches`]).
 
 pub mod caches;
 pub mod drift;
+pub mod slim;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -25,7 +32,7 @@ use kube::{Client, Resource};
 use serde_json::Value;
 use sha2::Digest;
 
-pub use caches::{Caches, CachesBuilder};
+pub use caches::{Caches, CachesBuilder, KindCache, LiveMeta};
 
 use crate::error::{Error, Result};
 
@@ -72,6 +79,11 @@ pub struct Child {
     pub body: Value,
     /// Hash of `body` without the annotation that carries it.
     pub hash: String,
+    /// The body holds placeholders for values only the live object has (a password the
+    /// reconcile did not read because the Secret is as we left it): never applied as is.
+    pub placeholder: bool,
+    /// The live object, when the renderer already read it (saves the drift check's GET).
+    pub live: Option<Value>,
 }
 
 impl Child {
@@ -115,6 +127,8 @@ impl Child {
             name,
             body,
             hash,
+            placeholder: false,
+            live: None,
         })
     }
 }
@@ -172,25 +186,77 @@ pub fn applied(outcome: Result<&[Change], &Error>, kind: &str) -> bool {
 /// Identity of one child in the apply record.
 type ChildKey = (&'static str, String, String);
 
-/// Applies children and deletes orphans; remembers the `resourceVersion` each of its applies
-/// returned, so an unchanged child is recognised without comparing its content.
+/// What one of our applies (or a drift check that found nothing) left behind.
+#[derive(Debug, Clone)]
+struct Applied {
+    resource_version: String,
+    content: Option<u64>,
+}
+
+/// Applies children and deletes orphans; remembers the `resourceVersion` and content
+/// fingerprint each of its applies returned, so an unchanged child is recognised without
+/// reading its content.
 #[derive(Default)]
 pub struct Applier {
-    applied: Mutex<HashMap<ChildKey, String>>,
+    applied: Mutex<HashMap<ChildKey, Applied>>,
 }
 
 impl Applier {
-    fn recorded(&self, key: &ChildKey) -> Option<String> {
+    fn recorded(&self, key: &ChildKey) -> Option<Applied> {
         self.applied.lock().ok()?.get(key).cloned()
     }
 
-    fn record(&self, key: ChildKey, resource_version: Option<String>) {
+    fn record(&self, key: ChildKey, resource_version: Option<String>, content: Option<u64>) {
         if let Ok(mut applied) = self.applied.lock() {
             match resource_version {
-                Some(rv) => applied.insert(key, rv),
+                Some(resource_version) => applied.insert(
+                    key,
+                    Applied {
+                        resource_version,
+                        content,
+                    },
+                ),
                 None => applied.remove(&key),
             };
         }
+    }
+
+    /// Whether the live child (as the cache sees it) is the version one of our applies
+    /// returned: then a watch event for it is only the echo of our own write.
+    pub fn wrote(
+        &self,
+        kind: &'static str,
+        namespace: &str,
+        name: &str,
+        resource_version: &str,
+    ) -> bool {
+        let key = (kind, namespace.to_string(), name.to_string());
+        self.recorded(&key)
+            .is_some_and(|r| r.resource_version == resource_version)
+    }
+
+    /// Whether the live child is ours as we left it: the version our last apply returned,
+    /// or a later one whose content (all but the status) is the same. A later version with
+    /// the same content is remembered, so the next look is a string comparison.
+    pub fn unchanged(
+        &self,
+        kind: &'static str,
+        namespace: &str,
+        name: &str,
+        live: &LiveMeta,
+    ) -> bool {
+        let key = (kind, namespace.to_string(), name.to_string());
+        let Some(recorded) = self.recorded(&key) else {
+            return false;
+        };
+        if live.resource_version.as_deref() == Some(recorded.resource_version.as_str()) {
+            return true;
+        }
+        let same_content = live.content.is_some() && live.content == recorded.content;
+        if same_content {
+            self.record(key, live.resource_version.clone(), live.content);
+        }
+        same_content
     }
 
     /// Forgets a child that no longer exists (called by the cache on delete events).
@@ -203,6 +269,47 @@ impl Applier {
     /// Number of remembered children (for tests of the record's bound).
     pub fn remembered(&self) -> usize {
         self.applied.lock().map(|a| a.len()).unwrap_or(0)
+    }
+
+    /// The live child's full body: what the renderer already read if it is this version, the
+    /// cached body for kinds cached whole, else one GET (`None` when it is gone).
+    async fn fetch(
+        client: &Client,
+        cache: &dyn KindCache,
+        namespace: &str,
+        child: &Child,
+        live: &LiveMeta,
+    ) -> Result<Option<Value>> {
+        if let Some(body) = &child.live {
+            let version = body
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str);
+            if version.is_some() && version == live.resource_version.as_deref() {
+                return Ok(Some(body.clone()));
+            }
+        }
+        if let Some(body) = cache.body(namespace, &child.name) {
+            return Ok(Some(body));
+        }
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), namespace, cache.api_resource());
+        let object = api
+            .get_opt(&child.name)
+            .await
+            .map_err(|source| Error::Child {
+                action: "read",
+                kind: child.kind,
+                name: child.name.clone(),
+                source,
+            })?;
+        object
+            .map(|o| {
+                serde_json::to_value(o).map_err(|source| Error::Render {
+                    kind: child.kind,
+                    source,
+                })
+            })
+            .transpose()
     }
 
     /// Applies every child that needs it, then deletes the owner's children of `kinds` that
@@ -220,33 +327,43 @@ impl Applier {
         for child in desired {
             let key: ChildKey = (child.kind, owner.namespace.to_string(), child.name.clone());
             let cache = caches.kind(child.kind)?;
-            let live = cache.meta(owner.namespace, &child.name);
+            let mut live = cache.meta(owner.namespace, &child.name);
             let reason = match &live {
                 None => Some("missing".to_string()),
-                Some(live) if live.hash.as_deref() != Some(child.hash.as_str()) => {
+                Some(l) if l.hash.as_deref() != Some(child.hash.as_str()) => {
                     Some("desired state changed".to_string())
                 }
-                Some(live)
-                    if self.recorded(&key).as_deref() == live.resource_version.as_deref() =>
-                {
-                    None
-                }
-                Some(live) => {
-                    let body = cache
-                        .json(owner.namespace, &child.name)
-                        .ok_or(Error::MissingField("cached child vanished"))??;
-                    match drift::drifted(&child.body, &body) {
-                        // Ours as we left it: remember this version, no request.
+                Some(l) if self.unchanged(child.kind, owner.namespace, &child.name, l) => None,
+                Some(l) => match Self::fetch(client, cache, owner.namespace, child, l).await? {
+                    // Deleted since the cache saw it.
+                    None => {
+                        live = None;
+                        Some("missing".to_string())
+                    }
+                    Some(body) => match drift::drifted(&child.body, &body) {
+                        // Ours as we left it: remember this version, no write.
                         None => {
-                            self.record(key.clone(), live.resource_version.clone());
+                            let version = body
+                                .pointer("/metadata/resourceVersion")
+                                .and_then(Value::as_str)
+                                .map(str::to_string);
+                            self.record(key.clone(), version, cache.content_of(&body));
                             None
                         }
                         // The path only: values of a Secret must never reach a log.
                         Some(path) => Some(format!("changed by someone else at {path}")),
-                    }
-                }
+                    },
+                },
             };
             let Some(reason) = reason else { continue };
+            if child.placeholder {
+                // The renderer saw the child as we left it and did not read its values; it
+                // changed since. The cache event of that change reconciles the owner again.
+                return Err(Error::StaleChild {
+                    kind: child.kind,
+                    name: child.name.clone(),
+                });
+            }
             tracing::debug!(kind = child.kind, name = %child.name, namespace = owner.namespace, %reason, "applying child");
             let api: Api<DynamicObject> =
                 Api::namespaced_with(client.clone(), owner.namespace, cache.api_resource());
@@ -262,7 +379,10 @@ impl Applier {
             let unchanged = live
                 .as_ref()
                 .is_some_and(|l| l.resource_version == applied.metadata.resource_version);
-            self.record(key, applied.metadata.resource_version);
+            let content = serde_json::to_value(&applied)
+                .ok()
+                .and_then(|body| cache.content_of(&body));
+            self.record(key, applied.metadata.resource_version, content);
             changes.push(match live {
                 None => Change::Created(child.kind, child.name.clone()),
                 Some(_) if unchanged => continue,

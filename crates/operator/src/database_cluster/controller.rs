@@ -710,10 +710,6 @@ async fn converge(
     store: &backup::Resolved,
 ) -> Result<Converged> {
     let owner_uid = db.uid().ok_or(Error::MissingField("metadata.uid"))?;
-    // Regenerated silently: the primary's agent applies it and the replicas read it.
-    let replication =
-        credentials(ctx, names, &names.replication_secret(), &owner_uid, false).await?;
-    let credentials = credentials(ctx, names, &names.secret(), &owner_uid, sts.is_some()).await?;
     let existing_claim_size = sts
         .and_then(|s| s.spec.volume_claim_templates.as_ref())
         .and_then(|t| t.first())
@@ -722,15 +718,55 @@ async fn converge(
         .and_then(|r| r.requests.as_ref())
         .and_then(|r| r.get("storage"))
         .map(|q| q.0.clone());
-    let inputs = Inputs {
-        password: &credentials.password,
-        replication_password: &replication.password,
-        version: target_version,
-        existing_claim_size: existing_claim_size.as_deref(),
-        cluster_domain: &ctx.settings.cluster_domain,
-        agent_image: &ctx.settings.agent_image,
+    // Passwords are read only when a credentials Secret may have to be written: a Secret as
+    // we left it is rendered with placeholders and skipped. If its desired state changed
+    // after all (its hash does not depend on the password), read them and render again.
+    let mut read = false;
+    let (mut desired, credentials) = loop {
+        // Regenerated silently: the primary's agent applies it and the replicas read it.
+        let replication = credentials(
+            ctx,
+            names,
+            &names.replication_secret(),
+            &owner_uid,
+            false,
+            read,
+        )
+        .await?;
+        let credentials =
+            credentials(ctx, names, &names.secret(), &owner_uid, sts.is_some(), read).await?;
+        let inputs = Inputs {
+            password: credentials.password.as_deref(),
+            replication_password: replication.password.as_deref(),
+            version: target_version,
+            existing_claim_size: existing_claim_size.as_deref(),
+            cluster_domain: &ctx.settings.cluster_domain,
+            agent_image: &ctx.settings.agent_image,
+        };
+        let mut desired = resources::desired(db, &inputs)?;
+        let secrets = ctx.caches.kind(Secret::KIND)?;
+        let outdated = desired.iter().any(|child| {
+            child.placeholder
+                && secrets
+                    .meta(&names.namespace, &child.name)
+                    .and_then(|live| live.hash)
+                    .as_deref()
+                    != Some(child.hash.as_str())
+        });
+        if outdated && !read {
+            read = true;
+            continue;
+        }
+        for read in [&replication, &credentials] {
+            let secret = desired
+                .iter_mut()
+                .find(|c| c.kind == Secret::KIND && c.name == read.name);
+            if let Some(secret) = secret {
+                secret.live.clone_from(&read.live);
+            }
+        }
+        break (desired, credentials);
     };
-    let mut desired = resources::desired(db, &inputs)?;
     if let Some(destination) = &store.destination {
         desired.push(backup::store_secret(
             db,
@@ -767,63 +803,84 @@ async fn converge(
 }
 
 struct Credentials {
-    password: String,
+    /// The Secret's name.
+    name: String,
+    /// `None` when the Secret is as we left it and was not read.
+    password: Option<String>,
     regenerated: bool,
+    /// The Secret as read, for the applier's drift check.
+    live: Option<serde_json::Value>,
 }
 
-/// The password of the cluster's credentials Secret, or a new one. A Secret of that name
-/// that the cluster does not control is never read or touched. A Secret that is gone while
-/// the StatefulSet (and so the data) exists gets a new password, reported as regenerated.
 /// The password of the Secret `secret_name` (credentials or replication): the one it holds,
-/// or a new one when it is gone or empty (`regenerated` when the data already existed).
+/// or a new one when it is gone or empty (`regenerated` when the data already existed). A
+/// Secret of that name that the cluster does not control is never read or touched. The
+/// cache keeps no Secret data, so the password is read from the API — only when `read` is
+/// set or the Secret is not as our last apply left it; otherwise it is not needed (`None`).
 async fn credentials(
     ctx: &Context,
     names: &Names,
     secret_name: &str,
     owner_uid: &str,
     data_exists: bool,
+    read: bool,
 ) -> Result<Credentials> {
     let owned_by_us = |s: &Secret| {
         s.owner_references()
             .iter()
             .any(|r| r.controller == Some(true) && r.uid == owner_uid)
     };
-    // Cache first, then the API: a Secret without devctl's labels is not in the cache, and a
-    // cold or lagging cache must never cause a new password.
-    let live = match ctx.caches.get::<Secret>(&names.namespace, secret_name) {
-        Some(cached) => Some(cached),
-        None => {
-            let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
-            api.get_opt(secret_name)
-                .await
-                .map_err(|source| Error::Child {
-                    action: "read",
-                    kind: "Secret",
-                    name: secret_name.to_string(),
-                    source,
-                })?
-                .map(Arc::new)
-        }
+    let not_owned = || Error::CredentialsSecretNotOwned {
+        name: secret_name.to_string(),
     };
-    match live {
-        Some(live) if !owned_by_us(&live) => Err(Error::CredentialsSecretNotOwned {
-            name: secret_name.to_string(),
-        }),
-        Some(live) => match secret::existing_password(&live) {
-            Some(password) => Ok(Credentials {
-                password,
+    if let Some(cached) = ctx.caches.get::<Secret>(&names.namespace, secret_name) {
+        if !owned_by_us(&cached) {
+            return Err(not_owned());
+        }
+        let live = ctx
+            .caches
+            .kind(Secret::KIND)?
+            .meta(&names.namespace, secret_name);
+        let as_we_left_it = live.is_some_and(|live| {
+            ctx.caches
+                .applier()
+                .unchanged(Secret::KIND, &names.namespace, secret_name, &live)
+        });
+        if as_we_left_it && !read {
+            return Ok(Credentials {
+                name: secret_name.to_string(),
+                password: None,
                 regenerated: false,
-            }),
-            None => Ok(Credentials {
-                password: secret::generate_password(),
-                regenerated: data_exists,
-            }),
-        },
-        None => Ok(Credentials {
-            password: secret::generate_password(),
-            regenerated: data_exists,
-        }),
+                live: None,
+            });
+        }
     }
+    // A Secret without devctl's labels is not in the cache, and a cold or lagging cache must
+    // never cause a new password: the API has the last word.
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let live = api
+        .get_opt(secret_name)
+        .await
+        .map_err(|source| Error::Child {
+            action: "read",
+            kind: "Secret",
+            name: secret_name.to_string(),
+            source,
+        })?;
+    let (password, regenerated) = match &live {
+        Some(live) if !owned_by_us(live) => return Err(not_owned()),
+        Some(live) => match secret::existing_password(live) {
+            Some(password) => (password, false),
+            None => (secret::generate_password(), data_exists),
+        },
+        None => (secret::generate_password(), data_exists),
+    };
+    Ok(Credentials {
+        name: secret_name.to_string(),
+        password: Some(password),
+        regenerated,
+        live: live.and_then(|l| serde_json::to_value(l).ok()),
+    })
 }
 
 /// Grows claims smaller than `spec.storage.size` in place (claim templates are immutable).

@@ -25,6 +25,8 @@ pub struct Env {
     pub client: kube::Client,
     /// Receives the name of every object after each finished reconcile.
     pub reconciled: mpsc::UnboundedReceiver<String>,
+    /// The operator's child caches (to inspect what it keeps in memory).
+    pub caches: devctl_operator::children::Caches,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
@@ -185,6 +187,10 @@ pub async fn start_on(cluster: &'static Cluster, prefix: &str) -> Env {
         std::slice::from_ref(&namespace),
         settings,
     );
+    let caches = operator
+        .caches(Some(&namespace))
+        .expect("the namespace's caches")
+        .clone();
     let reconciles = operator
         .controllers("test", async {
             let _ = stopped.await;
@@ -207,6 +213,7 @@ pub async fn start_on(cluster: &'static Cluster, prefix: &str) -> Env {
         namespace,
         client,
         reconciled,
+        caches,
         _stop: stop,
     }
 }

@@ -64,10 +64,12 @@ pub const APP_NAME: &str = "databasecluster";
 /// What the desired state depends on besides the spec.
 #[derive(Debug, Clone)]
 pub struct Inputs<'a> {
-    /// The password in the existing credentials Secret, or a freshly generated one.
-    pub password: &'a str,
+    /// The password in the existing credentials Secret, or a freshly generated one; `None`
+    /// when the Secret is as we left it and its password was not read (the Secret child is
+    /// then rendered with placeholders, see [`crate::children::Child::placeholder`]).
+    pub password: Option<&'a str>,
     /// The same for the replication Secret.
-    pub replication_password: &'a str,
+    pub replication_password: Option<&'a str>,
     /// The version to run: `spec.version`, or the running version when a change is refused.
     pub version: &'a str,
     /// The claim template size of the existing StatefulSet (immutable once created).
@@ -192,8 +194,8 @@ pub(crate) mod test_support {
 
     pub fn inputs() -> super::Inputs<'static> {
         super::Inputs {
-            password: "s3cretpassword",
-            replication_password: "r3plicationpassword",
+            password: Some("s3cretpassword"),
+            replication_password: Some("r3plicationpassword"),
             version: "16.2",
             existing_claim_size: None,
             cluster_domain: "cluster.local",
