@@ -23,6 +23,10 @@ pub struct Settings {
     /// Most reconciles one controller runs at once (controller-runtime's
     /// `MaxConcurrentReconciles`); one object is never reconciled twice at once.
     pub concurrency: u16,
+    /// How long a child's event waits for more events of the same owner before the owner is
+    /// reconciled (one reconcile for a burst: a pod turning ready, then its StatefulSet
+    /// counting it).
+    pub child_event_window: Duration,
     /// The image database pods copy `devctl-agent` from (an init container runs
     /// `/devctl-agent install`); the operator's own image.
     pub agent_image: String,
@@ -35,6 +39,9 @@ pub struct Settings {
 /// The default of `--concurrency`, as controller-runtime users expect.
 pub const DEFAULT_CONCURRENCY: u16 = 4;
 
+/// The default of `--child-event-window-ms`.
+pub const DEFAULT_CHILD_EVENT_WINDOW: Duration = Duration::from_millis(200);
+
 impl Default for Settings {
     fn default() -> Self {
         Self {
@@ -42,6 +49,7 @@ impl Default for Settings {
             health_requeue: Duration::from_secs(300),
             metrics: Arc::default(),
             concurrency: DEFAULT_CONCURRENCY,
+            child_event_window: DEFAULT_CHILD_EVENT_WINDOW,
             agent_image: crate::manifests::DEFAULT_IMAGE.into(),
             default_backup_secret: None,
         }

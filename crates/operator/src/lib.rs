@@ -16,6 +16,7 @@ pub mod error;
 pub mod helm;
 pub mod leader_election;
 pub mod manifests;
+pub mod memory;
 pub mod metrics;
 pub mod pod_security;
 pub mod reconciler;
@@ -52,7 +53,10 @@ pub fn child_caches(client: kube::Client, namespace: Option<String>) -> CachesBu
         .add_slim::<StatefulSet>(slim::stateful_set)
         .add_slim::<Deployment>(slim::deployment)
         .add_slim::<PodDisruptionBudget>(slim::pod_disruption_budget)
-        .add_with_owner::<PersistentVolumeClaim>(database_cluster::labelled_owner)
+        .add_trimmed::<PersistentVolumeClaim>(
+            database_cluster::labelled_owner,
+            slim::persistent_volume_claim,
+        )
         .add_trimmed::<Pod>(database_cluster::labelled_owner, database_cluster::trim_pod)
         // Agents renew the primary lock every second or so: only a new holder is news, and
         // the cache's change times are how the operator notices a lock nobody renews.
@@ -61,6 +65,9 @@ pub fn child_caches(client: kube::Client, namespace: Option<String>) -> CachesBu
             database_cluster::resources::lease::significant,
         )
 }
+
+/// How often freed memory is returned to the operating system.
+const MEMORY_RELEASE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The caches of every watch scope, running before (and independently of) leadership, so a
 /// follower is ready to take over — and to serve webhooks — with warm caches.
@@ -104,7 +111,13 @@ impl Operator {
             futures::future::join_all(all.iter().map(Caches::wait_synced)).await;
             tracing::info!("caches synced");
             metrics.set_ready(true);
-            futures::future::pending::<()>().await;
+            // The first lists were the largest allocations the operator makes; later bursts
+            // (re-lists, many reconciles at once) are given back on a slow tick.
+            let mut tick = tokio::time::interval(MEMORY_RELEASE_INTERVAL);
+            loop {
+                tick.tick().await;
+                memory::release_free_memory();
+            }
         };
         let run = async move {
             futures::future::join(futures::future::join_all(watches), ready).await;

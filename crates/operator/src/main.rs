@@ -61,6 +61,10 @@ struct Args {
     /// once); controller-runtime's MaxConcurrentReconciles.
     #[arg(long, default_value_t = devctl_operator::context::DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..))]
     concurrency: u16,
+    /// Milliseconds a child's event waits for more events of the same owner before the owner
+    /// is reconciled once for all of them (0: at once).
+    #[arg(long, default_value_t = devctl_operator::context::DEFAULT_CHILD_EVENT_WINDOW.as_millis() as u64)]
+    child_event_window_ms: u64,
     /// Image the database pods copy `devctl-agent` from: the operator's own image (it holds
     /// both binaries).
     #[arg(long, env = "DEVCTL_AGENT_IMAGE", default_value = devctl_operator::manifests::DEFAULT_IMAGE)]
@@ -157,8 +161,17 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // Before the runtime's threads exist: they would each get an arena.
+    devctl_operator::memory::limit_arenas();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     let timings = leader_election::Timings {
         lease_duration: args.leader_elect_lease_duration,
@@ -194,6 +207,7 @@ async fn main() -> anyhow::Result<()> {
         health_requeue: Duration::from_secs(args.health_requeue_seconds),
         metrics: metrics.clone(),
         concurrency: args.concurrency,
+        child_event_window: Duration::from_millis(args.child_event_window_ms),
         agent_image: args.agent_image.clone(),
         default_backup_secret: args.default_backup_secret.as_deref().map(|s| {
             match s.split_once('/') {

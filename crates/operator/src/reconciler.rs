@@ -175,7 +175,9 @@ where
 {
     use kube::runtime::WatchStreamExt;
     let (reader, writer) = kube::runtime::reflector::store::<K>();
-    let stream = kube::runtime::watcher(scoped_api::<K>(client, namespace), Default::default())
+    let config = kube::runtime::watcher::Config::default()
+        .page_size(crate::children::caches::LIST_PAGE_SIZE);
+    let stream = kube::runtime::watcher(scoped_api::<K>(client, namespace), config)
         .default_backoff()
         .modify(prune)
         .reflect(writer)
@@ -250,16 +252,27 @@ where
         }
     });
     let queued = metrics.clone();
-    let triggers = caches.owner_triggers::<K>().inspect(move |object| {
-        queued.queue_add(
-            name,
-            format!(
-                "{}/{}",
-                object.namespace.as_deref().unwrap_or_default(),
-                object.name
-            ),
-        );
-    });
+    // A burst of child events (a pod turning ready, its StatefulSet counting it, the claim
+    // binding) becomes one reconcile: each owner is released `window` after its first event,
+    // later events meanwhile ride along. Primary events and requeues are not delayed.
+    let window = settings.child_event_window;
+    let triggers =
+        kube::runtime::scheduler::scheduler(caches.owner_triggers::<K>().map(move |object| {
+            kube::runtime::scheduler::ScheduleRequest {
+                message: object,
+                run_at: tokio::time::Instant::now() + window,
+            }
+        }))
+        .inspect(move |object| {
+            queued.queue_add(
+                name,
+                format!(
+                    "{}/{}",
+                    object.namespace.as_deref().unwrap_or_default(),
+                    object.name
+                ),
+            );
+        });
     let context = Arc::new(Context::new(client, caches, settings, instance));
     Controller::for_stream(objects, reader)
         .reconcile_on(triggers)

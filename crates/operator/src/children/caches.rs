@@ -325,6 +325,12 @@ impl Caches {
         futures::future::join_all(waits).await;
     }
 
+    /// Triggers a reconcile of `owner` (by every controller of its kind).
+    pub fn trigger(&self, owner: OwnerKey) {
+        // No receiver (no controller running yet) is fine.
+        let _ = self.triggers.send(owner);
+    }
+
     /// The applier that keeps the record of what was applied.
     pub fn applier(&self) -> &Applier {
         &self.applier
@@ -367,6 +373,9 @@ pub struct CachesBuilder {
     applier: Arc<Applier>,
 }
 
+/// Objects per list page of a cache's (re-)list.
+pub const LIST_PAGE_SIZE: u32 = 100;
+
 /// Trigger messages buffered per controller before the slowest one misses some.
 const TRIGGER_BUFFER: usize = 4096;
 
@@ -382,11 +391,6 @@ impl CachesBuilder {
         }
     }
 
-    /// Caches `K`, whose owner is its controller owner reference, in full (pruned).
-    pub fn add<K: ChildKind>(self) -> Self {
-        self.register(controller_owner::<K>, |_| {}, None, true)
-    }
-
     /// Caches `K`, whose owner is its controller owner reference, keeping of each object
     /// only what `slim` leaves (see [`slim`]: a child's metadata is enough to know whether it
     /// is as we left it).
@@ -394,19 +398,13 @@ impl CachesBuilder {
         self.register(controller_owner::<K>, slim, None, false)
     }
 
-    /// Caches `K`, finding the owner with `owner_of` (for objects other controllers create
-    /// without an owner reference, such as a StatefulSet's claims).
-    pub fn add_with_owner<K: ChildKind>(self, owner_of: OwnerOf<K>) -> Self {
-        self.register(owner_of, |_| {}, None, true)
-    }
-
     /// Caches `K`, finding the owner with `owner_of` and keeping of each object only what
     /// `trim` leaves (for kinds the operator reads a few fields of, such as pods).
     pub fn add_trimmed<K: ChildKind>(self, owner_of: OwnerOf<K>, trim: fn(&mut K)) -> Self {
-        self.register(owner_of, trim, None, false)
+        self.register_with(owner_of, trim, None, false, false)
     }
 
-    /// Caches `K` (kept whole but pruned) like [`Self::add_with_owner`], but triggers the owner only when
+    /// Caches `K` (kept whole but pruned), finding the owner with `owner_of`, but triggers the owner only when
     /// `significant(object)` changed since the last event for that object (or the object is
     /// new or deleted), and notes when each object last changed ([`Caches::changed_at`]).
     /// For objects rewritten often without news, such as a lock its holder renews.
@@ -423,15 +421,33 @@ impl CachesBuilder {
     /// the cache keeps of it changed (for observed kinds: its significant part), and it is
     /// not the echo of the operator's own apply.
     fn register<K: ChildKind>(
-        mut self,
+        self,
         owner_of: OwnerOf<K>,
         trim: fn(&mut K),
         significant: Option<fn(&K) -> u64>,
         keeps_body: bool,
     ) -> Self {
+        self.register_with(owner_of, trim, significant, keeps_body, true)
+    }
+
+    /// [`Self::register`]; `fingerprinted`: whether to note the content fingerprint (kinds
+    /// the operator applies; for the others, such as pods, a change of what is not kept is
+    /// no news).
+    fn register_with<K: ChildKind>(
+        mut self,
+        owner_of: OwnerOf<K>,
+        trim: fn(&mut K),
+        significant: Option<fn(&K) -> u64>,
+        keeps_body: bool,
+        fingerprinted: bool,
+    ) -> Self {
         let (store, mut writer) = reflector::store::<K>();
         let (set_state, state) = watch::channel(CacheState::Syncing);
-        let config = watcher::Config::default().labels(&devctl_api::labels::managed_selector());
+        // Small list pages: the first list of a kind is its largest burst of memory (full
+        // objects, before they are slimmed).
+        let config = watcher::Config::default()
+            .labels(&devctl_api::labels::managed_selector())
+            .page_size(LIST_PAGE_SIZE);
         let api: Api<K> = scoped_api(&self.client, self.namespace.as_deref());
         let triggers = self.triggers.clone();
         let applier = self.applier.clone();
@@ -449,15 +465,16 @@ impl CachesBuilder {
                 .get(&ObjectRef::from_obj(object))
                 .is_none_or(|old| slim::significance(old.as_ref()) != slim::significance(object)),
         };
-        let echo = {
+        // Our own writes come back as events: not news (see `Applier::hold`).
+        let held = {
             let applier = applier.clone();
-            move |object: &K| {
+            move |object: &K, owner: &OwnerKey| {
                 let (Some(namespace), Some(version)) =
                     (object.namespace(), object.resource_version())
                 else {
                     return false;
                 };
-                applier.wrote(K::KIND, &namespace, &object.name_any(), &version)
+                applier.hold(K::KIND, &namespace, &object.name_any(), &version, owner)
             }
         };
         let forget = observations.clone();
@@ -465,16 +482,23 @@ impl CachesBuilder {
             .default_backoff()
             .modify(move |object: &mut K| {
                 prune(object);
-                let content = slim::content(object);
+                let content = fingerprinted.then(|| slim::content(object)).flatten();
                 trim(object);
-                slim::set_cached_content(object, content);
+                // Applied kinds not kept whole: their metadata beyond what the applier reads
+                // is in the fingerprint.
+                if fingerprinted && !keeps_body {
+                    slim::metadata(object);
+                }
+                if content.is_some() {
+                    slim::set_cached_content(object, content);
+                }
             })
             .for_each(move |event| {
                 let owner = match &event {
-                    Ok(watcher::Event::Apply(o)) => {
-                        let news = news(o) && !echo(o);
-                        news.then(|| owner_of(o)).flatten()
-                    }
+                    Ok(watcher::Event::Apply(o)) => news(o)
+                        .then(|| owner_of(o))
+                        .flatten()
+                        .filter(|owner| !held(o, owner)),
                     // Objects of a re-list may have changed while the watch was down; the
                     // first list is not news (each controller reconciles everything at start).
                     Ok(watcher::Event::InitApply(o)) => {
@@ -526,6 +550,7 @@ impl CachesBuilder {
                     _ => {}
                 }
                 if let Some(owner) = owner {
+                    tracing::debug!(kind = K::KIND, owner = %owner.name, "child event triggers its owner");
                     // No receiver (no controller running yet, e.g. a follower) is fine.
                     let _ = triggers.send(owner);
                 }

@@ -87,30 +87,37 @@ pub struct Child {
 }
 
 impl Child {
-    /// A child of kind `K` from its apply body. The body goes through `K` so a misspelt or
-    /// misplaced field fails here, in a unit test, instead of being dropped by the API server.
+    /// A child of kind `K` from its apply body. In debug builds the body goes through `K` so a
+    /// misspelt or misplaced field fails here, in a unit test, instead of being dropped by the
+    /// API server.
     pub fn new<K: ChildKind>(body: Value) -> Result<Self> {
-        let typed: K = serde_json::from_value(body.clone()).map_err(|source| Error::Render {
-            kind: K::KIND,
-            source,
-        })?;
-        let name = typed
-            .meta()
-            .name
-            .clone()
-            .ok_or(Error::MissingField("metadata.name of a child"))?;
-        let round_trip = serde_json::to_value(&typed).map_err(|source| Error::Render {
-            kind: K::KIND,
-            source,
-        })?;
-        // The round trip keeps every field the type knows; anything else was a mistake. The
-        // rendered body, not the round trip, is applied: a typed struct may serialise
-        // defaults we never meant to own.
-        if let Some(path) = drift::drifted(&body, &round_trip) {
-            return Err(Error::UnknownField {
+        let name = body
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .ok_or(Error::MissingField("metadata.name of a child"))?
+            .to_string();
+        // Rendering is pure, so checking every body against its type in the unit tests (debug
+        // builds) proves it for every release: the check costs as much as the rest of a
+        // reconcile's rendering, on every reconcile.
+        if cfg!(debug_assertions) {
+            let typed: K =
+                serde_json::from_value(body.clone()).map_err(|source| Error::Render {
+                    kind: K::KIND,
+                    source,
+                })?;
+            let round_trip = serde_json::to_value(&typed).map_err(|source| Error::Render {
                 kind: K::KIND,
-                path,
-            });
+                source,
+            })?;
+            // The round trip keeps every field the type knows; anything else was a mistake.
+            // The rendered body, not the round trip, is applied: a typed struct may
+            // serialise defaults we never meant to own.
+            if let Some(path) = drift::drifted(&body, &round_trip) {
+                return Err(Error::UnknownField {
+                    kind: K::KIND,
+                    path,
+                });
+            }
         }
         let mut body = body;
         let hash = hash(&body);
@@ -199,6 +206,14 @@ struct Applied {
 #[derive(Default)]
 pub struct Applier {
     applied: Mutex<HashMap<ChildKey, Applied>>,
+    /// Children being applied now, with the watch events for them that arrived meanwhile
+    /// (version and owner): whether those are our echo is known once the apply returns.
+    applying: Mutex<HashMap<ChildKey, Vec<(String, caches::OwnerKey)>>>,
+    /// Per owner (namespace, uid): the set of wanted children (a hash) its last orphan scan
+    /// was made for. Orphans appear only when that set shrinks (or before a restart, when
+    /// the record is empty), so scanning every cache on every reconcile — work that grows
+    /// with the number of clusters — is skipped otherwise.
+    scanned: Mutex<HashMap<(String, String), u64>>,
 }
 
 impl Applier {
@@ -221,18 +236,54 @@ impl Applier {
         }
     }
 
-    /// Whether the live child (as the cache sees it) is the version one of our applies
-    /// returned: then a watch event for it is only the echo of our own write.
-    pub fn wrote(
+    /// Called by a cache for a watch event that would trigger `owner`: whether to hold it
+    /// back. The version one of our applies returned is only the echo of our own write
+    /// (dropped); an event for a child being applied now waits until the apply returns.
+    pub fn hold(
         &self,
         kind: &'static str,
         namespace: &str,
         name: &str,
         resource_version: &str,
+        owner: &caches::OwnerKey,
     ) -> bool {
         let key = (kind, namespace.to_string(), name.to_string());
-        self.recorded(&key)
+        if self
+            .recorded(&key)
             .is_some_and(|r| r.resource_version == resource_version)
+        {
+            return true;
+        }
+        let Ok(mut applying) = self.applying.lock() else {
+            return false;
+        };
+        match applying.get_mut(&key) {
+            Some(held) => {
+                held.push((resource_version.to_string(), owner.clone()));
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn begin(&self, key: &ChildKey) {
+        if let Ok(mut applying) = self.applying.lock() {
+            applying.insert(key.clone(), Vec::new());
+        }
+    }
+
+    /// Ends an apply: the owners of held events that were not our own write.
+    fn finish(&self, key: &ChildKey, written: Option<&str>) -> Vec<caches::OwnerKey> {
+        let held = self
+            .applying
+            .lock()
+            .ok()
+            .and_then(|mut applying| applying.remove(key))
+            .unwrap_or_default();
+        held.into_iter()
+            .filter(|(version, _)| Some(version.as_str()) != written)
+            .map(|(_, owner)| owner)
+            .collect()
     }
 
     /// Whether the live child is ours as we left it: the version our last apply returned,
@@ -263,6 +314,13 @@ impl Applier {
     pub fn forget(&self, kind: &'static str, namespace: &str, name: &str) {
         if let Ok(mut applied) = self.applied.lock() {
             applied.remove(&(kind, namespace.to_string(), name.to_string()));
+        }
+    }
+
+    /// Forgets an owner that is gone (its children go with it).
+    pub fn forget_owner(&self, namespace: &str, uid: &str) {
+        if let Ok(mut scanned) = self.scanned.lock() {
+            scanned.remove(&(namespace.to_string(), uid.to_string()));
         }
     }
 
@@ -312,8 +370,97 @@ impl Applier {
             .transpose()
     }
 
+    /// Applies `child` if it is missing, its desired state changed, or someone else changed
+    /// it; what changed, if anything.
+    async fn apply_one(
+        &self,
+        client: &Client,
+        caches: &Caches,
+        owner: Owner<'_>,
+        child: &Child,
+    ) -> Result<Option<Change>> {
+        let key: ChildKey = (child.kind, owner.namespace.to_string(), child.name.clone());
+        let cache = caches.kind(child.kind)?;
+        let mut live = cache.meta(owner.namespace, &child.name);
+        let reason = match &live {
+            None => "missing".to_string(),
+            Some(l) if l.hash.as_deref() != Some(child.hash.as_str()) => {
+                "desired state changed".to_string()
+            }
+            Some(l) if self.unchanged(child.kind, owner.namespace, &child.name, l) => {
+                return Ok(None);
+            }
+            Some(l) => match Self::fetch(client, cache, owner.namespace, child, l).await? {
+                // Deleted since the cache saw it.
+                None => {
+                    live = None;
+                    "missing".to_string()
+                }
+                Some(body) => match drift::drifted(&child.body, &body) {
+                    // Ours as we left it: remember this version, no write.
+                    None => {
+                        let version = body
+                            .pointer("/metadata/resourceVersion")
+                            .and_then(Value::as_str)
+                            .map(str::to_string);
+                        self.record(key, version, cache.content_of(&body));
+                        return Ok(None);
+                    }
+                    // The path only: values of a Secret must never reach a log.
+                    Some(path) => format!("changed by someone else at {path}"),
+                },
+            },
+        };
+        if child.placeholder {
+            // The renderer saw the child as we left it and did not read its values; it
+            // changed since. The cache event of that change reconciles the owner again.
+            return Err(Error::StaleChild {
+                kind: child.kind,
+                name: child.name.clone(),
+            });
+        }
+        tracing::debug!(kind = child.kind, name = %child.name, namespace = owner.namespace, %reason, "applying child");
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), owner.namespace, cache.api_resource());
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        self.begin(&key);
+        let applied = api
+            .patch(&child.name, &params, &Patch::Apply(&child.body))
+            .await;
+        let written = applied
+            .as_ref()
+            .ok()
+            .and_then(|a| a.metadata.resource_version.clone());
+        if let Ok(applied) = &applied {
+            let content = serde_json::to_value(applied)
+                .ok()
+                .and_then(|body| cache.content_of(&body));
+            self.record(key.clone(), written.clone(), content);
+        }
+        for other in self.finish(&key, written.as_deref()) {
+            caches.trigger(other);
+        }
+        applied.map_err(|source| Error::Child {
+            action: "apply",
+            kind: child.kind,
+            name: child.name.clone(),
+            source,
+        })?;
+        Ok(match live {
+            None => Some(Change::Created(child.kind, child.name.clone())),
+            Some(l) if l.resource_version == written => None,
+            Some(_) => Some(Change::Updated(child.kind, child.name.clone())),
+        })
+    }
+
     /// Applies every child that needs it, then deletes the owner's children of `kinds` that
     /// are not in `desired`. Returns what changed.
+    ///
+    /// Children are applied in waves, in `desired` order: each workload (a StatefulSet or
+    /// Deployment) waits for everything listed before it — the configuration, Secrets and
+    /// rights its pods read — and the children between two workloads are applied together
+    /// ([`APPLIES_AT_ONCE`] at a time), so creating a cluster takes a few round trips instead
+    /// of one per child.
     pub async fn sync(
         &self,
         client: &Client,
@@ -323,75 +470,34 @@ impl Applier {
         kinds: &[&'static str],
     ) -> Result<Vec<Change>> {
         let mut changes = Vec::new();
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        for child in desired {
-            let key: ChildKey = (child.kind, owner.namespace.to_string(), child.name.clone());
-            let cache = caches.kind(child.kind)?;
-            let mut live = cache.meta(owner.namespace, &child.name);
-            let reason = match &live {
-                None => Some("missing".to_string()),
-                Some(l) if l.hash.as_deref() != Some(child.hash.as_str()) => {
-                    Some("desired state changed".to_string())
-                }
-                Some(l) if self.unchanged(child.kind, owner.namespace, &child.name, l) => None,
-                Some(l) => match Self::fetch(client, cache, owner.namespace, child, l).await? {
-                    // Deleted since the cache saw it.
-                    None => {
-                        live = None;
-                        Some("missing".to_string())
-                    }
-                    Some(body) => match drift::drifted(&child.body, &body) {
-                        // Ours as we left it: remember this version, no write.
-                        None => {
-                            let version = body
-                                .pointer("/metadata/resourceVersion")
-                                .and_then(Value::as_str)
-                                .map(str::to_string);
-                            self.record(key.clone(), version, cache.content_of(&body));
-                            None
-                        }
-                        // The path only: values of a Secret must never reach a log.
-                        Some(path) => Some(format!("changed by someone else at {path}")),
-                    },
-                },
-            };
-            let Some(reason) = reason else { continue };
-            if child.placeholder {
-                // The renderer saw the child as we left it and did not read its values; it
-                // changed since. The cache event of that change reconciles the owner again.
-                return Err(Error::StaleChild {
-                    kind: child.kind,
-                    name: child.name.clone(),
-                });
+        for batch in waves(desired)
+            .into_iter()
+            .flat_map(|wave| wave.chunks(APPLIES_AT_ONCE))
+        {
+            let applied = futures::future::join_all(
+                batch
+                    .iter()
+                    .map(|child| self.apply_one(client, caches, owner, child)),
+            )
+            .await;
+            for change in applied {
+                changes.extend(change?);
             }
-            tracing::debug!(kind = child.kind, name = %child.name, namespace = owner.namespace, %reason, "applying child");
-            let api: Api<DynamicObject> =
-                Api::namespaced_with(client.clone(), owner.namespace, cache.api_resource());
-            let applied = api
-                .patch(&child.name, &params, &Patch::Apply(&child.body))
-                .await
-                .map_err(|source| Error::Child {
-                    action: "apply",
-                    kind: child.kind,
-                    name: child.name.clone(),
-                    source,
-                })?;
-            let unchanged = live
-                .as_ref()
-                .is_some_and(|l| l.resource_version == applied.metadata.resource_version);
-            let content = serde_json::to_value(&applied)
-                .ok()
-                .and_then(|body| cache.content_of(&body));
-            self.record(key, applied.metadata.resource_version, content);
-            changes.push(match live {
-                None => Change::Created(child.kind, child.name.clone()),
-                Some(_) if unchanged => continue,
-                Some(_) => Change::Updated(child.kind, child.name.clone()),
-            });
         }
 
         let wanted: BTreeSet<(&str, &str)> =
             desired.iter().map(|c| (c.kind, c.name.as_str())).collect();
+        let scan = (owner.namespace.to_string(), owner.uid.to_string());
+        let wanted_hash = {
+            use std::hash::{Hash, Hasher};
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            (&wanted, kinds).hash(&mut hasher);
+            hasher.finish()
+        };
+        let scanned = self.scanned.lock().ok().and_then(|s| s.get(&scan).copied());
+        if scanned == Some(wanted_hash) {
+            return Ok(changes);
+        }
         for &kind in kinds {
             let cache = caches.kind(kind)?;
             for name in cache.owned(owner.namespace, owner.uid) {
@@ -416,8 +522,37 @@ impl Applier {
                 self.forget(kind, owner.namespace, &name);
             }
         }
+        if let Ok(mut scanned) = self.scanned.lock() {
+            scanned.insert(scan, wanted_hash);
+        }
         Ok(changes)
     }
+}
+
+/// Applies one reconcile sends at once: with `--concurrency` reconciles, what the operator
+/// keeps in flight (and the connections the client keeps open for them).
+const APPLIES_AT_ONCE: usize = 4;
+
+/// Kinds whose pods read the children listed before them.
+const WORKLOADS: [&str; 2] = ["StatefulSet", "Deployment"];
+
+/// `desired` cut into waves: each workload alone, the children between workloads together.
+fn waves(desired: &[Child]) -> Vec<&[Child]> {
+    let mut waves = Vec::new();
+    let mut start = 0;
+    for (i, child) in desired.iter().enumerate() {
+        if WORKLOADS.contains(&child.kind) {
+            if start < i {
+                waves.push(&desired[start..i]);
+            }
+            waves.push(&desired[i..=i]);
+            start = i + 1;
+        }
+    }
+    if start < desired.len() {
+        waves.push(&desired[start..]);
+    }
+    waves
 }
 
 /// The object whose children are synced.
@@ -463,6 +598,32 @@ mod tests {
         let mut body = config_map("1");
         body["dta"] = json!({ "k": "v" });
         assert!(Child::new::<ConfigMap>(body).is_err());
+    }
+
+    #[test]
+    fn workloads_wait_for_what_is_listed_before_them() {
+        let child = |kind: &'static str, name: &str| Child {
+            kind,
+            name: name.into(),
+            body: json!({}),
+            hash: String::new(),
+            placeholder: false,
+            live: None,
+        };
+        let desired = [
+            child("ConfigMap", "a"),
+            child("Secret", "b"),
+            child("StatefulSet", "c"),
+            child("PodDisruptionBudget", "d"),
+        ];
+        let names: Vec<Vec<&str>> = waves(&desired)
+            .iter()
+            .map(|w| w.iter().map(|c| c.name.as_str()).collect())
+            .collect();
+        assert_eq!(names, [vec!["a", "b"], vec!["c"], vec!["d"]]);
+        assert!(waves(&[]).is_empty());
+        let only = [child("Deployment", "x")];
+        assert_eq!(waves(&only).len(), 1);
     }
 
     #[test]

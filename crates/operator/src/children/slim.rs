@@ -12,12 +12,14 @@ use std::hash::{Hash, Hasher};
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec,
-    PodTemplateSpec, Secret, Service, ServiceAccount,
+    ConfigMap, Container, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimStatus, PodSpec, PodTemplateSpec, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Resource;
+
+use super::HASH_ANNOTATION;
 use serde_json::Value;
 
 /// Where a cached copy carries the fingerprint of the content it was slimmed from. Exists
@@ -80,6 +82,28 @@ pub fn significance<K: serde::Serialize>(object: &K) -> u64 {
         meta.remove("resourceVersion");
     }
     hash_value(&value)
+}
+
+/// The metadata the operator reads of a child it applies: identity, versions, deletion, the
+/// hash of what we applied and the controller owner. Labels and other annotations are in the
+/// content fingerprint; kept they would be most of a slim child's size.
+pub fn metadata<K: Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.labels = None;
+    meta.managed_fields = None;
+    meta.finalizers = None;
+    meta.generate_name = None;
+    meta.creation_timestamp = None;
+    meta.uid = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|k, _| k == HASH_ANNOTATION);
+    }
+    if let Some(owners) = meta.owner_references.as_mut() {
+        owners.retain(|o| o.controller == Some(true));
+        for owner in owners.iter_mut() {
+            owner.block_owner_deletion = None;
+        }
+    }
 }
 
 pub fn config_map(object: &mut ConfigMap) {
@@ -157,6 +181,23 @@ pub fn stateful_set(object: &mut StatefulSet) {
             status: None,
         };
     }
+}
+
+/// The name, labels, requested size and capacity (what volume expansion reads); not the
+/// binding and provisioning annotations other controllers write while a claim settles.
+pub fn persistent_volume_claim(object: &mut PersistentVolumeClaim) {
+    let meta = &mut object.metadata;
+    meta.annotations = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+    object.spec = object.spec.take().map(|s| PersistentVolumeClaimSpec {
+        resources: s.resources,
+        ..Default::default()
+    });
+    object.status = object.status.take().map(|s| PersistentVolumeClaimStatus {
+        capacity: s.capacity,
+        ..Default::default()
+    });
 }
 
 /// Replicas, images and the status.

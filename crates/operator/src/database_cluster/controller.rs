@@ -258,9 +258,12 @@ fn recorded_primary(db: &DatabaseCluster, names: &Names) -> Primary {
 
 /// The cluster's pods from the cache.
 pub(crate) fn cluster_pods(ctx: &Context, names: &Names) -> Vec<Arc<Pod>> {
+    // Runs over every cached pod on every reconcile: compares, never allocates.
     ctx.caches.filter::<Pod>(|pod| {
-        pod.metadata.namespace.as_deref() == Some(names.namespace.as_str())
-            && labelled_owner(pod).is_some_and(|owner| owner.name == names.name)
+        let labels = pod.labels();
+        labels.get(labels::INSTANCE) == Some(&names.name)
+            && labels.get(labels::NAME).map(String::as_str) == Some(resources::APP_NAME)
+            && pod.metadata.namespace.as_deref() == Some(names.namespace.as_str())
     })
 }
 
@@ -898,10 +901,15 @@ async fn expand_volumes(
         resources::stateful_set::DATA_VOLUME,
         names.stateful_set()
     );
+    // Runs over every cached claim on every reconcile: compares, never allocates.
     let claims: Vec<_> = ctx.caches.filter::<PersistentVolumeClaim>(|pvc| {
-        pvc.namespace().as_deref() == Some(names.namespace.as_str())
-            && pvc.labels().get(labels::INSTANCE) == Some(&names.name)
-            && pvc.name_any().starts_with(&prefix)
+        pvc.labels().get(labels::INSTANCE) == Some(&names.name)
+            && pvc.metadata.namespace.as_deref() == Some(names.namespace.as_str())
+            && pvc
+                .metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(&prefix))
     });
     let bytes = |q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
         q.and_then(|q| quantity::to_bytes(&q.0)).unwrap_or(0)
@@ -1067,6 +1075,9 @@ async fn run_cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> 
         ctx.settings
             .metrics
             .forget_cluster(&namespace, &db.name_any());
+        if let Some(uid) = db.uid() {
+            ctx.caches.applier().forget_owner(&namespace, &uid);
+        }
     }
     Ok(Action::await_change())
 }

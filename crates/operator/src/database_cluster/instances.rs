@@ -10,17 +10,23 @@ use std::collections::BTreeMap;
 
 use devctl_api::database_cluster::InstanceSummary;
 use devctl_api::instance::{InstanceStatus, STATUS_ANNOTATION};
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodCondition, PodStatus,
+};
 use kube::{Resource, ResourceExt};
 
 use super::resources::stateful_set::CONFIG_HASH_ANNOTATION;
 
 /// Keeps of a cached pod only what the operator reads: identity, labels, the agent's report,
-/// the configuration hash, readiness, the IP and the containers' states. A pod's spec is most
-/// of its size and is the StatefulSet's business.
+/// the configuration hash, readiness, the IP, the phase and why a container last stopped.
+/// A pod's spec is most of its size and is the StatefulSet's business; and what is not kept
+/// cannot wake the cluster's reconcile when the kubelet rewrites it (probe times, restarts
+/// of the running state).
 pub fn trim_pod(pod: &mut Pod) {
     let meta = pod.meta_mut();
     meta.managed_fields = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.retain(|k, _| {
             k == STATUS_ANNOTATION
@@ -33,10 +39,33 @@ pub fn trim_pod(pod: &mut Pod) {
     pod.spec = None;
     if let Some(status) = pod.status.take() {
         pod.status = Some(PodStatus {
-            conditions: status
-                .conditions
-                .map(|c| c.into_iter().filter(|c| c.type_ == "Ready").collect()),
-            container_statuses: status.container_statuses,
+            conditions: status.conditions.map(|c| {
+                c.into_iter()
+                    .filter(|c| c.type_ == "Ready")
+                    .map(|c| PodCondition {
+                        type_: c.type_,
+                        status: c.status,
+                        ..PodCondition::default()
+                    })
+                    .collect()
+            }),
+            container_statuses: status.container_statuses.map(|statuses| {
+                statuses
+                    .into_iter()
+                    .map(|s| ContainerStatus {
+                        name: s.name,
+                        last_state: s.last_state.map(|last| ContainerState {
+                            terminated: last.terminated.map(|t| ContainerStateTerminated {
+                                exit_code: t.exit_code,
+                                message: t.message,
+                                ..ContainerStateTerminated::default()
+                            }),
+                            ..ContainerState::default()
+                        }),
+                        ..ContainerStatus::default()
+                    })
+                    .collect()
+            }),
             pod_ip: status.pod_ip,
             phase: status.phase,
             ..PodStatus::default()
