@@ -595,8 +595,8 @@ fn owning_cluster(sts: &StatefulSet) -> String {
 }
 
 enum Seen {
-    Cluster(DatabaseCluster),
-    StatefulSet(StatefulSet),
+    Cluster(Box<DatabaseCluster>),
+    StatefulSet(Box<StatefulSet>),
 }
 
 /// When the bench first saw each cluster Ready and each cluster's StatefulSet ready.
@@ -739,11 +739,11 @@ async fn main() -> Result<(), Error> {
     let clusters = watcher(dbs.clone(), watcher::Config::default())
         .default_backoff()
         .applied_objects()
-        .map(|e| e.map(Seen::Cluster));
+        .map(|e| e.map(|db| Seen::Cluster(Box::new(db))));
     let sets = watcher(stateful_sets, watcher::Config::default())
         .default_backoff()
         .applied_objects()
-        .map(|e| e.map(Seen::StatefulSet));
+        .map(|e| e.map(|sts| Seen::StatefulSet(Box::new(sts))));
     let mut events = futures::stream::select(clusters, sets).boxed();
     let started = Instant::now();
     let mut operator = Operator::start(
@@ -775,7 +775,7 @@ async fn main() -> Result<(), Error> {
     let idle = Duration::from_secs(20).max(health_requeue(count) + Duration::from_secs(15));
     let idle_mark = audit.mark();
     tokio::time::sleep(idle).await;
-    let idle_writes = operator_writes(&audit, idle_mark)?;
+    let idle_writes = operator_writes(audit, idle_mark)?;
     let after_idle = operator.scrape()?;
     let usage_idle = operator.usage();
 
@@ -791,16 +791,13 @@ async fn main() -> Result<(), Error> {
     )?;
     let reconciled_after = operator.wait_for_reconciles(count, restarted).await?;
     tokio::time::sleep(RESTART_SETTLE).await;
-    let restart_writes = operator_writes(&audit, restart_mark)?;
+    let restart_writes = operator_writes(audit, restart_mark)?;
     let after_restart = operator.scrape()?;
     let usage_restart = operator.usage();
     operator.stop().await?;
 
     // One instance: ConfigMap, Secret, headless and read-write Services, StatefulSet.
-    row(
-        "clusters",
-        format!("{count} (one instance each)"),
-    );
+    row("clusters", format!("{count} (one instance each)"));
     row(
         "all Ready after",
         format!("{:.1} s", converged.as_secs_f64()),
