@@ -63,7 +63,7 @@ struct Args {
     concurrency: u16,
     /// Milliseconds a child's event waits for more events of the same owner before the owner
     /// is reconciled once for all of them (0: at once).
-    #[arg(long, default_value_t = devctl_operator::context::DEFAULT_CHILD_EVENT_WINDOW.as_millis() as u64)]
+    #[arg(long, default_value_t = devctl_operator::context::DEFAULT_CHILD_EVENT_WINDOW.as_millis() as u64, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     child_event_window_ms: u64,
     /// Image the database pods copy `devctl-agent` from: the operator's own image (it holds
     /// both binaries).

@@ -494,6 +494,17 @@ impl CachesBuilder {
                 }
             })
             .for_each(move |event| {
+                // A child new to the cache may be one the last orphan scan of its owner could
+                // not see yet: the next reconcile scans again.
+                if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = &event
+                    && reader.get(&ObjectRef::from_obj(o)).is_none()
+                    && let (Some(namespace), Some(controller)) = (
+                        o.namespace(),
+                        o.owner_references().iter().find(|r| r.controller == Some(true)),
+                    )
+                {
+                    applier.forget_owner(&namespace, &controller.uid);
+                }
                 let owner = match &event {
                     Ok(watcher::Event::Apply(o)) => news(o)
                         .then(|| owner_of(o))

@@ -198,6 +198,9 @@ type ChildKey = (&'static str, String, String);
 struct Applied {
     resource_version: String,
     content: Option<u64>,
+    /// The version is one our apply returned (not one a drift check read): its watch event
+    /// is our own echo.
+    written: bool,
 }
 
 /// Applies children and deletes orphans; remembers the `resourceVersion` and content
@@ -221,7 +224,13 @@ impl Applier {
         self.applied.lock().ok()?.get(key).cloned()
     }
 
-    fn record(&self, key: ChildKey, resource_version: Option<String>, content: Option<u64>) {
+    fn record(
+        &self,
+        key: ChildKey,
+        resource_version: Option<String>,
+        content: Option<u64>,
+        written: bool,
+    ) {
         if let Ok(mut applied) = self.applied.lock() {
             match resource_version {
                 Some(resource_version) => applied.insert(
@@ -229,6 +238,7 @@ impl Applier {
                     Applied {
                         resource_version,
                         content,
+                        written,
                     },
                 ),
                 None => applied.remove(&key),
@@ -247,10 +257,16 @@ impl Applier {
         resource_version: &str,
         owner: &caches::OwnerKey,
     ) -> bool {
+        // A workload's own echo is news: the owner reports it not rolled out until the
+        // workload's controller has seen the apply, and nothing else may follow (an apply
+        // that leaves the generation alone gets no status update).
+        if WORKLOADS.contains(&kind) {
+            return false;
+        }
         let key = (kind, namespace.to_string(), name.to_string());
         if self
             .recorded(&key)
-            .is_some_and(|r| r.resource_version == resource_version)
+            .is_some_and(|r| r.written && r.resource_version == resource_version)
         {
             return true;
         }
@@ -305,7 +321,7 @@ impl Applier {
         }
         let same_content = live.content.is_some() && live.content == recorded.content;
         if same_content {
-            self.record(key, live.resource_version.clone(), live.content);
+            self.record(key, live.resource_version.clone(), live.content, false);
         }
         same_content
     }
@@ -403,7 +419,7 @@ impl Applier {
                             .pointer("/metadata/resourceVersion")
                             .and_then(Value::as_str)
                             .map(str::to_string);
-                        self.record(key, version, cache.content_of(&body));
+                        self.record(key, version, cache.content_of(&body), false);
                         return Ok(None);
                     }
                     // The path only: values of a Secret must never reach a log.
@@ -435,7 +451,7 @@ impl Applier {
             let content = serde_json::to_value(applied)
                 .ok()
                 .and_then(|body| cache.content_of(&body));
-            self.record(key.clone(), written.clone(), content);
+            self.record(key.clone(), written.clone(), content, true);
         }
         for other in self.finish(&key, written.as_deref()) {
             caches.trigger(other);
