@@ -44,15 +44,15 @@ use children::{Caches, CachesBuilder};
 pub fn child_caches(client: kube::Client, namespace: Option<String>) -> CachesBuilder {
     use children::slim;
     CachesBuilder::new(client, namespace)
-        .add_slim::<ConfigMap>(slim::config_map)
-        .add_slim::<Secret>(slim::secret)
-        .add_slim::<Service>(slim::service)
-        .add_slim::<ServiceAccount>(slim::service_account)
-        .add_slim::<Role>(slim::role)
-        .add_slim::<RoleBinding>(slim::role_binding)
+        .add_metadata::<ConfigMap>(slim::config_map)
+        .add_metadata::<Secret>(slim::secret)
+        .add_metadata::<Service>(slim::service)
+        .add_metadata::<ServiceAccount>(slim::service_account)
+        .add_metadata::<Role>(slim::role)
+        .add_metadata::<RoleBinding>(slim::role_binding)
         .add_slim::<StatefulSet>(slim::stateful_set)
         .add_slim::<Deployment>(slim::deployment)
-        .add_slim::<PodDisruptionBudget>(slim::pod_disruption_budget)
+        .add_metadata::<PodDisruptionBudget>(slim::pod_disruption_budget)
         .add_trimmed::<PersistentVolumeClaim>(
             database_cluster::labelled_owner,
             slim::persistent_volume_claim,

@@ -814,22 +814,34 @@ async fn slim_caches_still_restore_drift_and_hold_no_secret_data() {
     let password_before = password(&env, "slim").await;
 
     let assert_slim = |env: &support::Env| {
-        let secrets = env.caches.filter::<Secret>(|_| true);
-        assert!(secrets.len() >= 2, "the cluster's Secrets are cached");
-        for secret in &secrets {
+        // Secrets and ConfigMaps are known by their metadata only: no object, so no data.
+        for (kind, name) in [
+            ("Secret", "slim-credentials"),
+            ("Secret", "slim-replication"),
+            ("ConfigMap", "slim-config"),
+        ] {
+            let live = env
+                .caches
+                .kind(kind)
+                .expect("the kind is cached")
+                .meta(&env.namespace, name)
+                .unwrap_or_else(|| panic!("{kind} {name} is known to the cache"));
             assert!(
-                secret.data.is_none() && secret.string_data.is_none(),
-                "Secret {} is cached with its data",
-                secret.name_any()
+                live.hash.is_some() && live.content.is_some() && live.controller.is_some(),
+                "{kind} {name}: {live:?}"
             );
         }
-        let config = env
-            .caches
-            .get::<ConfigMap>(&env.namespace, "slim-config")
-            .expect("the ConfigMap is cached");
+        for name in ["slim-credentials", "slim-replication"] {
+            assert!(
+                env.caches.get::<Secret>(&env.namespace, name).is_none(),
+                "Secret {name} is cached as an object (with its data)"
+            );
+        }
         assert!(
-            config.data.is_none(),
-            "the ConfigMap is cached with its data"
+            env.caches
+                .get::<ConfigMap>(&env.namespace, "slim-config")
+                .is_none(),
+            "the ConfigMap is cached as an object (with its data)"
         );
         let sts = env
             .caches

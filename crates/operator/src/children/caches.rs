@@ -157,8 +157,97 @@ impl Observations {
     }
 }
 
+/// The parts of a child the applier reads ([`LiveMeta`]).
+fn live_meta<K: Resource>(object: &K) -> LiveMeta {
+    LiveMeta {
+        resource_version: object.resource_version(),
+        hash: object.annotations().get(HASH_ANNOTATION).cloned(),
+        content: slim::cached_content(object),
+        controller: object
+            .owner_references()
+            .iter()
+            .find(|r| r.controller == Some(true))
+            .map(|r| r.uid.clone()),
+    }
+}
+
+/// What a metadata-only kind keeps of one object: no object at all.
+#[derive(Debug, Clone)]
+struct MetaEntry {
+    meta: LiveMeta,
+    /// [`slim::significance`] of the slimmed object: whether an event is news.
+    significance: u64,
+}
+
+type MetaMap = HashMap<(String, String), MetaEntry>;
+
+/// The store of a metadata-only kind ([`CachesBuilder::add_metadata`]): a few hundred bytes
+/// per child, where a reflector keeps the kind's whole struct even with every field empty
+/// (824 bytes for a `Service`, plus a map node for two annotations).
+#[derive(Default)]
+struct MetaStore {
+    entries: std::sync::RwLock<MetaMap>,
+    /// A (re-)list in progress: it replaces `entries` when complete, as a reflector's does.
+    listing: Mutex<Option<MetaMap>>,
+}
+
+impl MetaStore {
+    fn get(&self, namespace: &str, name: &str) -> Option<MetaEntry> {
+        let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+        entries
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    fn apply<K: Resource + serde::Serialize>(&self, event: &watcher::Event<K>) {
+        let entry = |object: &K| {
+            (
+                (object.namespace().unwrap_or_default(), object.name_any()),
+                MetaEntry {
+                    meta: live_meta(object),
+                    significance: slim::significance(object),
+                },
+            )
+        };
+        let mut listing = self.listing.lock().unwrap_or_else(PoisonError::into_inner);
+        let entries = || self.entries.write().unwrap_or_else(PoisonError::into_inner);
+        match event {
+            watcher::Event::Init => *listing = Some(MetaMap::new()),
+            watcher::Event::InitApply(object) => {
+                let (key, value) = entry(object);
+                listing.get_or_insert_default().insert(key, value);
+            }
+            watcher::Event::InitDone => {
+                if let Some(listed) = listing.take() {
+                    *entries() = listed;
+                }
+            }
+            watcher::Event::Apply(object) => {
+                let (key, value) = entry(object);
+                entries().insert(key, value);
+            }
+            watcher::Event::Delete(object) => {
+                entries().remove(&(object.namespace().unwrap_or_default(), object.name_any()));
+            }
+        }
+    }
+
+    fn owned(&self, namespace: &str, owner_uid: &str) -> Vec<String> {
+        let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+        entries
+            .iter()
+            .filter(|((ns, _), e)| {
+                ns == namespace && e.meta.controller.as_deref() == Some(owner_uid)
+            })
+            .map(|((_, name), _)| name.clone())
+            .collect()
+    }
+}
+
 struct TypedCache<K: ChildKind> {
     store: Store<K>,
+    /// For kinds registered with [`CachesBuilder::add_metadata`]: `store` stays empty.
+    metadata_only: Option<Arc<MetaStore>>,
     api_resource: ApiResource,
     state: watch::Receiver<CacheState>,
     /// For kinds registered with [`CachesBuilder::add_observed`].
@@ -179,17 +268,10 @@ impl<K: ChildKind> KindCache for TypedCache<K> {
     }
 
     fn meta(&self, namespace: &str, name: &str) -> Option<LiveMeta> {
-        let object = self.find(namespace, name)?;
-        Some(LiveMeta {
-            resource_version: object.resource_version(),
-            hash: object.annotations().get(HASH_ANNOTATION).cloned(),
-            content: slim::cached_content(object.as_ref()),
-            controller: object
-                .owner_references()
-                .iter()
-                .find(|r| r.controller == Some(true))
-                .map(|r| r.uid.clone()),
-        })
+        if let Some(metadata) = &self.metadata_only {
+            return metadata.get(namespace, name).map(|e| e.meta);
+        }
+        Some(live_meta(self.find(namespace, name)?.as_ref()))
     }
 
     fn body(&self, namespace: &str, name: &str) -> Option<Value> {
@@ -213,6 +295,9 @@ impl<K: ChildKind> KindCache for TypedCache<K> {
     }
 
     fn owned(&self, namespace: &str, owner_uid: &str) -> Vec<String> {
+        if let Some(metadata) = &self.metadata_only {
+            return metadata.owned(namespace, owner_uid);
+        }
         self.store
             .state()
             .iter()
@@ -371,6 +456,8 @@ pub struct CachesBuilder {
     watches: Vec<BoxFuture<'static, ()>>,
     triggers: broadcast::Sender<OwnerKey>,
     applier: Arc<Applier>,
+    /// Set while [`Self::add_metadata`] registers its kind.
+    metadata_only: bool,
 }
 
 /// Objects per list page of a cache's (re-)list.
@@ -388,6 +475,7 @@ impl CachesBuilder {
             watches: Vec::new(),
             triggers: broadcast::channel(TRIGGER_BUFFER).0,
             applier: Arc::default(),
+            metadata_only: false,
         }
     }
 
@@ -396,6 +484,17 @@ impl CachesBuilder {
     /// is as we left it).
     pub fn add_slim<K: ChildKind>(self, slim: fn(&mut K)) -> Self {
         self.register(controller_owner::<K>, slim, None, false)
+    }
+
+    /// [`Self::add_slim`] for kinds the operator reads nothing of but their [`LiveMeta`]
+    /// ([`KindCache::meta`]): no object is kept, and [`Caches::get`] finds none.
+    pub fn add_metadata<K: ChildKind>(mut self, slim: fn(&mut K)) -> Self {
+        self.metadata_only = true;
+        let this = self.register(controller_owner::<K>, slim, None, false);
+        Self {
+            metadata_only: false,
+            ..this
+        }
     }
 
     /// Caches `K`, finding the owner with `owner_of` and keeping of each object only what
@@ -453,17 +552,34 @@ impl CachesBuilder {
         let applier = self.applier.clone();
         let observations = significant.map(|_| Arc::new(Observations::default()));
         let observed = observations.clone();
+        let metadata_only = self.metadata_only.then(|| Arc::new(MetaStore::default()));
+        let metadata = metadata_only.clone();
         let reader = store.clone();
+        // Whether the cache has the object (a metadata-only kind has no reflector store).
+        let cached = move |namespace: &str, name: &str| match &metadata {
+            Some(metadata) => metadata.get(namespace, name).is_some(),
+            None => reader
+                .get(&ObjectRef::new(name).within(namespace))
+                .is_some(),
+        };
         let previous = store.clone();
+        let previous_metadata = metadata_only.clone();
         // Whether an object as delivered is news for its owner (decided before the store
         // takes it, so the previous copy is still there to compare with).
         let news = move |object: &K| match (significant, &observed) {
             (Some(significant), Some(observed)) => {
                 observed.record(object, significant(object), Instant::now())
             }
-            _ => previous
-                .get(&ObjectRef::from_obj(object))
-                .is_none_or(|old| slim::significance(old.as_ref()) != slim::significance(object)),
+            _ => match &previous_metadata {
+                Some(metadata) => metadata
+                    .get(&object.namespace().unwrap_or_default(), &object.name_any())
+                    .is_none_or(|old| old.significance != slim::significance(object)),
+                None => previous
+                    .get(&ObjectRef::from_obj(object))
+                    .is_none_or(|old| {
+                        slim::significance(old.as_ref()) != slim::significance(object)
+                    }),
+            },
         };
         // Our own writes come back as events: not news (see `Applier::hold`).
         let held = {
@@ -478,6 +594,7 @@ impl CachesBuilder {
             }
         };
         let forget = observations.clone();
+        let writing_metadata = metadata_only.clone();
         let watch = watcher(api, config)
             .default_backoff()
             .modify(move |object: &mut K| {
@@ -497,7 +614,7 @@ impl CachesBuilder {
                 // A child new to the cache may be one the last orphan scan of its owner could
                 // not see yet: the next reconcile scans again.
                 if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = &event
-                    && reader.get(&ObjectRef::from_obj(o)).is_none()
+                    && !cached(&o.namespace().unwrap_or_default(), &o.name_any())
                     && let (Some(namespace), Some(controller)) = (
                         o.namespace(),
                         o.owner_references().iter().find(|r| r.controller == Some(true)),
@@ -530,16 +647,15 @@ impl CachesBuilder {
                     _ => None,
                 };
                 if let Ok(event) = &event {
-                    writer.apply_watcher_event(event);
+                    match &writing_metadata {
+                        Some(metadata) => metadata.apply(event),
+                        None => writer.apply_watcher_event(event),
+                    }
                 }
                 match &event {
                     Ok(watcher::Event::InitDone) => {
                         if let Some(observations) = &forget {
-                            observations.retain(|namespace, name| {
-                                reader
-                                    .get(&ObjectRef::new(name).within(namespace))
-                                    .is_some()
-                            });
+                            observations.retain(|namespace, name| cached(namespace, name));
                         }
                         set_state.send_replace(CacheState::Synced);
                     }
@@ -573,6 +689,7 @@ impl CachesBuilder {
             K::KIND,
             Arc::new(TypedCache {
                 store,
+                metadata_only,
                 api_resource: super::api_resource::<K>(),
                 state,
                 observations,
@@ -598,6 +715,51 @@ impl CachesBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn secret(name: &str, version: &str, owner: &str) -> k8s_openapi::api::core::v1::Secret {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": name, "namespace": "ns", "resourceVersion": version,
+                "annotations": { HASH_ANNOTATION: "h" },
+                "ownerReferences": [{ "apiVersion": "v1", "kind": "X", "name": "o", "uid": owner, "controller": true }]
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_metadata_store_keeps_what_the_applier_reads_and_swaps_in_a_relist_whole() {
+        let store = MetaStore::default();
+        store.apply(&watcher::Event::Apply(secret("a", "1", "u1")));
+        store.apply(&watcher::Event::Apply(secret("b", "2", "u1")));
+        let a = store.get("ns", "a").unwrap().meta;
+        assert_eq!(a.resource_version.as_deref(), Some("1"));
+        assert_eq!(a.hash.as_deref(), Some("h"));
+        assert_eq!(a.controller.as_deref(), Some("u1"));
+        let mut owned = store.owned("ns", "u1");
+        owned.sort();
+        assert_eq!(owned, ["a", "b"]);
+        assert!(store.owned("other", "u1").is_empty());
+
+        // A re-list: the old entries stay readable until it is complete, then only what it
+        // listed is left (b was deleted while the watch was down).
+        store.apply(&watcher::Event::<k8s_openapi::api::core::v1::Secret>::Init);
+        store.apply(&watcher::Event::InitApply(secret("a", "3", "u1")));
+        assert!(store.get("ns", "b").is_some());
+        store.apply(&watcher::Event::<k8s_openapi::api::core::v1::Secret>::InitDone);
+        assert!(store.get("ns", "b").is_none());
+        assert_eq!(
+            store
+                .get("ns", "a")
+                .unwrap()
+                .meta
+                .resource_version
+                .as_deref(),
+            Some("3")
+        );
+        store.apply(&watcher::Event::Delete(secret("a", "4", "u1")));
+        assert!(store.get("ns", "a").is_none());
+    }
     use k8s_openapi::api::coordination::v1::Lease;
     use std::time::Duration;
 

@@ -10,7 +10,7 @@
 
 use std::hash::{Hash, Hasher};
 
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet, StatefulSetStatus};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     PersistentVolumeClaimStatus, PodSpec, PodTemplateSpec, Secret, Service, ServiceAccount,
@@ -163,8 +163,19 @@ fn slim_template(template: &mut PodTemplateSpec) {
     };
 }
 
-/// Replicas, images, the claim templates' requested sizes and the status.
+/// Replicas, images, the claim templates' requested sizes and the status fields the
+/// cluster's status and pod plan read (generation seen, counts, revisions): a change of
+/// `availableReplicas`, `currentReplicas` or the conditions alone is no news to the owner.
 pub fn stateful_set(object: &mut StatefulSet) {
+    object.status = object.status.take().map(|s| StatefulSetStatus {
+        observed_generation: s.observed_generation,
+        replicas: s.replicas,
+        ready_replicas: s.ready_replicas,
+        updated_replicas: s.updated_replicas,
+        current_revision: s.current_revision,
+        update_revision: s.update_revision,
+        ..StatefulSetStatus::default()
+    });
     let spec = &mut object.spec;
     slim_template(&mut spec.template);
     spec.selector = Default::default();

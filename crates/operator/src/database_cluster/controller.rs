@@ -33,7 +33,8 @@ use crate::children::{Caches, Change, Owner, applied};
 use crate::context::{Context, Settings};
 use crate::error::{Error, Result};
 use crate::reconciler::{
-    Announcement, Transition, key, now, publish, report_transition, run_controller, write_status,
+    Announcement, Transition, ensure_finalizer, key, now, publish, report_transition,
+    run_controller, write_status,
 };
 use devctl_api::instance::{BACKUP_STORE_SECRET_SUFFIX, RESTORE_STORE_SECRET_SUFFIX};
 use devctl_api::instance::{
@@ -90,6 +91,7 @@ async fn reconcile(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     {
         return Ok(Action::requeue(wait));
     }
+    let db = ensure_finalizer(&api, FINALIZER, db).await?;
     let action = finalizer(&api, FINALIZER, db, |event| async {
         match event {
             FinalizerEvent::Apply(db) => apply(db, ctx).await,
@@ -689,8 +691,10 @@ fn observe_instances(
 ) -> Instances {
     let credentials_version = ctx
         .caches
-        .get::<Secret>(&names.namespace, &names.secret())
-        .and_then(|s| s.metadata.resource_version.clone());
+        .kind(Secret::KIND)
+        .ok()
+        .and_then(|secrets| secrets.meta(&names.namespace, &names.secret()))
+        .and_then(|live| live.resource_version);
     instances::observe(pods, db.spec.replicas, credentials_version.as_deref())
 }
 
@@ -836,19 +840,18 @@ async fn credentials(
     let not_owned = || Error::CredentialsSecretNotOwned {
         name: secret_name.to_string(),
     };
-    if let Some(cached) = ctx.caches.get::<Secret>(&names.namespace, secret_name) {
-        if !owned_by_us(&cached) {
+    if let Some(cached) = ctx
+        .caches
+        .kind(Secret::KIND)?
+        .meta(&names.namespace, secret_name)
+    {
+        if cached.controller.as_deref() != Some(owner_uid) {
             return Err(not_owned());
         }
-        let live = ctx
-            .caches
-            .kind(Secret::KIND)?
-            .meta(&names.namespace, secret_name);
-        let as_we_left_it = live.is_some_and(|live| {
+        let as_we_left_it =
             ctx.caches
                 .applier()
-                .unchanged(Secret::KIND, &names.namespace, secret_name, &live)
-        });
+                .unchanged(Secret::KIND, &names.namespace, secret_name, &cached);
         if as_we_left_it && !read {
             return Ok(Credentials {
                 name: secret_name.to_string(),

@@ -164,7 +164,9 @@ pub fn compute(
                 observed.primary.current
             ),
         )
-    } else if observed.stateful_set.is_none() {
+    } else if observed.stateful_set.is_none() && !observed.stateful_set_applied {
+        // Just applied but not in the cache yet: it exists, and the next status would say
+        // so: "Creating" below saves that write.
         (
             Phase::Pending,
             "Creating",
@@ -443,6 +445,19 @@ mod tests {
         t: &str,
     ) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
         conditions::find(&s.conditions, t).unwrap()
+    }
+
+    #[test]
+    fn a_stateful_set_applied_in_this_reconcile_counts_as_created() {
+        let mut fresh = observed(None);
+        fresh.stateful_set_applied = true;
+        let status = compute(&sample(), &fresh, &now()).unwrap();
+        assert_eq!(status.phase, Some(Phase::Creating));
+        assert_eq!(
+            condition(&status, PROGRESSING).message,
+            format!("0/{} instances ready", sample().spec.replicas)
+        );
+        assert_eq!(condition(&status, READY).status, FALSE);
     }
 
     #[test]
