@@ -201,6 +201,8 @@ struct Applied {
     /// The version is one our apply returned (not one a drift check read): its watch event
     /// is our own echo.
     written: bool,
+    /// That apply created the child.
+    created: bool,
 }
 
 /// Applies children and deletes orphans; remembers the `resourceVersion` and content
@@ -230,6 +232,7 @@ impl Applier {
         resource_version: Option<String>,
         content: Option<u64>,
         written: bool,
+        created: bool,
     ) {
         if let Ok(mut applied) = self.applied.lock() {
             match resource_version {
@@ -239,6 +242,7 @@ impl Applier {
                         resource_version,
                         content,
                         written,
+                        created,
                     },
                 ),
                 None => applied.remove(&key),
@@ -257,13 +261,16 @@ impl Applier {
         resource_version: &str,
         owner: &caches::OwnerKey,
     ) -> bool {
+        let key = (kind, namespace.to_string(), name.to_string());
         // A workload's own echo is news: the owner reports it not rolled out until the
         // workload's controller has seen the apply, and nothing else may follow (an apply
-        // that leaves the generation alone gets no status update).
+        // that leaves the generation alone gets no status update). Not after a create: the
+        // controller's first status update follows, and that is news.
         if WORKLOADS.contains(&kind) {
-            return false;
+            return self
+                .recorded(&key)
+                .is_some_and(|r| r.written && r.created && r.resource_version == resource_version);
         }
-        let key = (kind, namespace.to_string(), name.to_string());
         if self
             .recorded(&key)
             .is_some_and(|r| r.written && r.resource_version == resource_version)
@@ -321,7 +328,13 @@ impl Applier {
         }
         let same_content = live.content.is_some() && live.content == recorded.content;
         if same_content {
-            self.record(key, live.resource_version.clone(), live.content, false);
+            self.record(
+                key,
+                live.resource_version.clone(),
+                live.content,
+                false,
+                false,
+            );
         }
         same_content
     }
@@ -338,6 +351,39 @@ impl Applier {
         if let Ok(mut scanned) = self.scanned.lock() {
             scanned.remove(&(namespace.to_string(), uid.to_string()));
         }
+    }
+
+    /// A merge patch of a child outside of [`Self::sync`] (a pod's role label, its backup
+    /// annotations): its echo does not trigger the owner, whose reconcile made the change.
+    pub async fn patch_quietly<K: ChildKind>(
+        &self,
+        client: &Client,
+        caches: &Caches,
+        namespace: &str,
+        name: &str,
+        patch: &Value,
+    ) -> kube::Result<K> {
+        let key: ChildKey = (
+            <K as k8s_openapi::Resource>::KIND,
+            namespace.to_string(),
+            name.to_string(),
+        );
+        let api: Api<K> = Api::namespaced(client.clone(), namespace);
+        self.begin(&key);
+        let written = api
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await;
+        let version = written
+            .as_ref()
+            .ok()
+            .and_then(|o| o.meta().resource_version.clone());
+        if version.is_some() {
+            self.record(key.clone(), version.clone(), None, true, false);
+        }
+        for other in self.finish(&key, version.as_deref()) {
+            caches.trigger(other);
+        }
+        written
     }
 
     /// Number of remembered children (for tests of the record's bound).
@@ -419,7 +465,7 @@ impl Applier {
                             .pointer("/metadata/resourceVersion")
                             .and_then(Value::as_str)
                             .map(str::to_string);
-                        self.record(key, version, cache.content_of(&body), false);
+                        self.record(key, version, cache.content_of(&body), false, false);
                         return Ok(None);
                     }
                     // The path only: values of a Secret must never reach a log.
@@ -451,7 +497,7 @@ impl Applier {
             let content = serde_json::to_value(applied)
                 .ok()
                 .and_then(|body| cache.content_of(&body));
-            self.record(key.clone(), written.clone(), content, true);
+            self.record(key.clone(), written.clone(), content, true, live.is_none());
         }
         for other in self.finish(&key, written.as_deref()) {
             caches.trigger(other);
@@ -588,6 +634,39 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::ConfigMap;
     use serde_json::json;
+
+    #[test]
+    fn our_own_echo_is_held_except_a_workload_update() {
+        let applier = Applier::default();
+        let owner = caches::OwnerKey {
+            kind: "DatabaseCluster".into(),
+            namespace: "ns".into(),
+            name: "db".into(),
+        };
+        let key = |kind: &'static str, name: &str| (kind, "ns".to_string(), name.to_string());
+        applier.record(key("ConfigMap", "c"), Some("5".into()), None, true, false);
+        assert!(applier.hold("ConfigMap", "ns", "c", "5", &owner));
+        assert!(
+            !applier.hold("ConfigMap", "ns", "c", "6", &owner),
+            "someone else's"
+        );
+        // Created by us: the StatefulSet controller's first status update is the news.
+        applier.record(key("StatefulSet", "db"), Some("7".into()), None, true, true);
+        assert!(applier.hold("StatefulSet", "ns", "db", "7", &owner));
+        assert!(!applier.hold("StatefulSet", "ns", "db", "8", &owner));
+        // Updated by us: the echo may be all that follows (no new generation, no status update).
+        applier.record(
+            key("StatefulSet", "db"),
+            Some("9".into()),
+            None,
+            true,
+            false,
+        );
+        assert!(!applier.hold("StatefulSet", "ns", "db", "9", &owner));
+        // Read by a drift check, not written: not an echo.
+        applier.record(key("ConfigMap", "c"), Some("10".into()), None, false, false);
+        assert!(!applier.hold("ConfigMap", "ns", "c", "10", &owner));
+    }
 
     fn config_map(data: &str) -> Value {
         json!({

@@ -624,9 +624,12 @@ async fn manage_pods(
     for action in pods::plan(pods, sts.as_deref(), primary, replicas, instances.ready) {
         match action {
             PodAction::Label { pod, role } => {
+                // The status does not read the role label: its echo is no news.
                 let patch = json!({ "metadata": { "labels": { ROLE_LABEL: role } } });
-                match api
-                    .patch(&pod, &PatchParams::default(), &Patch::Merge(&patch))
+                match ctx
+                    .caches
+                    .applier()
+                    .patch_quietly::<Pod>(&ctx.client, &ctx.caches, &names.namespace, &pod, &patch)
                     .await
                 {
                     Ok(_) => {}

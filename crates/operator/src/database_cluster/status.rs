@@ -340,7 +340,9 @@ pub fn compute(
     });
 
     let storage_size = match observed.volumes_pending {
-        None if observed.stateful_set.is_some() => Some(db.spec.storage.size.clone()),
+        None if observed.stateful_set.is_some() || observed.stateful_set_applied => {
+            Some(db.spec.storage.size.clone())
+        }
         _ => previous.storage_size.clone(),
     };
 
