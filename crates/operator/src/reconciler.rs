@@ -175,23 +175,25 @@ where
     {
         return Ok(object);
     }
+    use json_patch::jsonptr::PointerBuf;
+    use json_patch::{AddOperation, PatchOperation, TestOperation};
+    let list = PointerBuf::from_tokens(["metadata", "finalizers"]);
     // The test fails the patch when someone changed the list meanwhile (finalizers are not
     // deduplicated by the API server); the retry sees the new list.
-    let patch = match object.meta().finalizers.as_deref() {
-        None | Some([]) => json!([
-            { "op": "test", "path": "/metadata/finalizers", "value": object.meta().finalizers },
-            { "op": "add", "path": "/metadata/finalizers", "value": [finalizer] },
-        ]),
-        Some(present) => json!([
-            { "op": "test", "path": "/metadata/finalizers", "value": present },
-            { "op": "add", "path": "/metadata/finalizers/-", "value": finalizer },
-        ]),
+    let (path, value) = match object.meta().finalizers.as_deref() {
+        None | Some([]) => (list.clone(), json!([finalizer])),
+        Some(_) => (
+            PointerBuf::from_tokens(["metadata", "finalizers", "-"]),
+            json!(finalizer),
+        ),
     };
-    let patch: json_patch::Patch =
-        serde_json::from_value(patch).map_err(|source| Error::Render {
-            kind: "JSON patch",
-            source,
-        })?;
+    let patch = json_patch::Patch(vec![
+        PatchOperation::Test(TestOperation {
+            path: list,
+            value: json!(object.meta().finalizers),
+        }),
+        PatchOperation::Add(AddOperation { path, value }),
+    ]);
     let name = object.name_any();
     let patched = api
         .patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))

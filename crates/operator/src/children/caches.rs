@@ -193,10 +193,14 @@ struct MetaStore {
 
 impl MetaStore {
     fn get(&self, namespace: &str, name: &str) -> Option<MetaEntry> {
+        self.read(namespace, name, MetaEntry::clone)
+    }
+
+    fn read<T>(&self, namespace: &str, name: &str, f: impl FnOnce(&MetaEntry) -> T) -> Option<T> {
         let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
         entries
             .get(&(namespace.to_string(), name.to_string()))
-            .cloned()
+            .map(f)
     }
 
     fn apply<K: Resource + serde::Serialize>(&self, event: &watcher::Event<K>) {
@@ -456,8 +460,6 @@ pub struct CachesBuilder {
     watches: Vec<BoxFuture<'static, ()>>,
     triggers: broadcast::Sender<OwnerKey>,
     applier: Arc<Applier>,
-    /// Set while [`Self::add_metadata`] registers its kind.
-    metadata_only: bool,
 }
 
 /// Objects per list page of a cache's (re-)list.
@@ -475,7 +477,6 @@ impl CachesBuilder {
             watches: Vec::new(),
             triggers: broadcast::channel(TRIGGER_BUFFER).0,
             applier: Arc::default(),
-            metadata_only: false,
         }
     }
 
@@ -488,19 +489,14 @@ impl CachesBuilder {
 
     /// [`Self::add_slim`] for kinds the operator reads nothing of but their [`LiveMeta`]
     /// ([`KindCache::meta`]): no object is kept, and [`Caches::get`] finds none.
-    pub fn add_metadata<K: ChildKind>(mut self, slim: fn(&mut K)) -> Self {
-        self.metadata_only = true;
-        let this = self.register(controller_owner::<K>, slim, None, false);
-        Self {
-            metadata_only: false,
-            ..this
-        }
+    pub fn add_metadata<K: ChildKind>(self, slim: fn(&mut K)) -> Self {
+        self.register_with(controller_owner::<K>, slim, None, false, true, true)
     }
 
     /// Caches `K`, finding the owner with `owner_of` and keeping of each object only what
     /// `trim` leaves (for kinds the operator reads a few fields of, such as pods).
     pub fn add_trimmed<K: ChildKind>(self, owner_of: OwnerOf<K>, trim: fn(&mut K)) -> Self {
-        self.register_with(owner_of, trim, None, false, false)
+        self.register_with(owner_of, trim, None, false, false, false)
     }
 
     /// Caches `K` (kept whole but pruned), finding the owner with `owner_of`, but triggers the owner only when
@@ -526,12 +522,12 @@ impl CachesBuilder {
         significant: Option<fn(&K) -> u64>,
         keeps_body: bool,
     ) -> Self {
-        self.register_with(owner_of, trim, significant, keeps_body, true)
+        self.register_with(owner_of, trim, significant, keeps_body, true, false)
     }
 
     /// [`Self::register`]; `fingerprinted`: whether to note the content fingerprint (kinds
     /// the operator applies; for the others, such as pods, a change of what is not kept is
-    /// no news).
+    /// no news); `metadata_only`: keep a [`MetaStore`] entry instead of the object.
     fn register_with<K: ChildKind>(
         mut self,
         owner_of: OwnerOf<K>,
@@ -539,6 +535,7 @@ impl CachesBuilder {
         significant: Option<fn(&K) -> u64>,
         keeps_body: bool,
         fingerprinted: bool,
+        metadata_only: bool,
     ) -> Self {
         let (store, mut writer) = reflector::store::<K>();
         let (set_state, state) = watch::channel(CacheState::Syncing);
@@ -552,12 +549,12 @@ impl CachesBuilder {
         let applier = self.applier.clone();
         let observations = significant.map(|_| Arc::new(Observations::default()));
         let observed = observations.clone();
-        let metadata_only = self.metadata_only.then(|| Arc::new(MetaStore::default()));
+        let metadata_only = metadata_only.then(|| Arc::new(MetaStore::default()));
         let metadata = metadata_only.clone();
         let reader = store.clone();
         // Whether the cache has the object (a metadata-only kind has no reflector store).
         let cached = move |namespace: &str, name: &str| match &metadata {
-            Some(metadata) => metadata.get(namespace, name).is_some(),
+            Some(metadata) => metadata.read(namespace, name, |_| ()).is_some(),
             None => reader
                 .get(&ObjectRef::new(name).within(namespace))
                 .is_some(),
@@ -572,8 +569,12 @@ impl CachesBuilder {
             }
             _ => match &previous_metadata {
                 Some(metadata) => metadata
-                    .get(&object.namespace().unwrap_or_default(), &object.name_any())
-                    .is_none_or(|old| old.significance != slim::significance(object)),
+                    .read(
+                        &object.namespace().unwrap_or_default(),
+                        &object.name_any(),
+                        |old| old.significance,
+                    )
+                    .is_none_or(|old| old != slim::significance(object)),
                 None => previous
                     .get(&ObjectRef::from_obj(object))
                     .is_none_or(|old| {

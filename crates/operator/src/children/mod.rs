@@ -353,8 +353,8 @@ impl Applier {
         }
     }
 
-    /// A merge patch of a child outside of [`Self::sync`] (a pod's role label, its backup
-    /// annotations): its echo does not trigger the owner, whose reconcile made the change.
+    /// A merge patch of a child outside of [`Self::sync`] (a pod's role label): its echo does
+    /// not trigger the owner, whose reconcile made the change.
     pub async fn patch_quietly<K: ChildKind>(
         &self,
         client: &Client,
@@ -369,16 +369,36 @@ impl Applier {
             name.to_string(),
         );
         let api: Api<K> = Api::namespaced(client.clone(), namespace);
+        self.write(
+            caches,
+            key,
+            api.patch(name, &PatchParams::default(), &Patch::Merge(patch)),
+            |_| None,
+            false,
+        )
+        .await
+    }
+
+    /// Runs `write` of the child `key` so that its echo is known as ours: events for the
+    /// child that arrive meanwhile wait ([`Self::hold`]), the version it returns is recorded
+    /// (with `content`, its fingerprint, and whether it `created` the child), and the held
+    /// events that were not its echo trigger their owners then.
+    async fn write<T: Resource>(
+        &self,
+        caches: &Caches,
+        key: ChildKey,
+        write: impl std::future::Future<Output = kube::Result<T>>,
+        content: impl FnOnce(&T) -> Option<u64>,
+        created: bool,
+    ) -> kube::Result<T> {
         self.begin(&key);
-        let written = api
-            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
-            .await;
+        let written = write.await;
         let version = written
             .as_ref()
             .ok()
             .and_then(|o| o.meta().resource_version.clone());
-        if version.is_some() {
-            self.record(key.clone(), version.clone(), None, true, false);
+        if let Ok(object) = &written {
+            self.record(key.clone(), version.clone(), content(object), true, created);
         }
         for other in self.finish(&key, version.as_deref()) {
             caches.trigger(other);
@@ -485,29 +505,26 @@ impl Applier {
         let api: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), owner.namespace, cache.api_resource());
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        self.begin(&key);
-        let applied = api
-            .patch(&child.name, &params, &Patch::Apply(&child.body))
-            .await;
-        let written = applied
-            .as_ref()
-            .ok()
-            .and_then(|a| a.metadata.resource_version.clone());
-        if let Ok(applied) = &applied {
-            let content = serde_json::to_value(applied)
-                .ok()
-                .and_then(|body| cache.content_of(&body));
-            self.record(key.clone(), written.clone(), content, true, live.is_none());
-        }
-        for other in self.finish(&key, written.as_deref()) {
-            caches.trigger(other);
-        }
-        applied.map_err(|source| Error::Child {
-            action: "apply",
-            kind: child.kind,
-            name: child.name.clone(),
-            source,
-        })?;
+        let applied = self
+            .write(
+                caches,
+                key,
+                api.patch(&child.name, &params, &Patch::Apply(&child.body)),
+                |applied| {
+                    serde_json::to_value(applied)
+                        .ok()
+                        .and_then(|body| cache.content_of(&body))
+                },
+                live.is_none(),
+            )
+            .await
+            .map_err(|source| Error::Child {
+                action: "apply",
+                kind: child.kind,
+                name: child.name.clone(),
+                source,
+            })?;
+        let written = applied.metadata.resource_version;
         Ok(match live {
             None => Some(Change::Created(child.kind, child.name.clone())),
             Some(l) if l.resource_version == written => None,
