@@ -274,6 +274,9 @@ struct Agent {
     invalid_error: Option<String>,
     apply_error: Option<String>,
     engine_error: Option<String>,
+    /// The running engine's last error line and the tasks copying its output.
+    engine_last_error: process::LastError,
+    engine_output: Vec<tokio::task::JoinHandle<()>>,
     probe: Option<Probe>,
     ready: bool,
     /// The cluster's pods (reading the primary's report).
@@ -448,6 +451,8 @@ pub async fn run(config: Config) -> Result<Outcome> {
         invalid_error: None,
         apply_error: None,
         engine_error: None,
+        engine_last_error: Default::default(),
+        engine_output: Vec::new(),
         probe: None,
         ready: false,
     };
@@ -1018,7 +1023,7 @@ impl Agent {
         }
     }
 
-    fn start_engine(&self) -> Result<Child> {
+    fn start_engine(&mut self) -> Result<Child> {
         let mut command = self.engine.server_command();
         command
             .stdin(Stdio::null())
@@ -1033,11 +1038,17 @@ impl Agent {
             "mariadbd" => "[mariadbd] ",
             _ => "[mysqld] ",
         };
+        self.engine_last_error = Default::default();
+        self.engine_output.clear();
         if let Some(out) = child.stdout.take() {
-            process::forward(out, prefix);
+            let last_error = Some(self.engine_last_error.clone());
+            self.engine_output
+                .push(process::forward(out, prefix, last_error));
         }
         if let Some(err) = child.stderr.take() {
-            process::forward(err, prefix);
+            let last_error = Some(self.engine_last_error.clone());
+            self.engine_output
+                .push(process::forward(err, prefix, last_error));
         }
         tracing::info!(pid = child.id(), "{} started", self.engine.name());
         Ok(child)
@@ -1157,9 +1168,14 @@ impl Agent {
                     self.health.set_ready(false);
                     self.health.set_failed(true);
                     let name = self.engine.name();
+                    let why = self
+                        .engine_exit_reason()
+                        .await
+                        .map(|line| format!(" — {line}"))
+                        .unwrap_or_default();
                     if failures >= 2 && self.rejoin_deadline.is_some() {
                         tracing::warn!(
-                            "{name} exited ({status}) twice while rejoining as a standby: re-cloning"
+                            "{name} exited ({status}){why} twice while rejoining as a standby: re-cloning"
                         );
                         self.move_data_aside()?;
                         match self.prepare_postgres().await? {
@@ -1173,11 +1189,11 @@ impl Agent {
                     }
                     if failures >= MAX_FAILURES {
                         return Err(Error::Engine(format!(
-                            "{name} exited {failures} times in a row (last: {status}); giving up"
+                            "{name} exited {failures} times in a row (last: {status}{why}); giving up"
                         )));
                     }
                     let message = format!(
-                        "{name} exited ({status}); restarting in {}s",
+                        "{name} exited ({status}){why}; restarting in {}s",
                         backoff.as_secs()
                     );
                     tracing::error!("{message}");
@@ -1194,6 +1210,18 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// The last error line the engine printed before it exited, once its output is read
+    /// to the end (bounded: a child it left behind may hold the pipe open).
+    async fn engine_exit_reason(&mut self) -> Option<String> {
+        for task in self.engine_output.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(1), task).await;
+        }
+        self.engine_last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// Stops the engine: its fast-shutdown signal, then SIGKILL after [`STOP_TIMEOUT`].

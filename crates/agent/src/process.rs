@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::io::Write as _;
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
@@ -68,8 +68,24 @@ pub fn release(pid: Option<u32>) {
     }
 }
 
-/// Copies `stream` line by line to the agent's stderr, each line prefixed with `prefix`.
-pub fn forward(stream: impl AsyncRead + Unpin + Send + 'static, prefix: &'static str) {
+/// The last error line an engine printed (PostgreSQL's `FATAL:`/`PANIC:`, MariaDB's
+/// `[ERROR]`), so an exit can be reported with its reason instead of a bare status.
+pub type LastError = Arc<Mutex<Option<String>>>;
+
+/// Whether an engine's log line says why it stopped or failed.
+fn is_error_line(line: &str) -> bool {
+    ["FATAL:", "PANIC:", "[ERROR]"]
+        .iter()
+        .any(|marker| line.contains(marker))
+}
+
+/// Copies `stream` line by line to the agent's stderr, each line prefixed with `prefix`,
+/// and keeps the last error line in `last_error`. The returned task ends with the stream.
+pub fn forward(
+    stream: impl AsyncRead + Unpin + Send + 'static,
+    prefix: &'static str,
+    last_error: Option<LastError>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut reader = BufReader::new(stream);
         let mut line = Vec::with_capacity(256);
@@ -81,6 +97,13 @@ pub fn forward(stream: impl AsyncRead + Unpin + Send + 'static, prefix: &'static
                     if !line.ends_with(b"\n") {
                         line.push(b'\n');
                     }
+                    if let Some(last_error) = &last_error {
+                        let text = String::from_utf8_lossy(&line);
+                        if is_error_line(&text) {
+                            *last_error.lock().unwrap_or_else(|p| p.into_inner()) =
+                                Some(text.trim().to_string());
+                        }
+                    }
                     let mut out = Vec::with_capacity(prefix.len() + line.len());
                     out.extend_from_slice(prefix.as_bytes());
                     out.extend_from_slice(&line);
@@ -88,7 +111,7 @@ pub fn forward(stream: impl AsyncRead + Unpin + Send + 'static, prefix: &'static
                 }
             }
         }
-    });
+    })
 }
 
 /// What a client run produced.
@@ -240,4 +263,26 @@ pub fn current_user_name() -> Option<String> {
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_last_error_line_of_an_engine_is_kept() {
+        let output: &[u8] = b"LOG:  starting PostgreSQL 16\n\
+            FATAL:  could not create lock file \"postmaster.pid\"\n\
+            LOG:  database system is shut down\n\
+            2026-12-01 [ERROR] Can't start server: Bind on TCP/IP port\n\
+            LOG:  done\n";
+        let last_error = LastError::default();
+        forward(output, "[test] ", Some(last_error.clone()))
+            .await
+            .unwrap();
+        assert_eq!(
+            last_error.lock().unwrap().as_deref(),
+            Some("2026-12-01 [ERROR] Can't start server: Bind on TCP/IP port")
+        );
+    }
 }

@@ -37,11 +37,7 @@ fn user_ids(name: &str) -> (u32, u32) {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    devctl_testenv::process::free_port().unwrap()
 }
 
 fn postgres_bin_dir() -> PathBuf {

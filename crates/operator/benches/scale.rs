@@ -174,9 +174,9 @@ impl fmt::Display for Stopped {
 
 /// A loopback address no one listens on right now.
 fn free_loopback_address() -> Result<SocketAddr, Error> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+    let port = devctl_testenv::process::free_port()
         .map_err(|e| format!("finding a free loopback port: {e}"))?;
-    Ok(listener.local_addr()?)
+    Ok(SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
 impl Operator {

@@ -21,11 +21,7 @@ fn spec(engine: &str) -> DatabaseClusterSpec {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    devctl_testenv::process::free_port().unwrap()
 }
 
 fn is_root() -> bool {

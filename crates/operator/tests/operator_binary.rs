@@ -31,11 +31,7 @@ async fn binary_reconciles_the_examples_in_its_namespace() {
     )
     .unwrap();
 
-    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let metrics_port = devctl_testenv::process::free_port().unwrap();
     let mut operator = Command::new(env!("CARGO_BIN_EXE_devctl-operator"))
         // Webhooks have their own tests; on the shared control plane they would judge every test's objects.
         .env("DEVCTL_WEBHOOK_BIND_ADDRESS", "off")

@@ -275,12 +275,56 @@ pub fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// A free TCP port on loopback (bind to port 0, read it back, release it).
+/// A free TCP port on loopback for a server the caller starts next.
+///
+/// The port comes from below the kernel's ephemeral range: a port the kernel handed out for
+/// `bind(0)` and that was released again is just as likely to be taken next as the source
+/// port of any outgoing connection (a watch, a replication stream) before the server binds
+/// it, which fails the server with "address already in use". Within this process a port is
+/// handed out once; across processes the choice is random and checked by binding it.
 pub fn free_port() -> Result<u16, Error> {
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
+    let (low, high) = ports_below_ephemeral_range();
+    if high > low {
+        let seed = std::hash::BuildHasher::hash_one(
+            &std::collections::hash_map::RandomState::new(),
+            std::process::id(),
+        );
+        let span = u64::from(high - low);
+        for attempt in 0..512u64 {
+            let offset = seed.wrapping_add(attempt.wrapping_mul(7919)) % span;
+            let Ok(port) = u16::try_from(u64::from(low) + offset) else {
+                continue;
+            };
+            if handed_out.contains(&port) {
+                continue;
+            }
+            // Free on every loopback address and on the wildcard one (an agent's health
+            // server listens on 0.0.0.0).
+            if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+                handed_out.insert(port);
+                return Ok(port);
+            }
+        }
+    }
     let listener =
         std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("bind a free port", e))?;
-    listener
+    let port = listener
         .local_addr()
         .map(|a| a.port())
-        .map_err(|e| Error::io("read a bound port", e))
+        .map_err(|e| Error::io("read a bound port", e))?;
+    handed_out.insert(port);
+    Ok(port)
+}
+
+/// The ports from 20000 up to the start of the kernel's ephemeral range (empty when that
+/// range starts lower than usual).
+fn ports_below_ephemeral_range() -> (u16, u16) {
+    const LOW: u16 = 20_000;
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    (LOW, ephemeral_start.max(LOW))
 }

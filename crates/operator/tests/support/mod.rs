@@ -332,11 +332,7 @@ impl OperatorProcess {
 
     fn spawn(&mut self) {
         let _ = self.child.wait();
-        self.metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        self.metrics_port = devctl_testenv::process::free_port().unwrap();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
