@@ -142,7 +142,21 @@ impl Child {
 
 /// 64 bits of SHA-256 over the canonical JSON: enough to notice a change, short in every child.
 fn hash(body: &Value) -> String {
-    let digest = sha2::Sha256::digest(body.to_string().as_bytes());
+    // Serialised straight into the digest (the same bytes as `to_string`, without the text).
+    struct Digesting(sha2::Sha256);
+    impl std::io::Write for Digesting {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.update(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut digesting = Digesting(sha2::Sha256::new());
+    // Writing a Value into a sink that cannot fail cannot fail.
+    let _ = serde_json::to_writer(&mut digesting, body);
+    let digest = digesting.0.finalize();
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 

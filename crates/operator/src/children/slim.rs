@@ -8,7 +8,7 @@
 //! Deployments keep what the status computation reads (replicas, the first container's
 //! image, claim sizes, status).
 
-use std::hash::{Hash, Hasher};
+use std::hash::Hasher;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet, StatefulSetStatus};
 use k8s_openapi::api::core::v1::{
@@ -28,9 +28,21 @@ pub const CONTENT_ANNOTATION: &str = "devctl.io/cached-content";
 
 fn hash_value(value: &Value) -> u64 {
     // SipHash with fixed keys: stable within the process, which is all the record needs.
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    value.to_string().hash(&mut hasher);
-    hasher.finish()
+    // Serialised straight into the hasher: no text of the object is built.
+    struct Hashing(std::collections::hash_map::DefaultHasher);
+    impl std::io::Write for Hashing {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.write(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut hashing = Hashing(std::collections::hash_map::DefaultHasher::new());
+    // Writing a Value into a sink that cannot fail cannot fail.
+    let _ = serde_json::to_writer(&mut hashing, value);
+    hashing.0.finish()
 }
 
 /// A fingerprint of everything in `object` but its status and the server's bookkeeping
