@@ -15,6 +15,7 @@ pub mod engine;
 pub mod error;
 pub mod helm;
 pub mod leader_election;
+pub mod lean_decode;
 pub mod manifests;
 pub mod memory;
 pub mod metrics;
@@ -53,11 +54,14 @@ pub fn child_caches(client: kube::Client, namespace: Option<String>) -> CachesBu
         .add_slim::<StatefulSet>(slim::stateful_set)
         .add_slim::<Deployment>(slim::deployment)
         .add_metadata::<PodDisruptionBudget>(slim::pod_disruption_budget)
-        .add_trimmed::<PersistentVolumeClaim>(
+        .add_trimmed::<PersistentVolumeClaim, lean_decode::ClaimFields>(
             database_cluster::labelled_owner,
             slim::persistent_volume_claim,
         )
-        .add_trimmed::<Pod>(database_cluster::labelled_owner, database_cluster::trim_pod)
+        .add_trimmed::<Pod, lean_decode::PodFields>(
+            database_cluster::labelled_owner,
+            database_cluster::trim_pod,
+        )
         // Agents renew the primary lock every second or so: only a new holder is news, and
         // the cache's change times are how the operator notices a lock nobody renews.
         .add_observed::<Lease>(

@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use futures::TryStreamExt;
 use futures::stream::BoxStream;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -17,6 +18,7 @@ use serde_json::json;
 use crate::children::{Caches, Change, FIELD_MANAGER};
 use crate::context::{Context, Settings};
 use crate::error::{Error, Result};
+use crate::lean_decode::{Lean, ManagedFields};
 
 /// `namespace/name`, the key of per-object state such as the backoff.
 pub fn key<K: Resource>(object: &K) -> String {
@@ -224,8 +226,11 @@ where
     let (reader, writer) = kube::runtime::reflector::store::<K>();
     let config = kube::runtime::watcher::Config::default()
         .page_size(crate::children::caches::LIST_PAGE_SIZE);
-    let stream = kube::runtime::watcher(scoped_api::<K>(client, namespace), config)
+    // Decoded without the field managers' records, which `prune` would drop at once.
+    let api = scoped_api::<Lean<K, ManagedFields>>(client, namespace);
+    let stream = kube::runtime::watcher(api, config)
         .default_backoff()
+        .map_ok(crate::lean_decode::unwrap_event)
         .modify(prune)
         .reflect(writer)
         .applied_objects()

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use futures::future::BoxFuture;
-use futures::{FutureExt, Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use kube::api::Api;
 use kube::discovery::ApiResource;
 use kube::runtime::WatchStreamExt;
@@ -30,6 +30,7 @@ use tokio::sync::{broadcast, watch};
 
 use super::{Applier, ChildKind, HASH_ANNOTATION, slim};
 use crate::error::{Error, Result};
+use crate::lean_decode::{Lean, ManagedFields, SkipFields};
 use crate::reconciler::{prune, scoped_api};
 
 /// Which owner a child event concerns: its kind, namespace and name.
@@ -484,19 +485,24 @@ impl CachesBuilder {
     /// only what `slim` leaves (see [`slim`]: a child's metadata is enough to know whether it
     /// is as we left it).
     pub fn add_slim<K: ChildKind>(self, slim: fn(&mut K)) -> Self {
-        self.register(controller_owner::<K>, slim, None, false)
+        self.register::<K, ManagedFields>(controller_owner::<K>, slim, None, false)
     }
 
     /// [`Self::add_slim`] for kinds the operator reads nothing of but their [`LiveMeta`]
     /// ([`KindCache::meta`]): no object is kept, and [`Caches::get`] finds none.
     pub fn add_metadata<K: ChildKind>(self, slim: fn(&mut K)) -> Self {
-        self.register_with(controller_owner::<K>, slim, None, false, true, true)
+        self.register_with::<K, ManagedFields>(controller_owner::<K>, slim, None, false, true, true)
     }
 
     /// Caches `K`, finding the owner with `owner_of` and keeping of each object only what
-    /// `trim` leaves (for kinds the operator reads a few fields of, such as pods).
-    pub fn add_trimmed<K: ChildKind>(self, owner_of: OwnerOf<K>, trim: fn(&mut K)) -> Self {
-        self.register_with(owner_of, trim, None, false, false, false)
+    /// `trim` leaves (for kinds the operator reads a few fields of, such as pods). `S` names
+    /// fields `trim` drops, left out already while decoding.
+    pub fn add_trimmed<K: ChildKind, S: SkipFields>(
+        self,
+        owner_of: OwnerOf<K>,
+        trim: fn(&mut K),
+    ) -> Self {
+        self.register_with::<K, S>(owner_of, trim, None, false, false, false)
     }
 
     /// Caches `K` (kept whole but pruned), finding the owner with `owner_of`, but triggers the owner only when
@@ -508,27 +514,27 @@ impl CachesBuilder {
         owner_of: OwnerOf<K>,
         significant: fn(&K) -> u64,
     ) -> Self {
-        self.register(owner_of, |_| {}, Some(significant), true)
+        self.register::<K, ManagedFields>(owner_of, |_| {}, Some(significant), true)
     }
 
     /// Every kind: pruned, fingerprinted ([`slim::content`]) and slimmed before it is stored.
     /// An event triggers the owner only when it is news: the object is new or gone, or what
     /// the cache keeps of it changed (for observed kinds: its significant part), and it is
     /// not the echo of the operator's own apply.
-    fn register<K: ChildKind>(
+    fn register<K: ChildKind, S: SkipFields>(
         self,
         owner_of: OwnerOf<K>,
         trim: fn(&mut K),
         significant: Option<fn(&K) -> u64>,
         keeps_body: bool,
     ) -> Self {
-        self.register_with(owner_of, trim, significant, keeps_body, true, false)
+        self.register_with::<K, S>(owner_of, trim, significant, keeps_body, true, false)
     }
 
     /// [`Self::register`]; `fingerprinted`: whether to note the content fingerprint (kinds
     /// the operator applies; for the others, such as pods, a change of what is not kept is
     /// no news); `metadata_only`: keep a [`MetaStore`] entry instead of the object.
-    fn register_with<K: ChildKind>(
+    fn register_with<K: ChildKind, S: SkipFields>(
         mut self,
         owner_of: OwnerOf<K>,
         trim: fn(&mut K),
@@ -544,7 +550,8 @@ impl CachesBuilder {
         let config = watcher::Config::default()
             .labels(&devctl_api::labels::managed_selector())
             .page_size(LIST_PAGE_SIZE);
-        let api: Api<K> = scoped_api(&self.client, self.namespace.as_deref());
+        // Decoded without what `prune` and `trim` would drop at once (`S`).
+        let api: Api<Lean<K, S>> = scoped_api(&self.client, self.namespace.as_deref());
         let triggers = self.triggers.clone();
         let applier = self.applier.clone();
         let observations = significant.map(|_| Arc::new(Observations::default()));
@@ -598,6 +605,7 @@ impl CachesBuilder {
         let writing_metadata = metadata_only.clone();
         let watch = watcher(api, config)
             .default_backoff()
+            .map_ok(crate::lean_decode::unwrap_event)
             .modify(move |object: &mut K| {
                 prune(object);
                 let content = fingerprinted.then(|| slim::content(object)).flatten();
