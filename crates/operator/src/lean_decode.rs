@@ -103,12 +103,6 @@ impl SkipFields for ClaimFields {
 /// `K` decoded without the fields `S` names; the API, URL and metadata are `K`'s.
 pub struct Lean<K, S>(pub K, PhantomData<fn() -> S>);
 
-impl<K, S> Lean<K, S> {
-    pub fn into_inner(self) -> K {
-        self.0
-    }
-}
-
 impl<K: Clone, S> Clone for Lean<K, S> {
     fn clone(&self) -> Self {
         Self(self.0.clone(), PhantomData)
@@ -171,6 +165,17 @@ struct Skipping<'s, D> {
     skip: &'s [Skip],
 }
 
+impl<'s, D> Skipping<'s, D> {
+    /// The wrapped deserializer, and `visitor` wrapped to filter the map it is handed.
+    fn split<V>(self, visitor: V) -> (D, SkippingVisitor<'s, V>) {
+        let visitor = SkippingVisitor {
+            inner: visitor,
+            skip: self.skip,
+        };
+        (self.inner, visitor)
+    }
+}
+
 /// Passes a call on to the wrapped deserializer unchanged: values of these shapes hold no
 /// map to filter.
 macro_rules! forward_deserialize {
@@ -185,10 +190,8 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Skipping<'_, D> {
     type Error = D::Error;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
-        self.inner.deserialize_any(SkippingVisitor {
-            inner: visitor,
-            skip: self.skip,
-        })
+        let (inner, visitor) = self.split(visitor);
+        inner.deserialize_any(visitor)
     }
 
     fn deserialize_struct<V: Visitor<'de>>(
@@ -197,28 +200,18 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Skipping<'_, D> {
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
-        self.inner.deserialize_struct(
-            name,
-            fields,
-            SkippingVisitor {
-                inner: visitor,
-                skip: self.skip,
-            },
-        )
+        let (inner, visitor) = self.split(visitor);
+        inner.deserialize_struct(name, fields, visitor)
     }
 
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
-        self.inner.deserialize_map(SkippingVisitor {
-            inner: visitor,
-            skip: self.skip,
-        })
+        let (inner, visitor) = self.split(visitor);
+        inner.deserialize_map(visitor)
     }
 
     fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
-        self.inner.deserialize_option(SkippingVisitor {
-            inner: visitor,
-            skip: self.skip,
-        })
+        let (inner, visitor) = self.split(visitor);
+        inner.deserialize_option(visitor)
     }
 
     fn deserialize_newtype_struct<V: Visitor<'de>>(
@@ -226,13 +219,8 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Skipping<'_, D> {
         name: &'static str,
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
-        self.inner.deserialize_newtype_struct(
-            name,
-            SkippingVisitor {
-                inner: visitor,
-                skip: self.skip,
-            },
-        )
+        let (inner, visitor) = self.split(visitor);
+        inner.deserialize_newtype_struct(name, visitor)
     }
 
     fn is_human_readable(&self) -> bool {
