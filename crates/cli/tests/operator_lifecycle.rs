@@ -190,6 +190,26 @@ async fn install_run_drive_and_uninstall() {
         !credentials.contains(password),
         "the password leaked without --show-password"
     );
+    // my-service was applied with kubectl (no --wait): its five pods become ready on the
+    // control plane's schedule, so wait for its Ready condition before reading its status.
+    let waited = cluster
+        .kubectl()
+        .args([
+            "wait",
+            "-n",
+            ns,
+            "--for=condition=Ready",
+            "webapp/my-service",
+            "--timeout=60s",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        waited.status.success(),
+        "webapp my-service not Ready within 60 s: {}\n{}",
+        String::from_utf8_lossy(&waited.stderr),
+        devctl_ok(&kubeconfig, &["webapp", "status", "my-service", "-n", ns])
+    );
     let app_status = devctl_ok(&kubeconfig, &["webapp", "status", "my-service", "-n", ns]);
     assert!(app_status.contains("5/5 ready"), "{app_status}");
     assert!(
