@@ -73,7 +73,9 @@ where
     let namespace = object
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
+    // The response is not read: decoded without its managedFields (one entry per writer).
+    let api: Api<crate::lean_decode::Lean<K, crate::lean_decode::ManagedFields>> =
+        Api::namespaced(ctx.client.clone(), &namespace);
     let mut body = json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),

@@ -81,6 +81,14 @@ pub struct LiveMeta {
     pub controller: Option<String>,
 }
 
+/// What an apply of a child returned, as the applier records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    pub resource_version: Option<String>,
+    /// [`slim::content`] of the response, as the cache computes it for watch events.
+    pub content: Option<u64>,
+}
+
 /// The cache of one kind, seen without its type.
 pub trait KindCache: Send + Sync {
     fn api_resource(&self) -> &ApiResource;
@@ -88,6 +96,17 @@ pub trait KindCache: Send + Sync {
     /// The content fingerprint of a full object of this kind (an API response), computed as
     /// the cache computes it for what its watch delivers.
     fn content_of(&self, object: &Value) -> Option<u64>;
+    /// Applies `body` to the child `name` with server-side apply under our field manager
+    /// (forced). The response is decoded straight into the kind's type without its
+    /// managedFields — not through a generic JSON tree — and only what the applier records
+    /// of it is kept: its version and its content fingerprint.
+    fn apply<'a>(
+        &'a self,
+        client: &Client,
+        namespace: &'a str,
+        name: &'a str,
+        body: &'a Value,
+    ) -> BoxFuture<'a, kube::Result<Written>>;
     /// The cached object as JSON, for kinds cached with their body (`None` for slim ones).
     fn body(&self, namespace: &str, name: &str) -> Option<Value>;
     /// Names of the cached objects controlled by the owner with `owner_uid`.
@@ -249,6 +268,89 @@ impl MetaStore {
     }
 }
 
+/// The names of a kind's cached objects by namespace and `app.kubernetes.io/instance` label,
+/// for kinds the operator finds by the cluster they belong to (pods, claims): a reconcile
+/// looks up its own few instead of testing every cached object (work that grew with the
+/// number of clusters, on every reconcile).
+#[derive(Default)]
+struct InstanceIndex {
+    members: std::sync::RwLock<IndexMap>,
+    /// A (re-)list in progress: it replaces `members` when complete, as the store's does.
+    listing: Mutex<Option<IndexMap>>,
+}
+
+type IndexMap = HashMap<(String, String), Vec<String>>;
+
+impl InstanceIndex {
+    fn key<K: Resource>(object: &K) -> Option<(String, String)> {
+        Some((
+            object.namespace()?,
+            object.labels().get(devctl_api::labels::INSTANCE)?.clone(),
+        ))
+    }
+
+    fn insert<K: Resource>(map: &mut IndexMap, object: &K) {
+        if let Some(key) = Self::key(object) {
+            let names = map.entry(key).or_default();
+            let name = object.name_any();
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+
+    fn remove<K: Resource>(map: &mut IndexMap, object: &K) {
+        if let Some(key) = Self::key(object)
+            && let Some(names) = map.get_mut(&key)
+        {
+            let name = object.name_any();
+            names.retain(|n| *n != name);
+            if names.is_empty() {
+                map.remove(&key);
+            }
+        }
+    }
+
+    /// Takes `event` in; `previous` is the cached copy it replaces (its labels may differ).
+    fn apply<K: Resource>(&self, event: &watcher::Event<K>, previous: Option<&K>) {
+        let mut listing = self.listing.lock().unwrap_or_else(PoisonError::into_inner);
+        let members = || self.members.write().unwrap_or_else(PoisonError::into_inner);
+        match event {
+            watcher::Event::Init => *listing = Some(IndexMap::new()),
+            watcher::Event::InitApply(object) => {
+                Self::insert(listing.get_or_insert_default(), object);
+            }
+            watcher::Event::InitDone => {
+                if let Some(listed) = listing.take() {
+                    *members() = listed;
+                }
+            }
+            watcher::Event::Apply(object) => {
+                let mut members = members();
+                if let Some(previous) = previous {
+                    Self::remove(&mut members, previous);
+                }
+                Self::insert(&mut members, object);
+            }
+            watcher::Event::Delete(object) => {
+                let mut members = members();
+                if let Some(previous) = previous {
+                    Self::remove(&mut members, previous);
+                }
+                Self::remove(&mut members, object);
+            }
+        }
+    }
+
+    fn names(&self, namespace: &str, instance: &str) -> Vec<String> {
+        let members = self.members.read().unwrap_or_else(PoisonError::into_inner);
+        members
+            .get(&(namespace.to_string(), instance.to_string()))
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
 struct TypedCache<K: ChildKind> {
     store: Store<K>,
     /// For kinds registered with [`CachesBuilder::add_metadata`]: `store` stays empty.
@@ -259,6 +361,8 @@ struct TypedCache<K: ChildKind> {
     observations: Option<Arc<Observations>>,
     /// Objects are kept whole (pruned only), so drift checks need no request.
     keeps_body: bool,
+    /// For kinds registered with [`CachesBuilder::add_trimmed`].
+    by_instance: Option<Arc<InstanceIndex>>,
 }
 
 impl<K: ChildKind> TypedCache<K> {
@@ -297,6 +401,29 @@ impl<K: ChildKind> KindCache for TypedCache<K> {
         let mut object: K = serde_json::from_value(object.clone()).ok()?;
         prune(&mut object);
         slim::content(&object)
+    }
+
+    fn apply<'a>(
+        &'a self,
+        client: &Client,
+        namespace: &'a str,
+        name: &'a str,
+        body: &'a Value,
+    ) -> BoxFuture<'a, kube::Result<Written>> {
+        let api: Api<Lean<K, ManagedFields>> = Api::namespaced(client.clone(), namespace);
+        async move {
+            let params = kube::api::PatchParams::apply(super::FIELD_MANAGER).force();
+            let mut applied = api
+                .patch(name, &params, &kube::api::Patch::Apply(body))
+                .await?
+                .0;
+            prune(&mut applied);
+            Ok(Written {
+                resource_version: applied.meta().resource_version.clone(),
+                content: slim::content(&applied),
+            })
+        }
+        .boxed()
     }
 
     fn owned(&self, namespace: &str, owner_uid: &str) -> Vec<String> {
@@ -393,11 +520,28 @@ impl Caches {
             .changed_at(namespace, name)
     }
 
-    /// Cached objects of kind `K` that satisfy `predicate`.
-    pub fn filter<K: ChildKind>(&self, predicate: impl Fn(&K) -> bool) -> Vec<Arc<K>> {
-        self.typed::<K>()
-            .map(|c| c.store.state_filter(predicate))
-            .unwrap_or_default()
+    /// Cached objects of kind `K` in `namespace` labelled `app.kubernetes.io/instance:
+    /// instance`: looked up in the kind's index when it has one (kinds registered with
+    /// [`CachesBuilder::add_trimmed`]), else found by testing every cached object.
+    pub fn of_instance<K: ChildKind>(&self, namespace: &str, instance: &str) -> Vec<Arc<K>> {
+        let Some(cache) = self.typed::<K>() else {
+            return Vec::new();
+        };
+        match &cache.by_instance {
+            Some(index) => index
+                .names(namespace, instance)
+                .iter()
+                .filter_map(|name| cache.find(namespace, name))
+                .collect(),
+            None => cache.store.state_filter(|object| {
+                object.namespace().as_deref() == Some(namespace)
+                    && object
+                        .labels()
+                        .get(devctl_api::labels::INSTANCE)
+                        .map(String::as_str)
+                        == Some(instance)
+            }),
+        }
     }
 
     /// Resolves once every cache has listed its objects (what `/readyz` reports).
@@ -603,6 +747,11 @@ impl CachesBuilder {
         };
         let forget = observations.clone();
         let writing_metadata = metadata_only.clone();
+        // Kinds the operator does not apply (pods, claims) are looked up by the cluster
+        // they belong to.
+        let by_instance = (!fingerprinted).then(|| Arc::new(InstanceIndex::default()));
+        let indexing = by_instance.clone();
+        let replaced = store.clone();
         let watch = watcher(api, config)
             .default_backoff()
             .map_ok(crate::lean_decode::unwrap_event)
@@ -621,13 +770,15 @@ impl CachesBuilder {
             })
             .for_each(move |event| {
                 // A child new to the cache may be one the last orphan scan of its owner could
-                // not see yet: the next reconcile scans again.
+                // not see yet: the next reconcile scans again. Not for a child our own apply
+                // created: it was wanted when its owner's scan was recorded.
                 if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = &event
                     && !cached(&o.namespace().unwrap_or_default(), &o.name_any())
                     && let (Some(namespace), Some(controller)) = (
                         o.namespace(),
                         o.owner_references().iter().find(|r| r.controller == Some(true)),
                     )
+                    && !applier.wrote(K::KIND, &namespace, &o.name_any())
                 {
                     applier.forget_owner(&namespace, &controller.uid);
                 }
@@ -655,6 +806,15 @@ impl CachesBuilder {
                     }
                     _ => None,
                 };
+                if let (Some(index), Ok(event)) = (&indexing, &event) {
+                    let previous = match event {
+                        watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
+                            replaced.get(&ObjectRef::from_obj(o))
+                        }
+                        _ => None,
+                    };
+                    index.apply(event, previous.as_deref());
+                }
                 if let Ok(event) = &event {
                     match &writing_metadata {
                         Some(metadata) => metadata.apply(event),
@@ -703,6 +863,7 @@ impl CachesBuilder {
                 state,
                 observations,
                 keeps_body,
+                by_instance,
             }),
         );
         self
@@ -724,6 +885,70 @@ impl CachesBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pod(name: &str, instance: &str) -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name, "namespace": "ns",
+                "labels": { devctl_api::labels::INSTANCE: instance } }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_instance_index_follows_labels_deletes_and_relists() {
+        let index = InstanceIndex::default();
+        let names = |instance: &str| {
+            let mut names = index.names("ns", instance);
+            names.sort();
+            names
+        };
+        index.apply(
+            &watcher::Event::<k8s_openapi::api::core::v1::Pod>::Init,
+            None,
+        );
+        index.apply(&watcher::Event::InitApply(pod("a-0", "a")), None);
+        index.apply(&watcher::Event::InitApply(pod("a-1", "a")), None);
+        assert!(names("a").is_empty(), "a list counts once complete");
+        index.apply(
+            &watcher::Event::<k8s_openapi::api::core::v1::Pod>::InitDone,
+            None,
+        );
+        assert_eq!(names("a"), ["a-0", "a-1"]);
+
+        // Relabelled: found under its new instance only; an update is not a duplicate.
+        index.apply(
+            &watcher::Event::Apply(pod("a-1", "b")),
+            Some(&pod("a-1", "a")),
+        );
+        index.apply(
+            &watcher::Event::Apply(pod("a-1", "b")),
+            Some(&pod("a-1", "b")),
+        );
+        assert_eq!(
+            (names("a"), names("b")),
+            (vec!["a-0".to_string()], vec!["a-1".to_string()])
+        );
+        assert!(index.names("other-ns", "a").is_empty());
+
+        index.apply(
+            &watcher::Event::Delete(pod("a-0", "a")),
+            Some(&pod("a-0", "a")),
+        );
+        assert!(names("a").is_empty());
+
+        // A re-list replaces everything: what was deleted meanwhile is gone.
+        index.apply(
+            &watcher::Event::<k8s_openapi::api::core::v1::Pod>::Init,
+            None,
+        );
+        index.apply(&watcher::Event::InitApply(pod("c-0", "c")), None);
+        index.apply(
+            &watcher::Event::<k8s_openapi::api::core::v1::Pod>::InitDone,
+            None,
+        );
+        assert!(names("b").is_empty());
+        assert_eq!(names("c"), ["c-0"]);
+    }
 
     fn secret(name: &str, version: &str, owner: &str) -> k8s_openapi::api::core::v1::Secret {
         serde_json::from_value(serde_json::json!({

@@ -32,7 +32,7 @@ use kube::{Client, Resource};
 use serde_json::Value;
 use sha2::Digest;
 
-pub use caches::{Caches, CachesBuilder, KindCache, LiveMeta};
+pub use caches::{Caches, CachesBuilder, KindCache, LiveMeta, Written};
 
 use crate::error::{Error, Result};
 
@@ -360,6 +360,14 @@ impl Applier {
         }
     }
 
+    /// Whether the child exists because of one of our applies: one is in flight, or the
+    /// version recorded is one an apply returned.
+    pub fn wrote(&self, kind: &'static str, namespace: &str, name: &str) -> bool {
+        let key = (kind, namespace.to_string(), name.to_string());
+        let applying = self.applying.lock().is_ok_and(|a| a.contains_key(&key));
+        applying || self.recorded(&key).is_some_and(|r| r.written)
+    }
+
     /// Forgets an owner that is gone (its children go with it).
     pub fn forget_owner(&self, namespace: &str, uid: &str) {
         if let Ok(mut scanned) = self.scanned.lock() {
@@ -387,7 +395,7 @@ impl Applier {
             caches,
             key,
             api.patch(name, &PatchParams::default(), &Patch::Merge(patch)),
-            |_| None,
+            |patched| (patched.meta().resource_version.clone(), None),
             false,
         )
         .await
@@ -397,22 +405,21 @@ impl Applier {
     /// child that arrive meanwhile wait ([`Self::hold`]), the version it returns is recorded
     /// (with `content`, its fingerprint, and whether it `created` the child), and the held
     /// events that were not its echo trigger their owners then.
-    async fn write<T: Resource>(
+    async fn write<T>(
         &self,
         caches: &Caches,
         key: ChildKey,
         write: impl std::future::Future<Output = kube::Result<T>>,
-        content: impl FnOnce(&T) -> Option<u64>,
+        version_and_content: impl FnOnce(&T) -> (Option<String>, Option<u64>),
         created: bool,
     ) -> kube::Result<T> {
         self.begin(&key);
         let written = write.await;
-        let version = written
-            .as_ref()
-            .ok()
-            .and_then(|o| o.meta().resource_version.clone());
+        let mut version = None;
         if let Ok(object) = &written {
-            self.record(key.clone(), version.clone(), content(object), true, created);
+            let content;
+            (version, content) = version_and_content(object);
+            self.record(key.clone(), version.clone(), content, true, created);
         }
         for other in self.finish(&key, version.as_deref()) {
             caches.trigger(other);
@@ -516,19 +523,12 @@ impl Applier {
             });
         }
         tracing::debug!(kind = child.kind, name = %child.name, namespace = owner.namespace, %reason, "applying child");
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), owner.namespace, cache.api_resource());
-        let params = PatchParams::apply(FIELD_MANAGER).force();
         let applied = self
             .write(
                 caches,
                 key,
-                api.patch(&child.name, &params, &Patch::Apply(&child.body)),
-                |applied| {
-                    serde_json::to_value(applied)
-                        .ok()
-                        .and_then(|body| cache.content_of(&body))
-                },
+                cache.apply(client, owner.namespace, &child.name, &child.body),
+                |applied| (applied.resource_version.clone(), applied.content),
                 live.is_none(),
             )
             .await
@@ -538,7 +538,7 @@ impl Applier {
                 name: child.name.clone(),
                 source,
             })?;
-        let written = applied.metadata.resource_version;
+        let written = applied.resource_version;
         Ok(match live {
             None => Some(Change::Created(child.kind, child.name.clone())),
             Some(l) if l.resource_version == written => None,

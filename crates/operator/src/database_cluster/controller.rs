@@ -260,13 +260,11 @@ fn recorded_primary(db: &DatabaseCluster, names: &Names) -> Primary {
 
 /// The cluster's pods from the cache.
 pub(crate) fn cluster_pods(ctx: &Context, names: &Names) -> Vec<Arc<Pod>> {
-    // Runs over every cached pod on every reconcile: compares, never allocates.
-    ctx.caches.filter::<Pod>(|pod| {
-        let labels = pod.labels();
-        labels.get(labels::INSTANCE) == Some(&names.name)
-            && labels.get(labels::NAME).map(String::as_str) == Some(resources::APP_NAME)
-            && pod.metadata.namespace.as_deref() == Some(names.namespace.as_str())
-    })
+    let mut pods = ctx.caches.of_instance::<Pod>(&names.namespace, &names.name);
+    pods.retain(|pod| {
+        pod.labels().get(labels::NAME).map(String::as_str) == Some(resources::APP_NAME)
+    });
+    pods
 }
 
 /// Who is primary after this reconcile and what else the failover or switchover step
@@ -907,15 +905,14 @@ async fn expand_volumes(
         resources::stateful_set::DATA_VOLUME,
         names.stateful_set()
     );
-    // Runs over every cached claim on every reconcile: compares, never allocates.
-    let claims: Vec<_> = ctx.caches.filter::<PersistentVolumeClaim>(|pvc| {
-        pvc.labels().get(labels::INSTANCE) == Some(&names.name)
-            && pvc.metadata.namespace.as_deref() == Some(names.namespace.as_str())
-            && pvc
-                .metadata
-                .name
-                .as_deref()
-                .is_some_and(|n| n.starts_with(&prefix))
+    let mut claims = ctx
+        .caches
+        .of_instance::<PersistentVolumeClaim>(&names.namespace, &names.name);
+    claims.retain(|pvc| {
+        pvc.metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.starts_with(&prefix))
     });
     let bytes = |q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
         q.and_then(|q| quantity::to_bytes(&q.0)).unwrap_or(0)
