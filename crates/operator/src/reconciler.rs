@@ -74,8 +74,7 @@ where
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
     // The response is not read: decoded without its managedFields (one entry per writer).
-    let api: Api<crate::lean_decode::Lean<K, crate::lean_decode::ManagedFields>> =
-        Api::namespaced(ctx.client.clone(), &namespace);
+    let api: Api<Lean<K, ManagedFields>> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut body = json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),

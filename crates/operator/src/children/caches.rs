@@ -342,12 +342,11 @@ impl InstanceIndex {
         }
     }
 
-    fn names(&self, namespace: &str, instance: &str) -> Vec<String> {
+    /// `f` of the names of the instance's objects (none: an empty slice).
+    fn with_names<T>(&self, namespace: &str, instance: &str, f: impl FnOnce(&[String]) -> T) -> T {
         let members = self.members.read().unwrap_or_else(PoisonError::into_inner);
-        members
-            .get(&(namespace.to_string(), instance.to_string()))
-            .cloned()
-            .unwrap_or_default()
+        let names = members.get(&(namespace.to_string(), instance.to_string()));
+        f(names.map_or(&[], Vec::as_slice))
     }
 }
 
@@ -521,27 +520,21 @@ impl Caches {
     }
 
     /// Cached objects of kind `K` in `namespace` labelled `app.kubernetes.io/instance:
-    /// instance`: looked up in the kind's index when it has one (kinds registered with
-    /// [`CachesBuilder::add_trimmed`]), else found by testing every cached object.
+    /// instance`, looked up in the kind's index. Only kinds registered with
+    /// [`CachesBuilder::add_trimmed`] are indexed; for others the answer is empty.
     pub fn of_instance<K: ChildKind>(&self, namespace: &str, instance: &str) -> Vec<Arc<K>> {
         let Some(cache) = self.typed::<K>() else {
             return Vec::new();
         };
-        match &cache.by_instance {
-            Some(index) => index
-                .names(namespace, instance)
+        let Some(index) = &cache.by_instance else {
+            return Vec::new();
+        };
+        index.with_names(namespace, instance, |names| {
+            names
                 .iter()
                 .filter_map(|name| cache.find(namespace, name))
-                .collect(),
-            None => cache.store.state_filter(|object| {
-                object.namespace().as_deref() == Some(namespace)
-                    && object
-                        .labels()
-                        .get(devctl_api::labels::INSTANCE)
-                        .map(String::as_str)
-                        == Some(instance)
-            }),
-        }
+                .collect()
+        })
     }
 
     /// Resolves once every cache has listed its objects (what `/readyz` reports).
@@ -898,7 +891,7 @@ mod tests {
     fn the_instance_index_follows_labels_deletes_and_relists() {
         let index = InstanceIndex::default();
         let names = |instance: &str| {
-            let mut names = index.names("ns", instance);
+            let mut names = index.with_names("ns", instance, <[String]>::to_vec);
             names.sort();
             names
         };
@@ -928,7 +921,7 @@ mod tests {
             (names("a"), names("b")),
             (vec!["a-0".to_string()], vec!["a-1".to_string()])
         );
-        assert!(index.names("other-ns", "a").is_empty());
+        assert!(index.with_names("other-ns", "a", <[String]>::is_empty));
 
         index.apply(
             &watcher::Event::Delete(pod("a-0", "a")),

@@ -415,12 +415,11 @@ impl Applier {
     ) -> kube::Result<T> {
         self.begin(&key);
         let written = write.await;
-        let mut version = None;
-        if let Ok(object) = &written {
-            let content;
-            (version, content) = version_and_content(object);
+        let version = written.as_ref().ok().and_then(|object| {
+            let (version, content) = version_and_content(object);
             self.record(key.clone(), version.clone(), content, true, created);
-        }
+            version
+        });
         for other in self.finish(&key, version.as_deref()) {
             caches.trigger(other);
         }
