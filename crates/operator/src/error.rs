@@ -47,6 +47,9 @@ pub enum Error {
     #[error("{kind} {name} changed while it was being reconciled; reconciling again")]
     StaleChild { kind: &'static str, name: String },
 
+    #[error("{kind} {name} exists already; it is read and the cluster reconciled again")]
+    ChildExists { kind: &'static str, name: String },
+
     #[error("no cache is registered for child kind {0}")]
     UnregisteredKind(&'static str),
 
@@ -84,7 +87,7 @@ impl Error {
             } => "Forbidden",
             Error::CacheUnavailable { .. } => "WatchFailed",
             Error::CleanupTimeout(_) => "CleanupTimeout",
-            Error::StaleChild { .. } => "Conflict",
+            Error::StaleChild { .. } | Error::ChildExists { .. } => "Conflict",
         }
     }
 }
@@ -127,7 +130,9 @@ impl Error {
                 _ => false,
             },
             Error::CacheUnavailable { forbidden, .. } => *forbidden,
-            Error::CleanupTimeout(_) | Error::StaleChild { .. } => false,
+            Error::CleanupTimeout(_) | Error::StaleChild { .. } | Error::ChildExists { .. } => {
+                false
+            }
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod client;
 pub mod context;
 pub mod database_backup;
 pub mod database_cluster;
+pub mod debounce;
 pub mod engine;
 pub mod error;
 pub mod helm;

@@ -61,8 +61,8 @@ struct Args {
     /// once); controller-runtime's MaxConcurrentReconciles.
     #[arg(long, default_value_t = devctl_operator::context::DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..))]
     concurrency: u16,
-    /// Milliseconds a child's event waits for more events of the same owner before the owner
-    /// is reconciled once for all of them (0: at once).
+    /// Milliseconds an owner's children must be quiet before a burst of their events
+    /// reconciles it once (at most 4× this after the first event; 0: at once).
     #[arg(long, default_value_t = devctl_operator::context::DEFAULT_CHILD_EVENT_WINDOW.as_millis() as u64, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     child_event_window_ms: u64,
     /// Image the database pods copy `devctl-agent` from: the operator's own image (it holds

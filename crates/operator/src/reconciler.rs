@@ -306,26 +306,22 @@ where
     });
     let queued = metrics.clone();
     // A burst of child events (a pod turning ready, its StatefulSet counting it, the claim
-    // binding) becomes one reconcile: each owner is released `window` after its first event,
-    // later events meanwhile ride along. Primary events and requeues are not delayed.
-    let window = settings.child_event_window;
-    let triggers =
-        kube::runtime::scheduler::scheduler(caches.owner_triggers::<K>().map(move |object| {
-            kube::runtime::scheduler::ScheduleRequest {
-                message: object,
-                run_at: tokio::time::Instant::now() + window,
-            }
-        }))
-        .inspect(move |object| {
-            queued.queue_add(
-                name,
-                format!(
-                    "{}/{}",
-                    object.namespace.as_deref().unwrap_or_default(),
-                    object.name
-                ),
-            );
-        });
+    // binding) becomes one reconcile: each owner is released once its children were quiet
+    // for `window` ([`crate::debounce`]). Primary events and requeues are not delayed.
+    let triggers = crate::debounce::debounce(
+        caches.owner_triggers::<K>().boxed(),
+        settings.child_event_window,
+    )
+    .inspect(move |object| {
+        queued.queue_add(
+            name,
+            format!(
+                "{}/{}",
+                object.namespace.as_deref().unwrap_or_default(),
+                object.name
+            ),
+        );
+    });
     let context = Arc::new(Context::new(client, caches, settings, instance));
     Controller::for_stream(objects, reader)
         .reconcile_on(triggers)

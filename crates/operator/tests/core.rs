@@ -548,9 +548,15 @@ async fn a_credentials_secret_devctl_does_not_own_is_never_touched() {
         "untouched"
     );
     assert!(after.metadata.owner_references.is_none());
-    let sts: Api<StatefulSet> = Api::namespaced(client, &namespace);
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &namespace);
     assert!(
         sts.get_opt("shop").await.unwrap().is_none(),
+        "nothing half-made"
+    );
+    // The credentials are created before anything else, so the clash stops the rest too.
+    let config_maps: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    assert!(
+        config_maps.get_opt("shop-config").await.unwrap().is_none(),
         "nothing half-made"
     );
 }

@@ -107,6 +107,13 @@ pub trait KindCache: Send + Sync {
         name: &'a str,
         body: &'a Value,
     ) -> BoxFuture<'a, kube::Result<Written>>;
+    /// Creates the object `body` (a POST: it fails with 409 if one of that name exists).
+    fn create<'a>(
+        &'a self,
+        client: &Client,
+        namespace: &'a str,
+        body: &'a Value,
+    ) -> BoxFuture<'a, kube::Result<Written>>;
     /// The cached object as JSON, for kinds cached with their body (`None` for slim ones).
     fn body(&self, namespace: &str, name: &str) -> Option<Value>;
     /// Names of the cached objects controlled by the owner with `owner_uid`.
@@ -420,6 +427,36 @@ impl<K: ChildKind> KindCache for TypedCache<K> {
             Ok(Written {
                 resource_version: applied.meta().resource_version.clone(),
                 content: slim::content(&applied),
+            })
+        }
+        .boxed()
+    }
+
+    fn create<'a>(
+        &'a self,
+        client: &Client,
+        namespace: &'a str,
+        body: &'a Value,
+    ) -> BoxFuture<'a, kube::Result<Written>> {
+        let api: Api<Lean<K, ManagedFields>> = Api::namespaced(client.clone(), namespace);
+        let client = client.clone();
+        async move {
+            // By hand rather than `Api::create`, which takes the body as the API's own type:
+            // the response is decoded lean, the body is the rendered JSON.
+            let params = kube::api::PostParams {
+                field_manager: Some(super::FIELD_MANAGER.to_string()),
+                ..Default::default()
+            };
+            let bytes = serde_json::to_vec(body).map_err(kube::Error::SerdeError)?;
+            let mut request = kube::core::Request::new(api.resource_url())
+                .create(&params, bytes)
+                .map_err(kube::Error::BuildRequest)?;
+            request.extensions_mut().insert("create");
+            let mut created = client.request::<Lean<K, ManagedFields>>(request).await?.0;
+            prune(&mut created);
+            Ok(Written {
+                resource_version: created.meta().resource_version.clone(),
+                content: slim::content(&created),
             })
         }
         .boxed()

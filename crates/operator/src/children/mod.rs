@@ -84,6 +84,11 @@ pub struct Child {
     pub placeholder: bool,
     /// The live object, when the renderer already read it (saves the drift check's GET).
     pub live: Option<Value>,
+    /// Written only by creating it, never applied over an object of that name: the renderer
+    /// did not look whether one exists (a Secret without devctl's labels is invisible to the
+    /// label-selected cache, and must never be overwritten). An existing object fails the
+    /// apply with [`Error::ChildExists`]; the renderer then reads it and renders again.
+    pub create_only: bool,
 }
 
 impl Child {
@@ -136,6 +141,7 @@ impl Child {
             hash,
             placeholder: false,
             live: None,
+            create_only: false,
         })
     }
 }
@@ -483,6 +489,31 @@ impl Applier {
     ) -> Result<Option<Change>> {
         let key: ChildKey = (child.kind, owner.namespace.to_string(), child.name.clone());
         let cache = caches.kind(child.kind)?;
+        if child.create_only {
+            tracing::debug!(kind = child.kind, name = %child.name, namespace = owner.namespace, "creating child");
+            let created = self
+                .write(
+                    caches,
+                    key,
+                    cache.create(client, owner.namespace, &child.body),
+                    |created| (created.resource_version.clone(), created.content),
+                    true,
+                )
+                .await;
+            return match created {
+                Ok(_) => Ok(Some(Change::Created(child.kind, child.name.clone()))),
+                Err(kube::Error::Api(status)) if status.code == 409 => Err(Error::ChildExists {
+                    kind: child.kind,
+                    name: child.name.clone(),
+                }),
+                Err(source) => Err(Error::Child {
+                    action: "create",
+                    kind: child.kind,
+                    name: child.name.clone(),
+                    source,
+                }),
+            };
+        }
         let mut live = cache.meta(owner.namespace, &child.name);
         let reason = match &live {
             None => "missing".to_string(),
@@ -552,7 +583,7 @@ impl Applier {
     /// Deployment) waits for everything listed before it — the configuration, Secrets and
     /// rights its pods read — and the children between two workloads are applied together
     /// ([`APPLIES_AT_ONCE`] at a time), so creating a cluster takes a few round trips instead
-    /// of one per child.
+    /// of one per child. Children that are only created ([`Child::create_only`]) go first.
     pub async fn sync(
         &self,
         client: &Client,
@@ -563,7 +594,7 @@ impl Applier {
     ) -> Result<Vec<Change>> {
         let mut changes = Vec::new();
         for batch in waves(desired)
-            .into_iter()
+            .iter()
             .flat_map(|wave| wave.chunks(APPLIES_AT_ONCE))
         {
             let applied = futures::future::join_all(
@@ -629,21 +660,22 @@ const APPLIES_AT_ONCE: usize = 4;
 const WORKLOADS: [&str; 2] = ["StatefulSet", "Deployment"];
 
 /// `desired` cut into waves: each workload alone, the children between workloads together.
-fn waves(desired: &[Child]) -> Vec<&[Child]> {
-    let mut waves = Vec::new();
-    let mut start = 0;
-    for (i, child) in desired.iter().enumerate() {
+fn waves(desired: &[Child]) -> Vec<Vec<&Child>> {
+    // Children that must not exist yet go first, alone: one that exists after all stops
+    // the sync before anything else is made.
+    let first: Vec<&Child> = desired.iter().filter(|c| c.create_only).collect();
+    let mut waves = vec![first];
+    let mut current = Vec::new();
+    for child in desired.iter().filter(|c| !c.create_only) {
         if WORKLOADS.contains(&child.kind) {
-            if start < i {
-                waves.push(&desired[start..i]);
-            }
-            waves.push(&desired[i..=i]);
-            start = i + 1;
+            waves.push(std::mem::take(&mut current));
+            waves.push(vec![child]);
+        } else {
+            current.push(child);
         }
     }
-    if start < desired.len() {
-        waves.push(&desired[start..]);
-    }
+    waves.push(current);
+    waves.retain(|wave| !wave.is_empty());
     waves
 }
 
@@ -734,6 +766,7 @@ mod tests {
             hash: String::new(),
             placeholder: false,
             live: None,
+            create_only: false,
         };
         let desired = [
             child("ConfigMap", "a"),
@@ -747,6 +780,18 @@ mod tests {
             .collect();
         assert_eq!(names, [vec!["a", "b"], vec!["c"], vec!["d"]]);
         assert!(waves(&[]).is_empty());
+        let mut create = child("Secret", "e");
+        create.create_only = true;
+        let with_create = [child("ConfigMap", "a"), create, child("StatefulSet", "c")];
+        let names: Vec<Vec<&str>> = waves(&with_create)
+            .iter()
+            .map(|w| w.iter().map(|c| c.name.as_str()).collect())
+            .collect();
+        assert_eq!(
+            names,
+            [vec!["e"], vec!["a"], vec!["c"]],
+            "creates first, alone"
+        );
         let only = [child("Deployment", "x")];
         assert_eq!(waves(&only).len(), 1);
     }

@@ -601,49 +601,45 @@ async fn manage_pods(
     let instances = observe_instances(db, ctx, names, pods);
     let replicas = resources::stateful_set::instances(db);
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    for (pod, annotations) in backup::pod_annotations(pods, store, &primary.current) {
-        let patch = json!({ "metadata": { "annotations": annotations } });
-        match api
-            .patch(&pod, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(source) => {
-                return Err(Error::Child {
-                    action: "annotate",
+    // A pod's annotations and role label go in one patch. Its echo is no news: the status
+    // reads neither the role label nor annotations the operator itself wrote.
+    let mut annotations: std::collections::BTreeMap<String, serde_json::Value> =
+        backup::pod_annotations(pods, store, &primary.current)
+            .into_iter()
+            .collect();
+    let patch_pod = |action: &'static str, pod: String, metadata: serde_json::Value| {
+        let patch = json!({ "metadata": metadata });
+        async move {
+            match ctx
+                .caches
+                .applier()
+                .patch_quietly::<Pod>(&ctx.client, &ctx.caches, &names.namespace, &pod, &patch)
+                .await
+            {
+                Ok(_) => Ok(()),
+                // Gone meanwhile: its replacement is labelled on the next pass.
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                Err(source) => Err(Error::Child {
+                    action,
                     kind: Pod::KIND,
                     name: pod,
                     source,
-                });
+                }),
             }
         }
-    }
+    };
     for action in pods::plan(pods, sts.as_deref(), primary, replicas, instances.ready) {
         match action {
             PodAction::Label { pod, role } => {
-                // The status does not read the role label: its echo is no news.
-                let patch = json!({ "metadata": { "labels": { ROLE_LABEL: role } } });
-                match ctx
-                    .caches
-                    .applier()
-                    .patch_quietly::<Pod>(&ctx.client, &ctx.caches, &names.namespace, &pod, &patch)
-                    .await
-                {
-                    Ok(_) => {}
-                    // Gone meanwhile: its replacement is labelled on the next pass.
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(source) => {
-                        return Err(Error::Child {
-                            action: "label",
-                            kind: Pod::KIND,
-                            name: pod,
-                            source,
-                        });
-                    }
+                let mut metadata = json!({ "labels": { ROLE_LABEL: role } });
+                if let Some(annotations) = annotations.remove(&pod) {
+                    metadata["annotations"] = annotations;
                 }
+                patch_pod("label", pod, metadata).await?;
             }
             PodAction::Replace { pod, uid, primary } => {
+                // Its replacement gets them.
+                annotations.remove(&pod);
                 let params = kube::api::DeleteParams {
                     preconditions: Some(kube::api::Preconditions {
                         uid: Some(uid),
@@ -679,6 +675,9 @@ async fn manage_pods(
                 }
             }
         }
+    }
+    for (pod, annotations) in annotations {
+        patch_pod("annotate", pod, json!({ "annotations": annotations })).await?;
     }
     Ok(())
 }
@@ -730,78 +729,88 @@ async fn converge(
     // we left it is rendered with placeholders and skipped. If its desired state changed
     // after all (its hash does not depend on the password), read them and render again.
     let mut read = false;
-    let (mut desired, credentials) = loop {
-        // Regenerated silently: the primary's agent applies it and the replicas read it.
-        let replication = credentials(
-            ctx,
-            names,
-            &names.replication_secret(),
-            &owner_uid,
-            false,
-            read,
-        )
-        .await?;
-        let credentials =
-            credentials(ctx, names, &names.secret(), &owner_uid, sts.is_some(), read).await?;
-        let inputs = Inputs {
-            password: credentials.password.as_deref(),
-            replication_password: replication.password.as_deref(),
-            version: target_version,
-            existing_claim_size: existing_claim_size.as_deref(),
-            cluster_domain: &ctx.settings.cluster_domain,
-            agent_image: &ctx.settings.agent_image,
-        };
-        let mut desired = resources::desired(db, &inputs)?;
-        let secrets = ctx.caches.kind(Secret::KIND)?;
-        let outdated = desired.iter().any(|child| {
-            child.placeholder
-                && secrets
-                    .meta(&names.namespace, &child.name)
-                    .and_then(|live| live.hash)
-                    .as_deref()
-                    != Some(child.hash.as_str())
-        });
-        if outdated && !read {
-            read = true;
-            continue;
-        }
-        for read in [&replication, &credentials] {
-            let secret = desired
-                .iter_mut()
-                .find(|c| c.kind == Secret::KIND && c.name == read.name);
-            if let Some(secret) = secret {
-                secret.live.clone_from(&read.live);
+    // A Secret the cache does not know is created, never applied over one of its name; if
+    // one exists after all (a Secret without devctl's labels, or ours not yet seen by the
+    // watch), both are read and everything is rendered and synced again.
+    let (changes, credentials) = loop {
+        let (mut desired, credentials) = loop {
+            // Regenerated silently: the primary's agent applies it and the replicas read it.
+            let replication = credentials(
+                ctx,
+                names,
+                &names.replication_secret(),
+                &owner_uid,
+                false,
+                read,
+            )
+            .await?;
+            let credentials =
+                credentials(ctx, names, &names.secret(), &owner_uid, sts.is_some(), read).await?;
+            let inputs = Inputs {
+                password: credentials.password.as_deref(),
+                replication_password: replication.password.as_deref(),
+                version: target_version,
+                existing_claim_size: existing_claim_size.as_deref(),
+                cluster_domain: &ctx.settings.cluster_domain,
+                agent_image: &ctx.settings.agent_image,
+            };
+            let mut desired = resources::desired(db, &inputs)?;
+            let secrets = ctx.caches.kind(Secret::KIND)?;
+            let outdated = desired.iter().any(|child| {
+                child.placeholder
+                    && secrets
+                        .meta(&names.namespace, &child.name)
+                        .and_then(|live| live.hash)
+                        .as_deref()
+                        != Some(child.hash.as_str())
+            });
+            if outdated && !read {
+                read = true;
+                continue;
             }
+            for read in [&replication, &credentials] {
+                let secret = desired
+                    .iter_mut()
+                    .find(|c| c.kind == Secret::KIND && c.name == read.name);
+                if let Some(secret) = secret {
+                    secret.live.clone_from(&read.live);
+                    secret.create_only = read.create_only;
+                }
+            }
+            break (desired, credentials);
+        };
+        if let Some(destination) = &store.destination {
+            desired.push(backup::store_secret(
+                db,
+                names,
+                target_version,
+                BACKUP_STORE_SECRET_SUFFIX,
+                destination,
+            )?);
         }
-        break (desired, credentials);
+        if let Some((_, source)) = &store.restore {
+            desired.push(backup::store_secret(
+                db,
+                names,
+                target_version,
+                RESTORE_STORE_SECRET_SUFFIX,
+                source,
+            )?);
+        }
+        let owner = Owner {
+            namespace: &names.namespace,
+            uid: &owner_uid,
+        };
+        match ctx
+            .caches
+            .applier()
+            .sync(&ctx.client, &ctx.caches, owner, &desired, resources::KINDS)
+            .await
+        {
+            Err(Error::ChildExists { kind, .. }) if kind == Secret::KIND && !read => read = true,
+            synced => break (synced?, credentials),
+        }
     };
-    if let Some(destination) = &store.destination {
-        desired.push(backup::store_secret(
-            db,
-            names,
-            target_version,
-            BACKUP_STORE_SECRET_SUFFIX,
-            destination,
-        )?);
-    }
-    if let Some((_, source)) = &store.restore {
-        desired.push(backup::store_secret(
-            db,
-            names,
-            target_version,
-            RESTORE_STORE_SECRET_SUFFIX,
-            source,
-        )?);
-    }
-    let owner = Owner {
-        namespace: &names.namespace,
-        uid: &owner_uid,
-    };
-    let changes = ctx
-        .caches
-        .applier()
-        .sync(&ctx.client, &ctx.caches, owner, &desired, resources::KINDS)
-        .await?;
     let volumes_pending = expand_volumes(db, ctx, names).await?;
     Ok(Converged {
         changes,
@@ -818,6 +827,9 @@ struct Credentials {
     regenerated: bool,
     /// The Secret as read, for the applier's drift check.
     live: Option<serde_json::Value>,
+    /// Neither the cache nor our record knows the Secret and it was not read: a new password,
+    /// written by creating the Secret ([`crate::children::Child::create_only`]).
+    create_only: bool,
 }
 
 /// The password of the Secret `secret_name` (credentials or replication): the one it holds,
@@ -859,8 +871,24 @@ async fn credentials(
                 password: None,
                 regenerated: false,
                 live: None,
+                create_only: false,
             });
         }
+    } else if !read
+        && !ctx
+            .caches
+            .applier()
+            .wrote(Secret::KIND, &names.namespace, secret_name)
+    {
+        // Unknown to the cache and not written by us: most likely there is none. Creating it
+        // cannot overwrite one there is after all, so it need not be looked up first.
+        return Ok(Credentials {
+            name: secret_name.to_string(),
+            password: Some(secret::generate_password()),
+            regenerated: data_exists,
+            live: None,
+            create_only: true,
+        });
     }
     // A Secret without devctl's labels is not in the cache, and a cold or lagging cache must
     // never cause a new password: the API has the last word.
@@ -887,6 +915,7 @@ async fn credentials(
         password: Some(password),
         regenerated,
         live: live.and_then(|l| serde_json::to_value(l).ok()),
+        create_only: false,
     })
 }
 
