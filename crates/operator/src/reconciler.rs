@@ -307,7 +307,7 @@ where
     let queued = metrics.clone();
     // A burst of child events (a pod turning ready, its StatefulSet counting it, the claim
     // binding) becomes one reconcile: each owner is released once its children were quiet
-    // for `window` ([`crate::debounce`]). Primary events and requeues are not delayed.
+    // for `--child-event-window-ms` ([`crate::debounce`]). Primary events and requeues are not delayed.
     let triggers = crate::debounce::debounce(
         caches.owner_triggers::<K>().boxed(),
         settings.child_event_window,

@@ -89,6 +89,17 @@ pub struct Written {
     pub content: Option<u64>,
 }
 
+impl Written {
+    /// The record of a write's response (an apply or a create), pruned as the watch prunes.
+    fn of<K: ChildKind>(mut object: K) -> Self {
+        prune(&mut object);
+        Written {
+            resource_version: object.meta().resource_version.clone(),
+            content: slim::content(&object),
+        }
+    }
+}
+
 /// The cache of one kind, seen without its type.
 pub trait KindCache: Send + Sync {
     fn api_resource(&self) -> &ApiResource;
@@ -419,15 +430,10 @@ impl<K: ChildKind> KindCache for TypedCache<K> {
         let api: Api<Lean<K, ManagedFields>> = Api::namespaced(client.clone(), namespace);
         async move {
             let params = kube::api::PatchParams::apply(super::FIELD_MANAGER).force();
-            let mut applied = api
+            let applied = api
                 .patch(name, &params, &kube::api::Patch::Apply(body))
-                .await?
-                .0;
-            prune(&mut applied);
-            Ok(Written {
-                resource_version: applied.meta().resource_version.clone(),
-                content: slim::content(&applied),
-            })
+                .await?;
+            Ok(Written::of(applied.0))
         }
         .boxed()
     }
@@ -452,12 +458,8 @@ impl<K: ChildKind> KindCache for TypedCache<K> {
                 .create(&params, bytes)
                 .map_err(kube::Error::BuildRequest)?;
             request.extensions_mut().insert("create");
-            let mut created = client.request::<Lean<K, ManagedFields>>(request).await?.0;
-            prune(&mut created);
-            Ok(Written {
-                resource_version: created.meta().resource_version.clone(),
-                content: slim::content(&created),
-            })
+            let created = client.request::<Lean<K, ManagedFields>>(request).await?;
+            Ok(Written::of(created.0))
         }
         .boxed()
     }
