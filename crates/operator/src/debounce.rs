@@ -8,8 +8,13 @@
 //! that sees where it ended, and an isolated event still gets through after that moment
 //! only. A steady trickle cannot hold an owner back for long: it is released at the latest
 //! [`LONGEST_HOLD_FACTOR`] quiet periods after its first event.
+//!
+//! Some owners cannot wait: while a cluster fails over or switches its primary, every step
+//! waits for the reports of its pods, and each quiet period would add to the time nobody
+//! can write. Their events come marked [`Urgency::Now`] and are released at once, taking
+//! any held copy with them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -22,20 +27,34 @@ use tokio_util::time::{DelayQueue, delay_queue};
 /// How many quiet periods an owner is held at most after its first event.
 pub const LONGEST_HOLD_FACTOR: u32 = 4;
 
+/// Whether an item may wait for its burst to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Urgency {
+    /// Coalesced with the equal items around it.
+    Coalesce,
+    /// Released at once, with any equal item held.
+    Now,
+}
+
 /// `items`, each released once no equal item arrived for `quiet`, and at the latest
 /// `quiet × LONGEST_HOLD_FACTOR` after the first of them; equal items that arrive while one
-/// is held are released with it, as one. A zero `quiet` passes every item on at once.
-pub fn debounce<T>(items: BoxStream<'static, T>, quiet: Duration) -> BoxStream<'static, T>
+/// is held are released with it, as one. An item of [`Urgency::Now`] is released at once
+/// and ends the hold of its equal. A zero `quiet` passes every item on at once.
+pub fn debounce<T>(
+    items: BoxStream<'static, (T, Urgency)>,
+    quiet: Duration,
+) -> BoxStream<'static, T>
 where
     T: Eq + Hash + Clone + Unpin + Send + 'static,
 {
     if quiet.is_zero() {
-        return items;
+        return items.map(|(item, _)| item).boxed();
     }
     Debounce {
         items: Some(items),
         held: DelayQueue::new(),
         keys: HashMap::new(),
+        urgent: VecDeque::new(),
         quiet,
         longest: quiet * LONGEST_HOLD_FACTOR,
     }
@@ -44,8 +63,10 @@ where
 
 struct Debounce<T> {
     /// `None` once the input ended.
-    items: Option<BoxStream<'static, T>>,
+    items: Option<BoxStream<'static, (T, Urgency)>>,
     held: DelayQueue<T>,
+    /// Urgent items not yet taken, in arrival order.
+    urgent: VecDeque<T>,
     /// Each held item's entry in `held` and when its first copy arrived.
     keys: HashMap<T, (delay_queue::Key, Instant)>,
     quiet: Duration,
@@ -59,7 +80,19 @@ impl<T: Eq + Hash + Clone + Unpin> Stream for Debounce<T> {
         let this = self.get_mut();
         while let Some(items) = this.items.as_mut() {
             match items.poll_next_unpin(cx) {
-                Poll::Ready(Some(item)) => {
+                Poll::Ready(Some((item, Urgency::Now))) => {
+                    if let Some((key, _)) = this.keys.remove(&item) {
+                        this.held.remove(&key);
+                    }
+                    if !this.urgent.contains(&item) {
+                        this.urgent.push_back(item);
+                    }
+                }
+                Poll::Ready(Some((item, Urgency::Coalesce))) => {
+                    if this.urgent.contains(&item) {
+                        // Released with the urgent copy that is still waiting to be taken.
+                        continue;
+                    }
                     let now = Instant::now();
                     match this.keys.get(&item) {
                         Some(&(key, first)) => {
@@ -75,6 +108,9 @@ impl<T: Eq + Hash + Clone + Unpin> Stream for Debounce<T> {
                 Poll::Ready(None) => this.items = None,
                 Poll::Pending => break,
             }
+        }
+        if let Some(item) = this.urgent.pop_front() {
+            return Poll::Ready(Some(item));
         }
         match this.held.poll_expired(cx) {
             Poll::Ready(Some(expired)) => {
@@ -113,10 +149,10 @@ mod tests {
         let start = Instant::now();
         tokio::spawn(async move {
             for _ in 0..3 {
-                tx.unbounded_send("a").unwrap();
+                tx.unbounded_send(("a", Urgency::Coalesce)).unwrap();
                 tokio::time::sleep(Duration::from_millis(150)).await;
             }
-            tx.unbounded_send("b").unwrap();
+            tx.unbounded_send(("b", Urgency::Coalesce)).unwrap();
         });
         // "a": last event at 300 ms, released 200 ms later; "b" came at 450 ms.
         assert_eq!(
@@ -141,7 +177,7 @@ mod tests {
         let start = Instant::now();
         let sender = tokio::spawn(async move {
             for _ in 0..20 {
-                tx.unbounded_send("a").unwrap();
+                tx.unbounded_send(("a", Urgency::Coalesce)).unwrap();
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         });
@@ -159,9 +195,39 @@ mod tests {
         let (tx, rx) = mpsc::unbounded();
         let mut out = debounce(rx.boxed(), Duration::ZERO);
         let start = Instant::now();
-        tx.unbounded_send("a").unwrap();
-        tx.unbounded_send("a").unwrap();
+        tx.unbounded_send(("a", Urgency::Coalesce)).unwrap();
+        tx.unbounded_send(("a", Urgency::Coalesce)).unwrap();
         assert_eq!(next(&mut out, start).await, ("a", Duration::ZERO));
         assert_eq!(next(&mut out, start).await, ("a", Duration::ZERO));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_urgent_item_is_released_at_once_and_ends_the_hold_of_its_equal() {
+        let (tx, rx) = mpsc::unbounded();
+        let mut out = debounce(rx.boxed(), QUIET);
+        let start = Instant::now();
+        let sender = tokio::spawn(async move {
+            tx.unbounded_send(("a", Urgency::Coalesce)).unwrap();
+            tx.unbounded_send(("b", Urgency::Coalesce)).unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            tx.unbounded_send(("a", Urgency::Now)).unwrap();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        });
+        assert_eq!(
+            next(&mut out, start).await,
+            ("a", Duration::from_millis(50)),
+            "the urgent item does not wait"
+        );
+        assert_eq!(
+            next(&mut out, start).await,
+            ("b", QUIET),
+            "the other owner is still coalesced"
+        );
+        sender.await.unwrap();
+        assert_eq!(
+            out.next().await,
+            None,
+            "the held copy of \"a\" went out with the urgent one"
+        );
     }
 }

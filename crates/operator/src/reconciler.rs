@@ -206,10 +206,13 @@ where
 
 /// The cache of a controller's own resource and the stream that triggers its reconciles:
 /// pruned objects, filtered by [`relevant_change`] so the operator's status writes do not
-/// trigger it again.
+/// trigger it again. `gone` is called with each object the watch sees deleted, so that what
+/// the operator remembers of it goes too (a kind without a finalizer is never reconciled
+/// once it is gone).
 pub fn watch_primary<K>(
     client: &kube::Client,
     namespace: Option<&str>,
+    gone: impl Fn(&K) + Send + 'static,
 ) -> (
     kube::runtime::reflector::Store<K>,
     impl futures::Stream<Item = Result<K, kube::runtime::watcher::Error>> + Send + 'static,
@@ -233,6 +236,11 @@ where
         .default_backoff()
         .map_ok(crate::lean_decode::unwrap_event)
         .modify(prune)
+        .inspect_ok(move |event| {
+            if let kube::runtime::watcher::Event::Delete(object) = event {
+                gone(object);
+            }
+        })
         .reflect(writer)
         .applied_objects()
         .predicate_filter(relevant_change, kube::runtime::PredicateConfig::default());
@@ -294,7 +302,12 @@ where
     Fut: Future<Output = Result<Action>> + Send + 'static,
 {
     use futures::StreamExt;
-    let (reader, objects) = watch_primary::<K>(&client, namespace.as_deref());
+    let applier = caches.applier_handle();
+    let (reader, objects) = watch_primary::<K>(&client, namespace.as_deref(), move |object| {
+        if let (Some(namespace), Some(uid)) = (object.namespace(), object.uid()) {
+            applier.forget_owner(&namespace, &uid);
+        }
+    });
     let concurrency = settings.concurrency;
     let metrics = settings.metrics.clone();
     metrics.set_max_concurrent(name, concurrency);
@@ -307,7 +320,8 @@ where
     let queued = metrics.clone();
     // A burst of child events (a pod turning ready, its StatefulSet counting it, the claim
     // binding) becomes one reconcile: each owner is released once its children were quiet
-    // for `--child-event-window-ms` ([`crate::debounce`]). Primary events and requeues are not delayed.
+    // for `--child-event-window-ms` ([`crate::debounce`]), unless it is in a hurry
+    // ([`crate::children::caches::Caches::hurry`]). Primary events and requeues are not delayed.
     let triggers = crate::debounce::debounce(
         caches.owner_triggers::<K>().boxed(),
         settings.child_event_window,

@@ -199,6 +199,39 @@ async fn seed_sample_becomes_available_is_idempotent_and_heals() {
             && description.contains("Updated Deployment my-service-deployment"),
         "{description}"
     );
+
+    // A WebApp has no finalizer, so no reconcile sees it go: the operator forgets what it
+    // remembered of it when its watch sees it deleted.
+    let app_uid = env
+        .web_apps()
+        .get("my-service")
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    assert!(
+        env.caches
+            .applier()
+            .remembers_owner(&env.namespace, &app_uid),
+        "the applier keeps the orphan scan of a live WebApp"
+    );
+    env.web_apps()
+        .delete("my-service", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while env
+        .caches
+        .applier()
+        .remembers_owner(&env.namespace, &app_uid)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the operator still remembers the WebApp 30 s after its deletion"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 /// Makes the API server admit only pods that pass Pod Security Standards `restricted` in the

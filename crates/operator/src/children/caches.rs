@@ -12,7 +12,7 @@
 //! how the silence of a lock is measured without comparing clocks between machines.
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
@@ -29,6 +29,7 @@ use serde_json::Value;
 use tokio::sync::{broadcast, watch};
 
 use super::{Applier, ChildKind, HASH_ANNOTATION, slim};
+use crate::debounce::Urgency;
 use crate::error::{Error, Result};
 use crate::lean_decode::{Lean, ManagedFields, SkipFields};
 use crate::reconciler::{prune, scoped_api};
@@ -40,6 +41,16 @@ pub struct OwnerKey {
     pub namespace: String,
     pub name: String,
 }
+
+/// A child event for its owner, and whether it may wait for the rest of its burst.
+#[derive(Debug, Clone)]
+struct Trigger {
+    owner: OwnerKey,
+    urgency: Urgency,
+}
+
+/// Owners whose child events may not wait ([`Caches::hurry`]).
+type Hurried = Arc<Mutex<HashSet<OwnerKey>>>;
 
 /// How to find the owner of a child of kind `K`.
 pub type OwnerOf<K> = fn(&K) -> Option<OwnerKey>;
@@ -511,7 +522,8 @@ impl<K: ChildKind> KindCache for TypedCache<K> {
 #[derive(Clone)]
 pub struct Caches {
     kinds: Arc<BTreeMap<&'static str, Arc<dyn KindCache>>>,
-    triggers: broadcast::Sender<OwnerKey>,
+    triggers: broadcast::Sender<Trigger>,
+    hurried: Hurried,
     applier: Arc<Applier>,
 }
 
@@ -594,7 +606,23 @@ impl Caches {
     /// Triggers a reconcile of `owner` (by every controller of its kind).
     pub fn trigger(&self, owner: OwnerKey) {
         // No receiver (no controller running yet) is fine.
-        let _ = self.triggers.send(owner);
+        let _ = self.triggers.send(Trigger {
+            owner,
+            urgency: Urgency::Coalesce,
+        });
+    }
+
+    /// Whether `owner`'s child events are released to its reconcile at once (`true`: a
+    /// failover or switchover waits on them) or coalesced into bursts (the default).
+    pub fn hurry(&self, owner: &OwnerKey, hurry: bool) {
+        let mut hurried = self.hurried.lock().unwrap_or_else(PoisonError::into_inner);
+        if hurry {
+            if !hurried.contains(owner) {
+                hurried.insert(owner.clone());
+            }
+        } else {
+            hurried.remove(owner);
+        }
     }
 
     /// The applier that keeps the record of what was applied.
@@ -602,8 +630,14 @@ impl Caches {
         &self.applier
     }
 
-    /// A reconcile trigger for every change of a child owned by an object of kind `O`.
-    pub fn owner_triggers<O>(&self) -> impl Stream<Item = ObjectRef<O>> + Send + 'static
+    /// [`Self::applier`], for a task that outlives this borrow.
+    pub fn applier_handle(&self) -> Arc<Applier> {
+        self.applier.clone()
+    }
+
+    /// A reconcile trigger for every change of a child owned by an object of kind `O`, and
+    /// whether it may be coalesced with the ones around it.
+    pub fn owner_triggers<O>(&self) -> impl Stream<Item = (ObjectRef<O>, Urgency)> + Send + 'static
     where
         O: Resource<DynamicType = ()> + 'static,
     {
@@ -612,7 +646,7 @@ impl Caches {
         futures::stream::unfold(receiver, |mut receiver| async move {
             loop {
                 match receiver.recv().await {
-                    Ok(owner) => return Some((owner, receiver)),
+                    Ok(trigger) => return Some((trigger, receiver)),
                     Err(broadcast::error::RecvError::Lagged(missed)) => tracing::warn!(
                         missed,
                         "missed child events; their owners are reconciled at the next health check"
@@ -621,9 +655,13 @@ impl Caches {
                 }
             }
         })
-        .filter_map(move |owner| {
-            let object = (owner.kind == kind)
-                .then(|| ObjectRef::<O>::new(&owner.name).within(&owner.namespace));
+        .filter_map(move |Trigger { owner, urgency }| {
+            let object = (owner.kind == kind).then(|| {
+                (
+                    ObjectRef::<O>::new(&owner.name).within(&owner.namespace),
+                    urgency,
+                )
+            });
             futures::future::ready(object)
         })
     }
@@ -635,7 +673,8 @@ pub struct CachesBuilder {
     namespace: Option<String>,
     kinds: BTreeMap<&'static str, Arc<dyn KindCache>>,
     watches: Vec<BoxFuture<'static, ()>>,
-    triggers: broadcast::Sender<OwnerKey>,
+    triggers: broadcast::Sender<Trigger>,
+    hurried: Hurried,
     applier: Arc<Applier>,
 }
 
@@ -653,6 +692,7 @@ impl CachesBuilder {
             kinds: BTreeMap::new(),
             watches: Vec::new(),
             triggers: broadcast::channel(TRIGGER_BUFFER).0,
+            hurried: Hurried::default(),
             applier: Arc::default(),
         }
     }
@@ -729,6 +769,7 @@ impl CachesBuilder {
         // Decoded without what `prune` and `trim` would drop at once (`S`).
         let api: Api<Lean<K, S>> = scoped_api(&self.client, self.namespace.as_deref());
         let triggers = self.triggers.clone();
+        let hurried = self.hurried.clone();
         let applier = self.applier.clone();
         let observations = significant.map(|_| Arc::new(Observations::default()));
         let observed = observations.clone();
@@ -879,8 +920,17 @@ impl CachesBuilder {
                 }
                 if let Some(owner) = owner {
                     tracing::debug!(kind = K::KIND, owner = %owner.name, "child event triggers its owner");
+                    let urgency = if hurried
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .contains(&owner)
+                    {
+                        Urgency::Now
+                    } else {
+                        Urgency::Coalesce
+                    };
                     // No receiver (no controller running yet, e.g. a follower) is fine.
-                    let _ = triggers.send(owner);
+                    let _ = triggers.send(Trigger { owner, urgency });
                 }
                 futures::future::ready(())
             })
@@ -907,6 +957,7 @@ impl CachesBuilder {
         let caches = Caches {
             kinds: Arc::new(self.kinds),
             triggers: self.triggers,
+            hurried: self.hurried,
             applier: self.applier,
         };
         let watches = futures::future::join_all(self.watches).map(|_| ());

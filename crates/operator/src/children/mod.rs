@@ -374,6 +374,14 @@ impl Applier {
         applying || self.recorded(&key).is_some_and(|r| r.written)
     }
 
+    /// Whether anything of the owner `uid` is remembered (what its last orphan scan saw):
+    /// how a test sees that a deleted owner leaves nothing behind in the operator's memory.
+    pub fn remembers_owner(&self, namespace: &str, uid: &str) -> bool {
+        self.scanned
+            .lock()
+            .is_ok_and(|s| s.contains_key(&(namespace.to_string(), uid.to_string())))
+    }
+
     /// Forgets an owner that is gone (its children go with it).
     pub fn forget_owner(&self, namespace: &str, uid: &str) {
         if let Ok(mut scanned) = self.scanned.lock() {

@@ -160,6 +160,12 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     let pods: Vec<&Pod> = cached_pods.iter().map(|p| p.as_ref()).collect();
     let step = primary_step(&db, ctx, &names, &pods).await;
     let primary = step.primary.clone();
+    // Each step of a failover or switchover waits for a report of a pod or the lock: those
+    // may not wait for the rest of a burst.
+    ctx.caches.hurry(
+        &owner_key(&names),
+        primary.failed.is_some() || primary.target.is_some(),
+    );
     // Pods last: their labels and replacements follow the children just applied.
     let converged = match converged {
         Ok(c) => manage_pods(&db, ctx, &names, &primary, &pods, &store)
@@ -234,6 +240,15 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
         drop_request(ctx, &names).await;
     }
     Ok(action)
+}
+
+/// How the child caches name this cluster as an owner.
+fn owner_key(names: &Names) -> OwnerKey {
+    OwnerKey {
+        kind: DatabaseCluster::kind(&()).to_string(),
+        namespace: names.namespace.clone(),
+        name: names.name.clone(),
+    }
 }
 
 /// Past a deadline, so that the reconcile finds it passed rather than a moment short.
@@ -1086,6 +1101,9 @@ async fn cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
 }
 
 async fn run_cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
+    if let Ok(names) = Names::of(&db) {
+        ctx.caches.hurry(&owner_key(&names), false);
+    }
     if db.status.as_ref().and_then(|s| s.phase) != Some(Phase::Deleting) {
         // The whole status: with server-side apply, fields left out would be removed.
         let mut status = db.status.clone().unwrap_or_default();
