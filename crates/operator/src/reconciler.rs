@@ -302,10 +302,18 @@ where
     Fut: Future<Output = Result<Action>> + Send + 'static,
 {
     use futures::StreamExt;
-    let applier = caches.applier_handle();
+    let forgetting = caches.clone();
     let (reader, objects) = watch_primary::<K>(&client, namespace.as_deref(), move |object| {
         if let (Some(namespace), Some(uid)) = (object.namespace(), object.uid()) {
-            applier.forget_owner(&namespace, &uid);
+            forgetting.applier().forget_owner(&namespace, &uid);
+            forgetting.hurry(
+                &crate::children::caches::OwnerKey {
+                    kind: K::kind(&()).to_string(),
+                    namespace,
+                    name: object.name_any(),
+                },
+                false,
+            );
         }
     });
     let concurrency = settings.concurrency;

@@ -613,7 +613,8 @@ impl Caches {
     }
 
     /// Whether `owner`'s child events are released to its reconcile at once (`true`: a
-    /// failover or switchover waits on them) or coalesced into bursts (the default).
+    /// failover or switchover waits on them) or coalesced into bursts (the default). An
+    /// owner's watch forgets it when the owner is deleted.
     pub fn hurry(&self, owner: &OwnerKey, hurry: bool) {
         let mut hurried = self.hurried.lock().unwrap_or_else(PoisonError::into_inner);
         if hurry {
@@ -628,11 +629,6 @@ impl Caches {
     /// The applier that keeps the record of what was applied.
     pub fn applier(&self) -> &Applier {
         &self.applier
-    }
-
-    /// [`Self::applier`], for a task that outlives this borrow.
-    pub fn applier_handle(&self) -> Arc<Applier> {
-        self.applier.clone()
     }
 
     /// A reconcile trigger for every change of a child owned by an object of kind `O`, and

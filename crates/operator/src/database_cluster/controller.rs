@@ -1101,9 +1101,6 @@ async fn cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
 }
 
 async fn run_cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
-    if let Ok(names) = Names::of(&db) {
-        ctx.caches.hurry(&owner_key(&names), false);
-    }
     if db.status.as_ref().and_then(|s| s.phase) != Some(Phase::Deleting) {
         // The whole status: with server-side apply, fields left out would be removed.
         let mut status = db.status.clone().unwrap_or_default();
