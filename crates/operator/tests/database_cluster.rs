@@ -692,9 +692,9 @@ async fn a_denied_child_becomes_a_condition_and_an_event_and_is_retried_with_bac
         "{denied:?}"
     );
 
-    // Retried with growing delays (1 s, 2 s, 4 s, ...), not in a tight loop.
+    // Retried with growing delays (1 s, 2 s, 4 s, 8 s, ...), not in a tight loop.
     let attempts = devctl_testenv::eventually(
-        "four apply attempts of the denied ConfigMap",
+        "five apply attempts of the denied ConfigMap",
         TIMEOUT,
         || async {
             let attempts: Vec<_> = audit
@@ -708,7 +708,7 @@ async fn a_denied_child_becomes_a_condition_and_an_event_and_is_retried_with_bac
                         && r.name.as_deref() == Some("blocked-config")
                 })
                 .collect();
-            (attempts.len() >= 4).then_some(attempts)
+            (attempts.len() >= 5).then_some(attempts)
         },
     )
     .await
@@ -725,13 +725,17 @@ async fn a_denied_child_becomes_a_condition_and_an_event_and_is_retried_with_bac
         })
         .collect();
     let gaps: Vec<i64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    // Each gap is the backoff delay (±10 % jitter) plus a reconcile's own time, which a
+    // loaded machine stretches by up to two seconds (seen: 2.8, 2.7, 4.1, 8.0 s while
+    // another suite compiled): the growth is judged from the first gap to the fourth
+    // (1 s → 8 s), not pair by pair. A fixed or no delay keeps the ratio near 1.
     assert!(
-        gaps.windows(2).all(|g| g[1] > g[0]),
-        "delays must grow: {gaps:?} ms"
+        gaps.iter().all(|&g| g >= 800),
+        "no retry sooner than about a second: {gaps:?} ms"
     );
     assert!(
-        gaps[0] >= 800,
-        "first retry after about a second: {gaps:?} ms"
+        gaps[3] >= 2 * gaps[0],
+        "delays must grow (about 1, 2, 4, 8 s): {gaps:?} ms"
     );
 
     let events = env
