@@ -483,7 +483,8 @@ impl PodRunner {
     /// Kills (SIGKILL) the running agent of the newest pod named `pod` with its process group
     /// and every descendant (stopped first, so none forks or reacts meanwhile), and starts no
     /// agent for a pod of that name (a replacement too) until [`Self::release`]. Returns once
-    /// the runner has recorded the exit ([`Self::exits`]: `requested: false`, signal 9).
+    /// the runner has recorded the exit ([`Self::exits`]: `requested: false`, signal 9) and
+    /// every process it killed is gone.
     /// Without a running agent (between restarts, or not started yet) it only holds.
     pub fn kill_and_hold(&self, namespace: &str, pod: &str) -> Result<(), Error> {
         self.require_processes("kill_and_hold")?;
@@ -497,6 +498,7 @@ impl PodRunner {
         if let Err(e) = self.stop_tree(&key) {
             tracing::debug!(%namespace, %pod, error = %e, "pod runner: kill_and_hold could not stop every process first");
         }
+        let mut killed = Vec::new();
         {
             let mut shared = lock(&self.shared);
             // Still our unreaped child while it is listed as running (it is reaped only
@@ -516,6 +518,7 @@ impl PodRunner {
                 );
                 signal_all(&pids, libc::SIGKILL);
                 process::forget_stopped(&frozen);
+                killed = pids;
             }
         }
         poll(
@@ -525,6 +528,18 @@ impl PodRunner {
                     .exits
                     .get(&key)
                     .is_some_and(|exits| exits.iter().any(|e| e.pid == pid))
+                    .then_some(())
+            },
+        )?;
+        // SIGKILL is delivered asynchronously: a process outside the agent's group (a child
+        // that detached) can still be running for a moment after kill(2) returned. The fault
+        // is in place only once the whole tree is gone.
+        poll(
+            &format!("every process of pod {namespace}/{pod}'s agent {pid} to be gone"),
+            || {
+                killed
+                    .iter()
+                    .all(|&p| !process::is_running(p))
                     .then_some(())
             },
         )
