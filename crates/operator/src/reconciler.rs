@@ -15,6 +15,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
+use crate::children::caches::OwnerKey;
 use crate::children::{Caches, Change, FIELD_MANAGER};
 use crate::context::{Context, Settings};
 use crate::error::{Error, Result};
@@ -304,16 +305,9 @@ where
     use futures::StreamExt;
     let forgetting = caches.clone();
     let (reader, objects) = watch_primary::<K>(&client, namespace.as_deref(), move |object| {
-        if let (Some(namespace), Some(uid)) = (object.namespace(), object.uid()) {
-            forgetting.applier().forget_owner(&namespace, &uid);
-            forgetting.hurry(
-                &crate::children::caches::OwnerKey {
-                    kind: K::kind(&()).to_string(),
-                    namespace,
-                    name: object.name_any(),
-                },
-                false,
-            );
+        if let (Some(owner), Some(uid)) = (OwnerKey::of(object), object.uid()) {
+            forgetting.applier().forget_owner(&owner.namespace, &uid);
+            forgetting.hurry(&owner, false);
         }
     });
     let concurrency = settings.concurrency;

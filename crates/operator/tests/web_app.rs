@@ -220,18 +220,19 @@ async fn seed_sample_becomes_available_is_idempotent_and_heals() {
         .delete("my-service", &DeleteParams::default())
         .await
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while env
-        .caches
-        .applier()
-        .remembers_owner(&env.namespace, &app_uid)
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the operator still remembers the WebApp 30 s after its deletion"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    devctl_testenv::eventually(
+        "the operator to forget the deleted WebApp",
+        std::time::Duration::from_secs(30),
+        || async {
+            (!env
+                .caches
+                .applier()
+                .remembers_owner(&env.namespace, &app_uid))
+            .then_some(())
+        },
+    )
+    .await
+    .unwrap();
 }
 
 /// Makes the API server admit only pods that pass Pod Security Standards `restricted` in the

@@ -42,6 +42,17 @@ pub struct OwnerKey {
     pub name: String,
 }
 
+impl OwnerKey {
+    /// `object` itself as the owner its children name.
+    pub fn of<K: Resource<DynamicType = ()>>(object: &K) -> Option<Self> {
+        Some(Self {
+            kind: K::kind(&()).into_owned(),
+            namespace: object.namespace()?,
+            name: object.name_any(),
+        })
+    }
+}
+
 /// A child event for its owner, and whether it may wait for the rest of its burst.
 #[derive(Debug, Clone)]
 struct Trigger {

@@ -162,10 +162,10 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     let primary = step.primary.clone();
     // Each step of a failover or switchover waits for a report of a pod or the lock: those
     // may not wait for the rest of a burst.
-    ctx.caches.hurry(
-        &owner_key(&names),
-        primary.failed.is_some() || primary.target.is_some(),
-    );
+    if let Some(owner) = OwnerKey::of(db.as_ref()) {
+        ctx.caches
+            .hurry(&owner, primary.failed.is_some() || primary.target.is_some());
+    }
     // Pods last: their labels and replacements follow the children just applied.
     let converged = match converged {
         Ok(c) => manage_pods(&db, ctx, &names, &primary, &pods, &store)
@@ -240,15 +240,6 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
         drop_request(ctx, &names).await;
     }
     Ok(action)
-}
-
-/// How the child caches name this cluster as an owner.
-fn owner_key(names: &Names) -> OwnerKey {
-    OwnerKey {
-        kind: DatabaseCluster::kind(&()).to_string(),
-        namespace: names.namespace.clone(),
-        name: names.name.clone(),
-    }
 }
 
 /// Past a deadline, so that the reconcile finds it passed rather than a moment short.
