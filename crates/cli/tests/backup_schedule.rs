@@ -160,12 +160,14 @@ async fn a_schedule_keeps_the_last_two_catches_up_once_and_pauses() {
             .len()
     };
     devctl_testenv::eventually(
-        "retention to leave two completed backups with their WAL",
+        "retention to leave two completed backups with their WAL and two BackupExpired events",
         Duration::from_secs(240),
         || async {
             let all = backups(&env, "sched").await;
             let done = all.iter().filter(|b| completed(b)).count();
+            // The event follows the deletion (the object is gone first): wait for both.
             (events(&env, "ScheduledBackup").await >= 4
+                && events(&env, "BackupExpired").await >= 2
                 && done == 2
                 && all.len() == 2
                 && base_dirs(&all) == 2
@@ -175,7 +177,6 @@ async fn a_schedule_keeps_the_last_two_catches_up_once_and_pauses() {
     )
     .await
     .unwrap();
-    assert!(events(&env, "BackupExpired").await >= 2);
 
     // Paused: nothing is created or pruned any more, so the oldest kept backup stays put.
     env.api::<DatabaseCluster>()
