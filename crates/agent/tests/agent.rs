@@ -1085,14 +1085,19 @@ async fn postgres_replica_waits_for_current_primary_clones_streams_and_resumes()
     let mode = std::fs::metadata(&passfile).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
 
-    let senders = primary
-        .admin_sql(
-            "postgres",
-            "SELECT application_name, state FROM pg_stat_replication",
-        )
-        .await
-        .unwrap();
-    assert_eq!(senders, "db-1|streaming");
+    // The replica is ready once its receiver streams; the primary's sender leaves catchup
+    // on its own schedule.
+    eventually("the primary's sender to db-1 to stream", || async {
+        let senders = primary
+            .admin_sql(
+                "postgres",
+                "SELECT application_name, state FROM pg_stat_replication",
+            )
+            .await
+            .ok()?;
+        (senders == "db-1|streaming").then_some(())
+    })
+    .await;
 
     // Rows written on the primary reach the replica; the replica refuses writes.
     primary

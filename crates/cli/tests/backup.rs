@@ -177,8 +177,11 @@ async fn postgres_backups_restore_whole_and_to_a_point_in_time() {
         status.begin_lsn.is_some() && status.end_wal.is_some(),
         "{status:#?}"
     );
-    let db = env.api::<DatabaseCluster>().get("pg").await.unwrap();
-    assert!(db.status.unwrap().last_backup.is_some());
+    // The cluster's controller records it from the agent's report, apart from the backup's.
+    env.wait_db("pg", "status.lastBackup", |db| {
+        db.status.as_ref().is_some_and(|s| s.last_backup.is_some())
+    })
+    .await;
 
     // Batch A, a point in time T, batch B, then a backup (it archives the WAL past T).
     env.shell_ok("pg", "insert into t select generate_series(1001, 1500)")
@@ -280,17 +283,19 @@ async fn a_store_that_is_down_fails_the_backup_and_both_conditions_clear_when_it
         "the CLI shows the reason: {}",
         support::stderr(&out)
     );
-    let events = env
-        .api::<Event>()
-        .list(&ListParams::default())
-        .await
-        .unwrap();
-    assert!(
-        events
+    // Published right after the Failed phase the CLI waited for.
+    devctl_testenv::eventually("a BackupFailed event", Duration::from_secs(30), || async {
+        env.api::<Event>()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
             .items
             .iter()
             .any(|e| e.reason.as_deref() == Some("BackupFailed"))
-    );
+            .then_some(())
+    })
+    .await
+    .unwrap();
     let degraded = |reason: &'static str| {
         move |db: &DatabaseCluster| {
             support::databases::condition(db, "Degraded")

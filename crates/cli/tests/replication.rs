@@ -5,6 +5,7 @@
 mod support;
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use devctl_api::database_cluster::DatabaseCluster;
 use devctl_api::instance::InstanceStatus;
@@ -101,7 +102,12 @@ async fn three_instances_stream_serve_the_right_services_scale_and_reclone() {
             "t"
         );
     }
-    assert_eq!(streaming(&env, "ha").await, set(&["ha-1", "ha-2"]));
+    // The primary's side moves from catchup to streaming on its own schedule.
+    devctl_testenv::eventually("ha-1 and ha-2 to stream", READY_TIMEOUT, || async {
+        (streaming(&env, "ha").await == set(&["ha-1", "ha-2"])).then_some(())
+    })
+    .await
+    .unwrap();
 
     // 1,000 rows written through the primary reach both replicas; replicas refuse writes.
     env.shell_ok(
@@ -153,10 +159,11 @@ async fn three_instances_stream_serve_the_right_services_scale_and_reclone() {
     .await
     .unwrap();
     env.wait_ready_with("ha", 5).await;
-    assert_eq!(
-        streaming(&env, "ha").await,
-        set(&["ha-1", "ha-2", "ha-3", "ha-4"])
-    );
+    devctl_testenv::eventually("four replicas to stream", READY_TIMEOUT, || async {
+        (streaming(&env, "ha").await == set(&["ha-1", "ha-2", "ha-3", "ha-4"])).then_some(())
+    })
+    .await
+    .unwrap();
     for replica in ["ha-3", "ha-4"] {
         wait_rows(&env, "ha", replica, 1000).await;
     }
@@ -191,7 +198,15 @@ async fn three_instances_stream_serve_the_right_services_scale_and_reclone() {
     env.shell_ok("ha", "insert into t select generate_series(1001, 1100)")
         .await;
     wait_rows(&env, "ha", "ha-2", 1100).await;
-    assert_eq!(report("ha-2").await.system_identifier, identifier);
+    // The engine may serve before the agent's first check has read its identifier.
+    let recreated = devctl_testenv::eventually(
+        "ha-2's agent to report its system identifier",
+        Duration::from_secs(60),
+        || async { report("ha-2").await.system_identifier },
+    )
+    .await
+    .unwrap();
+    assert_eq!(Some(recreated), identifier);
     let claim_dir = |claim: &str| {
         env.cluster
             .pod_runner()

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::event_recorder::{Recorder, Reporter};
 use kube::Client;
-use kube::runtime::events::Recorder;
 
 use crate::backoff::Backoff;
 use crate::children::Caches;
@@ -71,7 +71,7 @@ pub struct Context {
 impl Context {
     /// `instance` tells replicas apart in events (the pod name in a cluster).
     pub fn new(client: Client, caches: Caches, settings: Settings, instance: String) -> Self {
-        let reporter = kube::runtime::events::Reporter {
+        let reporter = Reporter {
             controller: CONTROLLER_NAME.into(),
             instance: Some(instance),
         };

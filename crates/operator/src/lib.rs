@@ -14,6 +14,7 @@ pub mod database_cluster;
 pub mod debounce;
 pub mod engine;
 pub mod error;
+pub mod event_recorder;
 pub mod helm;
 pub mod leader_election;
 pub mod lean_decode;

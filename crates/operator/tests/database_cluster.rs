@@ -925,6 +925,20 @@ async fn slim_caches_still_restore_drift_and_hold_no_secret_data() {
     })
     .await
     .unwrap();
+    // The restore's reconcile reports the StatefulSet it applied as rolling out (Ready
+    // false): wait for that rollout, so Ready below is the status written after it and no
+    // write of the restore lands in the steady-state window.
+    devctl_testenv::eventually("the restored StatefulSet to roll out", TIMEOUT, || async {
+        let live = sts_api.get("slim").await.ok()?;
+        let status = live.status.as_ref()?;
+        (status.observed_generation == live.metadata.generation
+            && status.update_revision.is_some()
+            && status.current_revision == status.update_revision
+            && status.ready_replicas == Some(1))
+        .then_some(())
+    })
+    .await
+    .unwrap();
     env.wait_db("slim", "Ready after the hand edits", |db| is_ready(db, 1))
         .await;
     assert_eq!(
@@ -939,5 +953,98 @@ async fn slim_caches_still_restore_drift_and_hold_no_secret_data() {
     assert!(
         writes.is_empty(),
         "steady-state reconciles wrote: {writes:#?}"
+    );
+}
+
+/// The operator's event recorder, with its generated rights: a repeat is counted in the first
+/// event's series (the first note stays), another action is another event, and a series
+/// whose event was deleted starts a new event.
+#[tokio::test]
+async fn a_repeated_event_is_one_event_with_a_series() {
+    use devctl_operator::event_recorder::{Event as Occurrence, EventType, Recorder, Reporter};
+    use kube::Resource as _;
+    let env = start("events").await;
+    let recorder = Recorder::new(
+        env.cluster.client_for(OPERATOR_USER, &[]).await.unwrap(),
+        Reporter {
+            controller: "devctl-operator".into(),
+            instance: Some("under-test".into()),
+        },
+    );
+    let config: ConfigMap =
+        serde_json::from_value(json!({ "metadata": { "name": "regarding" } })).unwrap();
+    let regarding = env
+        .api::<ConfigMap>()
+        .create(&PostParams::default(), &config)
+        .await
+        .unwrap()
+        .object_ref(&());
+    let occurrence = |action: &str, note: &str| Occurrence {
+        type_: EventType::Warning,
+        reason: "Tested".into(),
+        note: Some(note.into()),
+        action: action.into(),
+        secondary: None,
+    };
+    for note in ["first", "second", "third"] {
+        recorder
+            .publish(&occurrence("Retry", note), &regarding)
+            .await
+            .unwrap();
+    }
+    recorder
+        .publish(&occurrence("Other", "apart"), &regarding)
+        .await
+        .unwrap();
+    let events = env.api::<Event>();
+    let tested = || async {
+        let mut list: Vec<(String, String, i32)> = events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("Tested"))
+            .map(|e| {
+                (
+                    e.action.unwrap_or_default(),
+                    e.note.unwrap_or_default(),
+                    e.series.map(|s| s.count).unwrap_or(1),
+                )
+            })
+            .collect();
+        list.sort();
+        list
+    };
+    assert_eq!(
+        tested().await,
+        [
+            ("Other".to_string(), "apart".to_string(), 1),
+            ("Retry".to_string(), "first".to_string(), 3),
+        ]
+    );
+
+    let retry = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|e| e.action.as_deref() == Some("Retry"))
+        .unwrap();
+    events
+        .delete(&retry.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    recorder
+        .publish(&occurrence("Retry", "fourth"), &regarding)
+        .await
+        .unwrap();
+    assert_eq!(
+        tested().await,
+        [
+            ("Other".to_string(), "apart".to_string(), 1),
+            ("Retry".to_string(), "fourth".to_string(), 1),
+        ]
     );
 }

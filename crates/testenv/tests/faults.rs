@@ -286,7 +286,17 @@ async fn killed_api_server_comes_back_and_old_clients_reconnect() {
     api.create(&PostParams::default(), &config_map("after", "green"))
         .await
         .unwrap();
-    let requests = audit.requests_since(mark).unwrap();
+    // The audit log may trail the response.
+    let requests = eventually(
+        "the create in the audit log",
+        Duration::from_secs(10),
+        || async {
+            let requests = audit.requests_since(mark).ok()?;
+            (configmap_requests(&requests, &ns, "create").count() >= 1).then_some(requests)
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(configmap_requests(&requests, &ns, "create").count(), 1);
     assert_eq!(configmap_requests(&requests, &ns, "get").count(), 1);
 }
