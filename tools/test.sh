@@ -35,7 +35,8 @@ phase "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warni
 build_image() {
   DEVCTL_IMAGE_LAYOUT="$PWD/target/image/oci"
   export DEVCTL_IMAGE_LAYOUT
-  tools/image/build.sh "$DEVCTL_IMAGE_LAYOUT"
+  # The image-check profile: the image's shape without the release profile's fat LTO.
+  DEVCTL_IMAGE_PROFILE=image-check tools/image/build.sh "$DEVCTL_IMAGE_LAYOUT"
 }
 phase "build image" build_image
 phase "cargo test" cargo test --workspace --locked

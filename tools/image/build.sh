@@ -13,6 +13,8 @@
 #                        DEFAULT_IMAGE ghcr.io/devctl/devctl-operator:v<version>)
 #   DEVCTL_IMAGE_SOURCE  the source label (default: https://github.com/devctl/devctl, the
 #                        repository ghcr.io/devctl links images to)
+#   DEVCTL_IMAGE_PROFILE the cargo profile of the two binaries (default: release, what
+#                        ships; tools/test.sh passes image-check, see Cargo.toml)
 # Prints the image reference (oci:<layout>:<tag>) as the last line of stdout; logs go to
 # stderr. Push it with:
 #   skopeo copy oci:target/image/oci:v0.1.0 docker://REGISTRY/devctl-operator:v0.1.0
@@ -60,19 +62,23 @@ esac
 
 host="$(rustc -vV | sed -n 's/^host: //p')"
 [[ $host == *-linux-gnu ]] || die "the image is built with glibc on Linux; this is $host"
-log "building devctl-operator $version (release)"
-cargo build --release --locked -p devctl-operator >&2
+profile="${DEVCTL_IMAGE_PROFILE:-release}"
+[[ $profile =~ ^[a-z][a-z0-9-]*$ ]] || die "DEVCTL_IMAGE_PROFILE=$profile is not a cargo profile name"
+# cargo names the directory of the dev profile "debug"; every other profile's is its name.
+profile_dir="$profile"; [[ $profile != dev ]] || profile_dir=debug
+log "building devctl-operator $version (profile $profile)"
+cargo build --profile "$profile" --locked -p devctl-operator >&2
 # The agent runs in the engine's image (copied there by the init container) on whatever libc
 # that image has, or none (Alpine): static glibc (+crt-static). --target keeps the flag off
 # build scripts and proc macros, which cannot be static; it also gives the agent its own
 # target directory, so the operator's build above is not invalidated.
-log "building devctl-agent $version (release, static)"
+log "building devctl-agent $version (profile $profile, static)"
 env "CARGO_TARGET_$(tr 'a-z-' 'A-Z_' <<<"$host")_RUSTFLAGS=-C target-feature=+crt-static" \
-  cargo build --release --locked --target "$host" -p devctl-agent >&2
+  cargo build --profile "$profile" --locked --target "$host" -p devctl-agent >&2
 target_dir="${CARGO_TARGET_DIR:-target}"
 declare -A built=(
-  [devctl-operator]="$target_dir/release/devctl-operator"
-  [devctl-agent]="$target_dir/$host/release/devctl-agent"
+  [devctl-operator]="$target_dir/$profile_dir/devctl-operator"
+  [devctl-agent]="$target_dir/$host/$profile_dir/devctl-agent"
 )
 # Static means no program interpreter: nothing for the engine image's loader to resolve.
 headers="$(LC_ALL=C readelf -l "${built[devctl-agent]}")" || die "readelf cannot read ${built[devctl-agent]}"
