@@ -327,6 +327,28 @@ impl ControlPlane {
     /// The previous run's log is kept as `kube-apiserver.log.<run>` (`.1` for the server
     /// [`Self::start`] started) next to the new `kube-apiserver.log`.
     pub async fn restart_api_server_with(&self, stop: ApiServerStop) -> Result<(), Error> {
+        self.restart_api_server_compacting(stop, false)
+            .await
+            .map(|_| ())
+    }
+
+    /// Kills kube-apiserver, compacts etcd while no server is up ([`Self::compact_etcd`]),
+    /// starts the server again and returns the revision compacted at. With the server down
+    /// nothing can be written between the compaction and the restart, so every
+    /// resourceVersion any client holds is too old afterwards: each watch must LIST again.
+    /// (Compacting first and then restarting leaves a window in which a client's write or a
+    /// bookmark hands out a version from after the compaction, whose watch then resumes.)
+    pub async fn kill_api_server_compact_etcd_and_restart(&self) -> Result<i64, Error> {
+        self.restart_api_server_compacting(ApiServerStop::Kill, true)
+            .await?
+            .ok_or_else(|| Error::Process("etcd was not compacted".into()))
+    }
+
+    async fn restart_api_server_compacting(
+        &self,
+        stop: ApiServerStop,
+        compact: bool,
+    ) -> Result<Option<i64>, Error> {
         let started = Instant::now();
         let mut runs = self.api_server_runs.lock().await;
         let (signal, grace) = match stop {
@@ -358,6 +380,11 @@ impl ControlPlane {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let stopped_after = started.elapsed();
+        let compacted = if compact {
+            Some(self.compact_etcd().await?)
+        } else {
+            None
+        };
 
         {
             let mut processes = self.processes();
@@ -405,7 +432,7 @@ impl ControlPlane {
             elapsed = ?started.elapsed(),
             "kube-apiserver restarted"
         );
-        Ok(())
+        Ok(compacted)
     }
 
     /// Compacts etcd so that every resourceVersion handed out before the call is too old,
