@@ -39,7 +39,8 @@ build_image() {
   DEVCTL_IMAGE_PROFILE=image-check tools/image/build.sh "$DEVCTL_IMAGE_LAYOUT"
 }
 phase "build image" build_image
-phase "cargo test" cargo test --workspace --locked
+# --no-fail-fast: one failing binary must not hide the results of the binaries after it.
+phase "cargo test" cargo test --workspace --locked --no-fail-fast
 
 leftovers() {
   # Every control-plane process runs from the versioned cache; none may survive the suite.
