@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::event_recorder::{Recorder, Reporter};
+use crate::event_recorder::{EventQueue, Recorder, Reporter};
 use kube::Client;
 
 use crate::backoff::Backoff;
@@ -63,20 +63,22 @@ pub const CONTROLLER_NAME: &str = "devctl-operator";
 pub struct Context {
     pub client: Client,
     pub caches: Caches,
-    pub recorder: Recorder,
+    /// Where reconciles send their events ([`EventQueue`]).
+    pub events: EventQueue,
     pub backoff: Backoff,
     pub settings: Settings,
 }
 
 impl Context {
-    /// `instance` tells replicas apart in events (the pod name in a cluster).
+    /// `instance` tells replicas apart in events (the pod name in a cluster). Starts the
+    /// task that publishes events, so it needs a Tokio runtime.
     pub fn new(client: Client, caches: Caches, settings: Settings, instance: String) -> Self {
         let reporter = Reporter {
             controller: CONTROLLER_NAME.into(),
             instance: Some(instance),
         };
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: EventQueue::start(Recorder::new(client.clone(), reporter)),
             client,
             caches,
             backoff: Backoff::default(),

@@ -239,6 +239,49 @@ impl Recorder {
     }
 }
 
+/// Events leave a reconcile through a queue that one task publishes from, as client-go's
+/// broadcaster does: a reconcile does not wait for an event's round trip (a new cluster's
+/// first reconcile is one round trip shorter), and events are published in the order they
+/// were sent, so a series is extended in order. When [`QUEUE_CAPACITY`] events wait, a
+/// reconcile waits for room instead of dropping one (client-go drops them).
+#[derive(Clone)]
+pub struct EventQueue {
+    sender: tokio::sync::mpsc::Sender<(Event, ObjectReference)>,
+}
+
+/// Events that may wait to be published (client-go's `maxQueuedEvents`).
+pub const QUEUE_CAPACITY: usize = 1000;
+
+impl EventQueue {
+    /// Starts the task that publishes through `recorder`; it publishes what is still queued
+    /// and ends once every clone of the queue is gone. Needs a Tokio runtime.
+    pub fn start(recorder: Recorder) -> Self {
+        let (sender, mut receiver) =
+            tokio::sync::mpsc::channel::<(Event, ObjectReference)>(QUEUE_CAPACITY);
+        tokio::spawn(async move {
+            while let Some((event, regarding)) = receiver.recv().await {
+                if let Err(error) = recorder.publish(&event, &regarding).await {
+                    let object = format!(
+                        "{}/{}",
+                        regarding.namespace.as_deref().unwrap_or_default(),
+                        regarding.name.as_deref().unwrap_or_default()
+                    );
+                    tracing::warn!(%object, reason = %event.reason, %error, "could not publish an event");
+                }
+            }
+        });
+        Self { sender }
+    }
+
+    /// Queues `event` about `regarding`; waits only while the queue is full.
+    pub async fn send(&self, event: Event, regarding: ObjectReference) {
+        if self.sender.send((event, regarding)).await.is_err() {
+            // Only when the publishing task is gone: the runtime is shutting down.
+            tracing::debug!("event queue closed; event not published");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

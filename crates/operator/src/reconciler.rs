@@ -95,7 +95,8 @@ where
     Ok(())
 }
 
-/// Records an event about `object`; a failure to record is logged, never fatal.
+/// Records an event about `object`: queued for the publishing task ([`crate::event_recorder::EventQueue`]);
+/// a failure to publish is logged there, never fatal.
 pub async fn publish<K: Resource<DynamicType = ()>>(
     ctx: &Context,
     object: &K,
@@ -111,9 +112,7 @@ pub async fn publish<K: Resource<DynamicType = ()>>(
         action: action.into(),
         secondary: None,
     };
-    if let Err(error) = ctx.recorder.publish(&event, &object.object_ref(&())).await {
-        tracing::warn!(object = %key(object), %error, "could not publish an event");
-    }
+    ctx.events.send(event, object.object_ref(&())).await;
 }
 
 /// One Normal event `Applied` per reconcile that changed children, listing the changes.

@@ -661,8 +661,10 @@ impl Applier {
 }
 
 /// Applies one reconcile sends at once: with `--concurrency` reconciles, what the operator
-/// keeps in flight (and the connections the client keeps open for them).
-const APPLIES_AT_ONCE: usize = 4;
+/// keeps in flight (and the connections the client keeps open for them). Eight: everything
+/// a cluster's pods read besides its Secrets (six children, seven with a backup store) goes
+/// in one round trip, so creating a cluster takes one round trip fewer than with four.
+const APPLIES_AT_ONCE: usize = 8;
 
 /// Kinds whose pods read the children listed before them.
 const WORKLOADS: [&str; 2] = ["StatefulSet", "Deployment"];

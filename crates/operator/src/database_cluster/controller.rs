@@ -91,7 +91,18 @@ async fn reconcile(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     {
         return Ok(Action::requeue(wait));
     }
-    let db = ensure_finalizer(&api, FINALIZER, db).await?;
+    if db.metadata.deletion_timestamp.is_none() && !db.finalizers().iter().any(|f| f == FINALIZER) {
+        // A new cluster (or one whose finalizer was removed by hand): the finalizer goes on in
+        // the same round trips as the children, which do not depend on it — a new cluster
+        // has no data for a final backup, and a deletion meanwhile still removes the
+        // children through their owner references.
+        let (added, applied) = tokio::join!(
+            ensure_finalizer(&api, FINALIZER, db.clone()),
+            apply(db, ctx)
+        );
+        added?;
+        return applied;
+    }
     let action = finalizer(&api, FINALIZER, db, |event| async {
         match event {
             FinalizerEvent::Apply(db) => apply(db, ctx).await,
