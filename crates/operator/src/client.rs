@@ -7,6 +7,7 @@
 //! compares the monotonic clock with the last successful lease renewal plus the renew
 //! deadline; past it, the request fails before it leaves the process.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
@@ -143,11 +144,23 @@ where
             metrics.rest_request(&host, method.as_str(), "<fenced>");
             return Box::pin(async { Err(Box::new(Fenced) as tower::BoxError) });
         }
-        let response = self.inner.call(request);
+        // The fence is checked again at every poll until the response arrives: a write that
+        // passed the check at `call` but still waits for a connection, a TLS handshake or its
+        // turn on the runtime when the process is paused must not leave after it resumes.
+        // (Cut off after it was sent, it is reported fenced; the replica stops either way.)
+        let fence = is_write(&method).then(|| self.fence.clone());
+        let mut response = Box::pin(self.inner.call(request));
         Box::pin(async move {
-            let result = response.await.map_err(Into::into);
+            let result = futures::future::poll_fn(|cx| {
+                if fence.as_ref().is_some_and(|f| !f.allows_writes()) {
+                    return Poll::Ready(Err(Box::new(Fenced) as tower::BoxError));
+                }
+                response.as_mut().poll(cx).map_err(Into::into)
+            })
+            .await;
             let code = match &result {
                 Ok(response) => response.status().as_u16().to_string(),
+                Err(e) if e.is::<Fenced>() => "<fenced>".to_string(),
                 Err(_) => "<error>".to_string(),
             };
             metrics.rest_request(&host, method.as_str(), &code);
@@ -189,5 +202,49 @@ mod tests {
         let open = Fence::open();
         open.close();
         assert!(!open.allows_writes());
+    }
+
+    /// A service whose responses wait until `release` fires, as a request waiting for a
+    /// connection does.
+    fn held_until(
+        release: tokio::sync::watch::Receiver<bool>,
+    ) -> impl Service<
+        Request<()>,
+        Response = Response<()>,
+        Error = std::convert::Infallible,
+        Future = BoxFuture<'static, Result<Response<()>, std::convert::Infallible>>,
+    > + Clone {
+        tower::service_fn(move |_: Request<()>| {
+            let mut release = release.clone();
+            Box::pin(async move {
+                let _ = release.wait_for(|go| *go).await;
+                Ok(Response::new(()))
+            }) as BoxFuture<'static, _>
+        })
+    }
+
+    #[tokio::test]
+    async fn a_write_waiting_when_the_fence_closes_never_leaves() {
+        let (release, held) = tokio::sync::watch::channel(false);
+        let fence = Fence::open();
+        let metrics = Arc::new(Metrics::default());
+        let mut service = RequestLayer::new(fence.clone(), metrics).layer(held_until(held));
+        let request = |method: Method| {
+            Request::builder()
+                .method(method)
+                .uri("https://api.example/apis")
+                .body(())
+                .unwrap()
+        };
+        let write = tokio::spawn(service.call(request(Method::PATCH)));
+        let read = tokio::spawn(service.call(request(Method::GET)));
+        tokio::task::yield_now().await;
+        // The process "resumes" past its deadline: the fence is closed before the
+        // connection is ready.
+        fence.close();
+        release.send(true).unwrap();
+        let refused = write.await.unwrap().unwrap_err();
+        assert!(refused.is::<Fenced>(), "{refused}");
+        assert!(read.await.unwrap().is_ok(), "reads still pass");
     }
 }
