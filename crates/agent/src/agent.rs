@@ -1351,7 +1351,10 @@ impl Agent {
                     if let Some(action) = self.action.take() {
                         return Ok(Exit::Act(action));
                     }
-                    let interval = if self.ready && self.switchover_problem.is_none() {
+                    let interval = if self.ready
+                        && self.switchover_problem.is_none()
+                        && !self.awaiting_replicas()
+                    {
                         PROBE_INTERVAL
                     } else {
                         STARTING_PROBE_INTERVAL
@@ -1360,6 +1363,19 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// A PostgreSQL primary some of whose replicas do not stream from it (yet): it probes
+    /// often, so the operator learns soon that a replica streams again (a replica counts as
+    /// ready only once its primary lists it).
+    fn awaiting_replicas(&self) -> bool {
+        let expected = usize::try_from(self.view().replicas.saturating_sub(1)).unwrap_or(0);
+        self.mode == Mode::Primary
+            && self
+                .probe
+                .as_ref()
+                .and_then(|p| p.streaming_replicas.as_ref())
+                .is_some_and(|streaming| streaming.len() < expected)
     }
 
     /// The cluster as last seen (empty for the MySQL family).
@@ -2052,6 +2068,7 @@ impl Agent {
                 .or_else(|| self.replication_invalid.clone())
                 .or_else(|| self.replication_apply_error.clone()),
             final_lsn: self.final_lsn.clone(),
+            streaming_replicas: probe.streaming_replicas,
             backup: self.shared.backup(),
             // The primary's archiving, while there is a destination to archive to.
             wal_archive: (self.cluster.is_some()

@@ -62,6 +62,9 @@ pub struct Probe {
     /// PostgreSQL replicas: `pg_stat_wal_receiver.status` (`streaming`, ...), `None` while
     /// no WAL receiver runs.
     pub wal_receiver: Option<String>,
+    /// PostgreSQL primaries: the `application_name`s (pod names) of the replicas streaming
+    /// from this instance (`pg_stat_replication.state = 'streaming'`), sorted.
+    pub streaming_replicas: Option<Vec<String>>,
 }
 
 impl Probe {
@@ -1116,7 +1119,9 @@ impl Engine {
                          current_setting('server_version'), \
                          pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn(), \
                          pg_wal_lsn_diff(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()), \
-                         (SELECT status FROM pg_stat_wal_receiver);\n",
+                         (SELECT status FROM pg_stat_wal_receiver), \
+                         (SELECT string_agg(application_name, ',' ORDER BY application_name) \
+                            FROM pg_stat_replication WHERE state = 'streaming');\n",
                     )
                     .await?;
                 parse_postgres_probe(&out)
@@ -1152,7 +1157,7 @@ impl Engine {
 fn parse_postgres_probe(out: &str) -> Result<Probe, String> {
     let line = out.lines().next().unwrap_or_default();
     let f: Vec<&str> = line.split('|').collect();
-    if f.len() != 8 {
+    if f.len() != 9 {
         return Err(format!("unexpected probe output {line:?}"));
     }
     let opt = |s: &str| (!s.is_empty()).then(|| s.to_string());
@@ -1175,6 +1180,13 @@ fn parse_postgres_probe(out: &str) -> Result<Probe, String> {
             None
         },
         wal_receiver: if in_recovery { opt(f[7]) } else { None },
+        streaming_replicas: (!in_recovery).then(|| {
+            f[8].split(',')
+                .map(str::trim)
+                .filter(|name| !name.is_empty())
+                .map(str::to_string)
+                .collect()
+        }),
     })
 }
 
@@ -1443,18 +1455,25 @@ mod tests {
 
     #[test]
     fn parses_a_primary_probe() {
-        let p = parse_postgres_probe("f|7400000000000000001|1|15.18 (Debian)||||\n").unwrap();
+        let p = parse_postgres_probe("f|7400000000000000001|1|15.18 (Debian)|||||\n").unwrap();
         assert_eq!(p.role, ROLE_PRIMARY);
         assert_eq!(p.system_identifier.as_deref(), Some("7400000000000000001"));
         assert_eq!(p.timeline, Some(1));
         assert_eq!(p.engine_version.as_deref(), Some("15.18"));
         assert!(!p.is_streaming());
         assert_eq!((p.received_lsn, p.lag_bytes), (None, None));
-        let r = parse_postgres_probe("t|7|2|15.18|0/3000060|0/3000000|96|streaming\n").unwrap();
+        assert_eq!(p.streaming_replicas, Some(vec![]));
+        let p = parse_postgres_probe("f|7|1|15.18|||||db-1,db-2\n").unwrap();
+        assert_eq!(
+            p.streaming_replicas,
+            Some(vec!["db-1".to_string(), "db-2".to_string()])
+        );
+        let r = parse_postgres_probe("t|7|2|15.18|0/3000060|0/3000000|96|streaming|\n").unwrap();
         assert_eq!(r.role, ROLE_REPLICA);
         assert_eq!(r.lag_bytes, Some(96));
         assert!(r.is_streaming());
-        let r = parse_postgres_probe("t|7|2|15.18|0/3000060|0/3000000|96|\n").unwrap();
+        assert_eq!(r.streaming_replicas, None);
+        let r = parse_postgres_probe("t|7|2|15.18|0/3000060|0/3000000|96||\n").unwrap();
         assert_eq!(r.wal_receiver, None);
         assert!(!r.is_streaming());
         assert!(parse_postgres_probe("garbage").is_err());

@@ -122,6 +122,11 @@ pub struct InstanceStatus {
     /// The primary's WAL archiving.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wal_archive: Option<WalArchiveReport>,
+    /// A PostgreSQL primary: the pods whose replicas stream from it now (empty when none
+    /// does). The operator counts a replica ready only while the current primary lists it,
+    /// so a replica's report from before the primary restarted cannot make the cluster Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streaming_replicas: Option<Vec<String>>,
 }
 
 /// Annotation on every instance pod (operator-written): where backups and WAL go, JSON
@@ -293,6 +298,7 @@ mod tests {
             failover_epoch: Some(2),
             backup: None,
             wal_archive: None,
+            streaming_replicas: Some(vec!["db-1".into()]),
         };
         let json = serde_json::to_value(&status).unwrap();
         let mut keys: Vec<&str> = json
@@ -317,6 +323,7 @@ mod tests {
                 "receivedLSN",
                 "replayedLSN",
                 "role",
+                "streamingReplicas",
                 "systemIdentifier",
                 "timeline"
             ]

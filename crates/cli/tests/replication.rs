@@ -271,6 +271,14 @@ async fn a_minor_version_change_replaces_the_replicas_before_the_primary() {
         let report = InstanceStatus::from_annotations(now.metadata.annotations.as_ref()).unwrap();
         assert!(report.ready, "{pod}: {report:?}");
     }
+    // Ready means the replicas stream from the replaced primary, as it sees them itself.
+    let primary = pods.get("roll-0").await.unwrap();
+    let report = InstanceStatus::from_annotations(primary.metadata.annotations.as_ref()).unwrap();
+    assert_eq!(
+        report.streaming_replicas,
+        Some(vec!["roll-1".to_string(), "roll-2".to_string()]),
+        "{report:?}"
+    );
     let events = env
         .api::<Event>()
         .list(&ListParams::default())

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use devctl_api::database_cluster::InstanceSummary;
-use devctl_api::instance::{InstanceStatus, STATUS_ANNOTATION};
+use devctl_api::instance::{InstanceStatus, ROLE_PRIMARY, ROLE_REPLICA, STATUS_ANNOTATION};
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodCondition, PodStatus,
 };
@@ -119,16 +119,53 @@ pub fn observe(pods: &[&Pod], replicas: i32, credentials_version: Option<&str>) 
         let name = pod.name_any();
         by_ordinal.insert((ordinal(&name).unwrap_or(i32::MAX), name), pod);
     }
+    let reports: Vec<((i32, String), &Pod, Option<InstanceStatus>)> = by_ordinal
+        .into_iter()
+        .map(|(key, pod)| {
+            let report = InstanceStatus::from_annotations(pod.metadata.annotations.as_ref());
+            (key, pod, report)
+        })
+        .collect();
+    // Whom the ready primaries see streaming. A replica's own report can be from before its
+    // primary restarted (it says `ready` until its next probe): it counts only once a primary
+    // lists it. Primaries that do not report the list (older agents, MySQL) judge nothing.
+    let listing_primaries: Vec<(&str, &[String])> = reports
+        .iter()
+        .filter(|(_, pod, _)| pod.metadata.deletion_timestamp.is_none() && pod_ready(pod))
+        .filter_map(|((_, name), _, report)| {
+            let report = report.as_ref().filter(|r| r.ready)?;
+            (report.role.as_deref() == Some(ROLE_PRIMARY))
+                .then_some(())
+                .and(report.streaming_replicas.as_deref())
+                .map(|list| (name.as_str(), list))
+        })
+        .collect();
+    let unlisted_replica = |name: &str, report: &InstanceStatus| {
+        report.role.as_deref() == Some(ROLE_REPLICA)
+            && !listing_primaries.is_empty()
+            && !listing_primaries
+                .iter()
+                .any(|(_, list)| list.iter().any(|n| n == name))
+    };
     let mut instances = Instances::default();
     let mut every_ready_has_credentials = true;
-    for ((ordinal, name), pod) in by_ordinal {
-        let report = InstanceStatus::from_annotations(pod.metadata.annotations.as_ref());
+    for ((ordinal, name), pod, report) in &reports {
         let terminating = pod.metadata.deletion_timestamp.is_some();
-        let ready = !terminating && pod_ready(pod) && report.as_ref().is_some_and(|r| r.ready);
-        let message = match &report {
+        let unlisted = report.as_ref().is_some_and(|r| unlisted_replica(name, r));
+        let ready =
+            !terminating && pod_ready(pod) && report.as_ref().is_some_and(|r| r.ready) && !unlisted;
+        let message = match report {
             _ if terminating => Some("the pod is being deleted".to_string()),
             Some(r) if r.last_error.is_some() => r.last_error.clone(),
             Some(r) if !r.ready => Some("the engine does not accept connections yet".into()),
+            Some(_) if unlisted => Some(format!(
+                "not streaming from the primary {} yet",
+                listing_primaries
+                    .iter()
+                    .map(|(primary, _)| *primary)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
             Some(_) if !pod_ready(pod) => Some("the pod is not Ready".into()),
             Some(_) => None,
             None => Some(
@@ -136,7 +173,7 @@ pub fn observe(pods: &[&Pod], replicas: i32, credentials_version: Option<&str>) 
                     .unwrap_or_else(|| "waiting for the agent's first report".to_string()),
             ),
         };
-        if ready && ordinal < replicas {
+        if ready && *ordinal < replicas {
             instances.ready += 1;
             if report
                 .as_ref()
@@ -147,7 +184,7 @@ pub fn observe(pods: &[&Pod], replicas: i32, credentials_version: Option<&str>) 
             }
         }
         instances.summaries.push(InstanceSummary {
-            name,
+            name: name.clone(),
             role: report.as_ref().and_then(|r| r.role.clone()),
             ready,
             timeline: report.as_ref().and_then(|r| r.timeline),
@@ -221,6 +258,53 @@ mod tests {
             Some("waiting for the agent's first report")
         );
         assert!(instances.credentials_applied);
+    }
+
+    #[test]
+    fn a_replica_counts_only_once_its_primary_lists_it_streaming() {
+        let primary = |streaming: serde_json::Value| {
+            pod(
+                "db-0",
+                true,
+                Some(json!({ "ready": true, "role": "primary", "streamingReplicas": streaming })),
+            )
+        };
+        let replica = |name: &str| {
+            pod(
+                name,
+                true,
+                Some(json!({ "ready": true, "role": "replica" })),
+            )
+        };
+        // db-2 still says ready from before the primary restarted; the primary does not see it.
+        let pods = [primary(json!(["db-1"])), replica("db-1"), replica("db-2")];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let instances = observe(&refs, 3, None);
+        assert_eq!(instances.ready, 2);
+        assert!(instances.summaries[1].ready);
+        assert!(!instances.summaries[2].ready);
+        assert_eq!(
+            instances.summaries[2].message.as_deref(),
+            Some("not streaming from the primary db-0 yet")
+        );
+        let pods = [
+            primary(json!(["db-1", "db-2"])),
+            replica("db-1"),
+            replica("db-2"),
+        ];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        assert_eq!(observe(&refs, 3, None).ready, 3);
+        // A primary that does not report the list (an older agent) judges nothing.
+        let pods = [
+            pod(
+                "db-0",
+                true,
+                Some(json!({ "ready": true, "role": "primary" })),
+            ),
+            replica("db-1"),
+        ];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        assert_eq!(observe(&refs, 2, None).ready, 2);
     }
 
     #[test]
