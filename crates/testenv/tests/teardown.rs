@@ -79,3 +79,60 @@ async fn killed_test_process_takes_its_control_plane_with_it() {
     // A SIGKILLed process cannot clean its directory; that is all it leaves.
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Run by the next test in a child process: fails while it holds a control plane.
+#[tokio::test]
+#[ignore = "helper: run only as the child of a_failing_test_keeps_its_logs_and_stops_its_processes"]
+async fn child_fails_holding_a_control_plane() {
+    if std::env::var_os("DEVCTL_TESTENV_CHILD").is_none() {
+        return;
+    }
+    let cp = ControlPlane::start().await.unwrap();
+    let pids: Vec<String> = cp.pids().iter().map(|(_, pid)| pid.to_string()).collect();
+    println!("PIDS {}", pids.join(" "));
+    panic!("this test fails on purpose");
+}
+
+#[test]
+fn a_failing_test_keeps_its_logs_and_stops_its_processes() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_fails_holding_a_control_plane",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("DEVCTL_TESTENV_CHILD", "1")
+        .env_remove("DEVCTL_KEEP_TESTENV")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the child test must fail\n{stdout}\n{stderr}"
+    );
+    let dir = stderr
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("devctl-testenv: kept ")?
+                .strip_suffix(" (the test failed)")
+        })
+        .map(PathBuf::from)
+        .unwrap_or_else(|| panic!("no `kept <dir> (the test failed)` line\n{stderr}"));
+    let pids: Vec<u32> = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("PIDS "))
+        .unwrap_or_else(|| panic!("the child never started its control plane\n{stdout}"))
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    let kept = dir.join("logs").join("kube-apiserver.log").is_file();
+    let running: Vec<u32> = pids.iter().copied().filter(|p| is_running(*p)).collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(kept, "{} holds no kube-apiserver log", dir.display());
+    assert!(
+        running.is_empty(),
+        "still running after the failed test: {running:?}"
+    );
+}
