@@ -671,22 +671,7 @@ impl Drop for ControlPlane {
         while let Some(process) = processes.pop() {
             drop(process);
         }
-        if self.keep_dir {
-            eprintln!(
-                "devctl-testenv: kept {} (DEVCTL_KEEP_TESTENV=1)",
-                self.dir.display()
-            );
-        } else if std::thread::panicking() {
-            // A failing test: its logs are what explains the failure.
-            process::forget_dir_at_exit(&self.dir);
-            eprintln!(
-                "devctl-testenv: kept {} (the test failed)",
-                self.dir.display()
-            );
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-            process::forget_dir_at_exit(&self.dir);
-        }
+        process::dispose_dir(&self.dir, self.keep_dir);
     }
 }
 

@@ -685,22 +685,7 @@ impl PodRunner {
 impl Drop for PodRunner {
     fn drop(&mut self) {
         self.stop();
-        if self.keep_dir {
-            eprintln!(
-                "devctl-testenv: kept {} (DEVCTL_KEEP_TESTENV=1)",
-                self.root.display()
-            );
-        } else if std::thread::panicking() {
-            // A failing test: its logs are what explains the failure.
-            process::forget_dir_at_exit(&self.root);
-            eprintln!(
-                "devctl-testenv: kept {} (the test failed)",
-                self.root.display()
-            );
-        } else {
-            let _ = std::fs::remove_dir_all(&self.root);
-            process::forget_dir_at_exit(&self.root);
-        }
+        process::dispose_dir(&self.root, self.keep_dir);
     }
 }
 

@@ -103,6 +103,23 @@ pub(crate) fn forget_dir_at_exit(dir: &Path) {
     }
 }
 
+/// What a dropped environment does with its directory: keeps it when asked to
+/// (`DEVCTL_KEEP_TESTENV=1`, `keep`) or when its test is failing (the logs explain the
+/// failure), says so on stderr, and removes it otherwise.
+pub(crate) fn dispose_dir(dir: &Path, keep: bool) {
+    forget_dir_at_exit(dir);
+    if keep {
+        eprintln!(
+            "devctl-testenv: kept {} (DEVCTL_KEEP_TESTENV=1)",
+            dir.display()
+        );
+    } else if std::thread::panicking() {
+        eprintln!("devctl-testenv: kept {} (the test failed)", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 /// Sends SIGCONT to `pids` at process exit unless [`forget_stopped`] was called for them:
 /// for processes stopped on purpose (SIGSTOP).
 pub(crate) fn continue_at_exit(pids: &[u32]) {

@@ -420,22 +420,7 @@ impl Drop for S3Server {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .take(),
         );
-        if self.keep_dir {
-            eprintln!(
-                "devctl-testenv: kept {} (DEVCTL_KEEP_TESTENV=1)",
-                self.root.display()
-            );
-        } else if std::thread::panicking() {
-            // A failing test: its logs are what explains the failure.
-            process::forget_dir_at_exit(&self.root);
-            eprintln!(
-                "devctl-testenv: kept {} (the test failed)",
-                self.root.display()
-            );
-        } else {
-            let _ = std::fs::remove_dir_all(&self.root);
-            process::forget_dir_at_exit(&self.root);
-        }
+        process::dispose_dir(&self.root, self.keep_dir);
     }
 }
 

@@ -133,11 +133,10 @@ pub fn observe(pods: &[&Pod], replicas: i32, credentials_version: Option<&str>) 
         .iter()
         .filter(|(_, pod, _)| pod.metadata.deletion_timestamp.is_none() && pod_ready(pod))
         .filter_map(|((_, name), _, report)| {
-            let report = report.as_ref().filter(|r| r.ready)?;
-            (report.role.as_deref() == Some(ROLE_PRIMARY))
-                .then_some(())
-                .and(report.streaming_replicas.as_deref())
-                .map(|list| (name.as_str(), list))
+            let report = report.as_ref()?;
+            let list = report.streaming_replicas.as_deref()?;
+            (report.ready && report.role.as_deref() == Some(ROLE_PRIMARY))
+                .then_some((name.as_str(), list))
         })
         .collect();
     let unlisted_replica = |name: &str, report: &InstanceStatus| {
