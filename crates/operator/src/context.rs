@@ -10,6 +10,7 @@ use kube::Client;
 use crate::backoff::Backoff;
 use crate::children::Caches;
 use crate::metrics::Metrics;
+use crate::status_writes::StatusWrites;
 
 /// Settings from the command line.
 #[derive(Debug, Clone)]
@@ -66,6 +67,8 @@ pub struct Context {
     /// Where reconciles send their events ([`EventQueue`]).
     pub events: EventQueue,
     pub backoff: Backoff,
+    /// Status writes whose echo the cache has not shown yet ([`StatusWrites`]).
+    pub status_writes: StatusWrites,
     pub settings: Settings,
 }
 
@@ -82,6 +85,7 @@ impl Context {
             client,
             caches,
             backoff: Backoff::default(),
+            status_writes: StatusWrites::default(),
             settings,
         }
     }

@@ -23,6 +23,7 @@ pub mod memory;
 pub mod metrics;
 pub mod pod_security;
 pub mod reconciler;
+pub mod status_writes;
 pub mod web_app;
 pub mod webhook;
 

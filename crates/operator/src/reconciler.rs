@@ -30,6 +30,12 @@ pub fn key<K: Resource>(object: &K) -> String {
     )
 }
 
+/// `kind/namespace/name`: the key of [`crate::status_writes::StatusWrites`], whose entries
+/// several controllers share.
+fn status_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
+    format!("{}/{}", K::kind(&()), key(object))
+}
+
 /// Now, truncated to seconds: metav1.Time has second precision on the wire, so a recomputed
 /// status compares equal to the stored one.
 pub fn now() -> Time {
@@ -54,6 +60,8 @@ where
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
+    // Not through `report_transition`: a status it remembers is no longer the last written.
+    ctx.status_writes.forget(&status_key(object));
     write_status_at(ctx, object, status, None).await
 }
 
@@ -450,8 +458,26 @@ where
         .map(|t| t.resource_version.clone().unwrap_or_default());
     // Unchanged status with a transition: it was recorded before, so it is not news.
     let (status_written, recorded) = match status(converged.as_deref()) {
+        // The same status as the last write, whose echo the cache has not shown yet.
+        Some(status)
+            if precondition.is_none()
+                && ctx.status_writes.already_written(
+                    &status_key(object),
+                    object.meta().resource_version.as_deref(),
+                    &status,
+                ) =>
+        {
+            tracing::debug!(object = %key(object), "status already written, its echo is on the way");
+            (Ok(()), false)
+        }
         Some(status) => {
+            let cached_version = object.meta().resource_version.clone();
+            let remembered = precondition.is_none().then(|| status.clone());
             let written = write_status_at(ctx, object, status, precondition.as_deref()).await;
+            if let (Ok(()), Some(status)) = (&written, remembered) {
+                ctx.status_writes
+                    .record(&status_key(object), cached_version.as_deref(), &status);
+            }
             let recorded = transition.is_some() && written.is_ok();
             (written, recorded)
         }

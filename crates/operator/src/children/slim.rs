@@ -26,7 +26,7 @@ use serde_json::Value;
 /// only in the operator's memory, never on the server.
 pub const CONTENT_ANNOTATION: &str = "devctl.io/cached-content";
 
-fn hash_value(value: &Value) -> u64 {
+pub(crate) fn hash_value(value: &Value) -> u64 {
     // SipHash with fixed keys: stable within the process, which is all the record needs.
     // Serialised straight into the hasher: no text of the object is built.
     struct Hashing(std::collections::hash_map::DefaultHasher);
@@ -177,12 +177,12 @@ fn slim_template(template: &mut PodTemplateSpec) {
 
 /// Replicas, images, the claim templates' requested sizes and the status fields the
 /// cluster's status and pod plan read (generation seen, counts, revisions): a change of
+/// `readyReplicas` (the cluster counts ready instances from its pods and their agents),
 /// `availableReplicas`, `currentReplicas` or the conditions alone is no news to the owner.
 pub fn stateful_set(object: &mut StatefulSet) {
     object.status = object.status.take().map(|s| StatefulSetStatus {
         observed_generation: s.observed_generation,
         replicas: s.replicas,
-        ready_replicas: s.ready_replicas,
         updated_replicas: s.updated_replicas,
         current_revision: s.current_revision,
         update_revision: s.update_revision,
@@ -298,6 +298,9 @@ mod tests {
             .unwrap()
             .requests;
         assert_eq!(size.as_ref().unwrap()["storage"].0, "1Gi");
-        assert_eq!(sts.status.as_ref().unwrap().ready_replicas, Some(2));
+        let status = sts.status.as_ref().unwrap();
+        assert_eq!(status.replicas, 3);
+        // Its owner counts ready instances itself; the StatefulSet's count would only wake it.
+        assert_eq!(status.ready_replicas, None);
     }
 }

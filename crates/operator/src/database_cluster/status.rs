@@ -76,7 +76,8 @@ pub const FAILING_OVER: &str = "FailingOver";
 pub const REPLICATION_UNSUPPORTED: &str = "ReplicationUnsupported";
 
 /// Whether the StatefulSet runs the declared state: its own spec has the declared replicas
-/// and image, and its controller has rolled that out to every pod.
+/// and image, and its controller has rolled that out to every pod (created at the update
+/// revision, none left over).
 fn rollout_complete(observed: &Observed<'_>, replicas: i32) -> bool {
     let Some(sts) = observed.stateful_set else {
         return false;
@@ -99,10 +100,12 @@ fn rollout_complete(observed: &Observed<'_>, replicas: i32) -> bool {
     let generation_seen = status.observed_generation >= sts.metadata.generation;
     let revision_done =
         status.update_revision.is_some() && status.current_revision == status.update_revision;
+    // Not `readyReplicas`: whether the instances are ready is `Instances::ready` (pod Ready
+    // *and* the agent's report), which the StatefulSet's count only follows, seconds late
+    // under load; waiting for it cost a status write per new cluster.
     generation_seen
         && revision_done
         && status.updated_replicas.unwrap_or(0) >= replicas
-        && status.ready_replicas.unwrap_or(0) >= replicas
         && status.replicas == replicas
 }
 
@@ -114,10 +117,11 @@ pub fn compute(
     let names = Names::of(db).ok()?;
     let previous = db.status.clone().unwrap_or_default();
     let want = db.spec.replicas;
-    let sts_status = observed.stateful_set.and_then(|s| s.status.as_ref());
     // Ready means the agents say their engines accept connections, not just that pods run.
     let ready = observed.instances.ready;
-    let replicas = sts_status.map(|s| s.replicas).unwrap_or(0);
+    // The pods that exist, as the cache shows them: the StatefulSet's own count says the same
+    // a moment later, and a status that waited for it would be written twice.
+    let replicas = i32::try_from(observed.instances.summaries.len()).unwrap_or(i32::MAX);
     let complete = rollout_complete(observed, want) && ready >= want;
     // What an instance's agent says is wrong, so "not ready" comes with a why.
     let instance_problem = observed
@@ -488,6 +492,42 @@ mod tests {
         assert_eq!(condition(&status, READY).status, TRUE);
         assert_eq!(condition(&status, PROGRESSING).status, FALSE);
         assert_eq!(status.current_version.as_deref(), Some("16.2"));
+    }
+
+    #[test]
+    fn ready_once_every_instance_is_even_before_the_stateful_set_counts_them() {
+        // The StatefulSet controller has not counted the ready pods yet; the instances (pods
+        // Ready, agents reporting) are what Ready means, so the cluster does not wait for it.
+        let s = sts(0, 3, true);
+        let mut seen = observed(Some(&s));
+        seen.instances.ready = 3;
+        let status = compute(&sample(), &seen, &now()).unwrap();
+        assert_eq!(condition(&status, READY).status, TRUE);
+        assert_eq!(status.ready_replicas, 3);
+        // ... and not before the instances are, whatever the StatefulSet counts.
+        let s = sts(3, 3, true);
+        let mut seen = observed(Some(&s));
+        seen.instances.ready = 2;
+        let status = compute(&sample(), &seen, &now()).unwrap();
+        assert_eq!(condition(&status, READY).status, FALSE);
+    }
+
+    #[test]
+    fn replicas_counts_the_pods_that_exist_not_the_stateful_sets_count() {
+        // The StatefulSet's status still says 0 replicas; two pods are in the cache already.
+        let mut s = sts(0, 2, true);
+        if let Some(st) = s.status.as_mut() {
+            st.replicas = 0;
+        }
+        let mut seen = observed(Some(&s));
+        seen.instances.summaries = ["my-postgres-0", "my-postgres-1"]
+            .map(|name| devctl_api::database_cluster::InstanceSummary {
+                name: name.into(),
+                ..Default::default()
+            })
+            .into();
+        let status = compute(&sample(), &seen, &now()).unwrap();
+        assert_eq!(status.replicas, 2);
     }
 
     #[test]
