@@ -223,6 +223,7 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
                 volumes_pending,
                 credentials_regenerated,
                 stateful_set_applied: applied(outcome, StatefulSet::KIND),
+                updated_pods: pods::at_update_revision(&pods, sts.as_deref()),
                 failure: outcome.err().map(Error::failure),
                 cluster_domain: &ctx.settings.cluster_domain,
                 instances,

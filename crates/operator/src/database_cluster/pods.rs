@@ -19,6 +19,24 @@ use super::switchover::Primary;
 /// The label the StatefulSet controller puts on each pod: the revision it was created from.
 const REVISION_LABEL: &str = "controller-revision-hash";
 
+/// The pods, not being deleted, that the StatefulSet's controller created at its update
+/// revision: its `updatedReplicas`, seen from the pod cache as soon as each pod exists rather
+/// than from its next status update.
+pub fn at_update_revision(pods: &[&Pod], sts: Option<&StatefulSet>) -> i32 {
+    let Some(update_revision) = sts
+        .and_then(|s| s.status.as_ref())
+        .and_then(|s| s.update_revision.as_deref())
+    else {
+        return 0;
+    };
+    let updated = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.labels().get(REVISION_LABEL).map(String::as_str) == Some(update_revision))
+        .count();
+    i32::try_from(updated).unwrap_or(i32::MAX)
+}
+
 /// A change to one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PodAction {
@@ -144,6 +162,21 @@ mod tests {
             target: None,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn pods_at_the_update_revision_are_counted_from_their_labels() {
+        let mut leaving = pod("db-2", "b", None);
+        leaving.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        let pods = [pod("db-0", "b", None), pod("db-1", "a", None), leaving];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        assert_eq!(at_update_revision(&refs, Some(&sts("b"))), 1);
+        assert_eq!(at_update_revision(&refs, Some(&sts("a"))), 1);
+        // No update revision known yet: nothing counts.
+        assert_eq!(at_update_revision(&refs, None), 0);
     }
 
     #[test]

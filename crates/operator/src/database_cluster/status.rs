@@ -28,6 +28,8 @@ pub struct Observed<'a> {
     pub volumes_pending: Option<(usize, usize)>,
     /// The credentials Secret was recreated with a new password while the data existed.
     pub credentials_regenerated: bool,
+    /// The cluster's pods at the StatefulSet's update revision ([`super::pods::at_update_revision`]).
+    pub updated_pods: i32,
     /// The StatefulSet was created or updated by this reconcile: its cached status describes
     /// the previous spec.
     pub stateful_set_applied: bool,
@@ -100,13 +102,12 @@ fn rollout_complete(observed: &Observed<'_>, replicas: i32) -> bool {
     let generation_seen = status.observed_generation >= sts.metadata.generation;
     let revision_done =
         status.update_revision.is_some() && status.current_revision == status.update_revision;
-    // Not `readyReplicas`: whether the instances are ready is `Instances::ready` (pod Ready
-    // *and* the agent's report), which the StatefulSet's count only follows, seconds late
-    // under load; waiting for it cost a status write per new cluster.
-    generation_seen
-        && revision_done
-        && status.updated_replicas.unwrap_or(0) >= replicas
-        && status.replicas == replicas
+    // Counted from the pods, not from the StatefulSet's `updatedReplicas`, `replicas` and
+    // `readyReplicas`: those follow the pods in its controller's next status update, seconds
+    // late under load, and waiting for them cost a status write per new cluster. Whether the
+    // instances are ready is `Instances::ready` (pod Ready *and* the agent's report).
+    let pods = i32::try_from(observed.instances.summaries.len()).unwrap_or(i32::MAX);
+    generation_seen && revision_done && observed.updated_pods >= replicas && pods == replicas
 }
 
 pub fn compute(
@@ -269,10 +270,9 @@ pub fn compute(
         && !upgrading
         && observed.stateful_set.is_some_and(|s| {
             s.spec.replicas == Some(want)
+                && replicas >= want
                 && s.status.as_ref().is_some_and(|st| {
-                    st.replicas >= want
-                        && st.current_revision.is_some()
-                        && st.current_revision == st.update_revision
+                    st.current_revision.is_some() && st.current_revision == st.update_revision
                 })
         });
     let failover_hint = match &db.spec.high_availability {
@@ -419,6 +419,11 @@ mod tests {
             volumes_pending: None,
             credentials_regenerated: false,
             stateful_set_applied: false,
+            // The pods are the StatefulSet's status says: all at its update revision.
+            updated_pods: sts
+                .and_then(|s| s.status.as_ref())
+                .and_then(|s| s.updated_replicas)
+                .unwrap_or(0),
             failure: None,
             cluster_domain: "cluster.local",
             // Every ready pod's agent reports its engine ready.
@@ -437,6 +442,19 @@ mod tests {
                     .and_then(|s| s.status.as_ref())
                     .and_then(|s| s.ready_replicas)
                     .unwrap_or(0),
+                // One per pod the StatefulSet counts, the first `readyReplicas` of them ready.
+                summaries: (0..sts
+                    .and_then(|s| s.status.as_ref())
+                    .map_or(0, |s| s.replicas))
+                    .map(|i| devctl_api::database_cluster::InstanceSummary {
+                        name: format!("my-postgres-{i}"),
+                        ready: i < sts
+                            .and_then(|s| s.status.as_ref())
+                            .and_then(|s| s.ready_replicas)
+                            .unwrap_or(0),
+                        ..Default::default()
+                    })
+                    .collect(),
                 ..Instances::default()
             },
         }
@@ -496,14 +514,32 @@ mod tests {
 
     #[test]
     fn ready_once_every_instance_is_even_before_the_stateful_set_counts_them() {
-        // The StatefulSet controller has not counted the ready pods yet; the instances (pods
-        // Ready, agents reporting) are what Ready means, so the cluster does not wait for it.
-        let s = sts(0, 3, true);
+        // The StatefulSet controller has not counted the pods yet (its status says 0 of
+        // everything); the pods at its update revision and the instances (pods Ready, agents
+        // reporting) are what Ready means, so the cluster does not wait for it.
+        let mut s = sts(0, 3, true);
+        if let Some(st) = s.status.as_mut() {
+            st.replicas = 0;
+            st.updated_replicas = Some(0);
+        }
         let mut seen = observed(Some(&s));
+        seen.updated_pods = 3;
         seen.instances.ready = 3;
+        seen.instances.summaries = (0..3)
+            .map(|i| devctl_api::database_cluster::InstanceSummary {
+                name: format!("my-postgres-{i}"),
+                ready: true,
+                ..Default::default()
+            })
+            .collect();
         let status = compute(&sample(), &seen, &now()).unwrap();
         assert_eq!(condition(&status, READY).status, TRUE);
         assert_eq!(status.ready_replicas, 3);
+        assert_eq!(status.replicas, 3);
+        // A pod still at the old revision: not yet.
+        seen.updated_pods = 2;
+        let status = compute(&sample(), &seen, &now()).unwrap();
+        assert_eq!(condition(&status, READY).status, FALSE);
         // ... and not before the instances are, whatever the StatefulSet counts.
         let s = sts(3, 3, true);
         let mut seen = observed(Some(&s));
@@ -746,6 +782,11 @@ mod tests {
             devctl_api::database_cluster::InstanceSummary {
                 name: "my-postgres-1".into(),
                 message: Some("the engine does not accept connections yet".into()),
+                ..Default::default()
+            },
+            devctl_api::database_cluster::InstanceSummary {
+                name: "my-postgres-2".into(),
+                ready: true,
                 ..Default::default()
             },
         ];
