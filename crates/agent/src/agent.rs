@@ -35,6 +35,11 @@ use crate::report::{Reporter, WriteError};
 /// Probe period once the engine is ready (faster while it starts).
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(5);
 const STARTING_PROBE_INTERVAL: Duration = Duration::from_millis(500);
+/// How long a PostgreSQL primary keeps probing every [`STARTING_PROBE_INTERVAL`] while the
+/// same replicas do not stream from it: long enough for a replica's restart or a rollout step;
+/// a replica that stays away (a lost node) is then looked for at [`PROBE_INTERVAL`], not with a
+/// `psql` twice a second for as long as it is gone.
+const AWAITING_REPLICAS_FAST_FOR: Duration = Duration::from_secs(60);
 /// How long a stopping engine gets before SIGKILL.
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(50);
 /// Restart backoff: 1 s doubling to 30 s; giving up after this many consecutive failures
@@ -1266,6 +1271,7 @@ impl Agent {
         let mut reaper = tokio::time::interval(Duration::from_secs(1));
         let mut was_ready = false;
         let mut next_lock = tokio::time::Instant::now();
+        let mut awaiting: Option<AwaitingReplicas> = None;
         loop {
             // Only a primary under high availability tends the lock.
             let lock_due = match (self.mode, self.view().lock_duration) {
@@ -1351,9 +1357,12 @@ impl Agent {
                     if let Some(action) = self.action.take() {
                         return Ok(Exit::Act(action));
                     }
+                    let now = tokio::time::Instant::now();
+                    awaiting = AwaitingReplicas::next(awaiting, self.streaming_short_of_replicas(), now);
+                    let hurry_for_replicas = awaiting.is_some_and(|a| a.hurries(now));
                     let interval = if self.ready
                         && self.switchover_problem.is_none()
-                        && !self.awaiting_replicas()
+                        && !hurry_for_replicas
                     {
                         PROBE_INTERVAL
                     } else {
@@ -1365,17 +1374,16 @@ impl Agent {
         }
     }
 
-    /// A PostgreSQL primary some of whose replicas do not stream from it (yet): it probes
-    /// often, so the operator learns soon that a replica streams again (a replica counts as
-    /// ready only once its primary lists it).
-    fn awaiting_replicas(&self) -> bool {
+    /// A PostgreSQL primary some of whose replicas do not stream from it (yet): how many do.
+    /// It probes often for a while ([`AwaitingReplicas`]), so the operator learns soon that a
+    /// replica streams again (a replica counts as ready only once its primary lists it).
+    fn streaming_short_of_replicas(&self) -> Option<usize> {
         let expected = usize::try_from(self.view().replicas.saturating_sub(1)).unwrap_or(0);
-        self.mode == Mode::Primary
-            && self
-                .probe
-                .as_ref()
-                .and_then(|p| p.streaming_replicas.as_ref())
-                .is_some_and(|streaming| streaming.len() < expected)
+        if self.mode != Mode::Primary {
+            return None;
+        }
+        let streaming = self.probe.as_ref()?.streaming_replicas.as_ref()?.len();
+        (streaming < expected).then_some(streaming)
     }
 
     /// The cluster as last seen (empty for the MySQL family).
@@ -2113,9 +2121,59 @@ impl Agent {
     }
 }
 
+/// Since when a primary has seen the same number of its replicas streaming, fewer than
+/// expected: it probes fast for [`AWAITING_REPLICAS_FAST_FOR`] after each change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct AwaitingReplicas {
+    streaming: usize,
+    since: tokio::time::Instant,
+}
+
+impl AwaitingReplicas {
+    /// After a probe that found `streaming` replicas streaming while more are expected (or
+    /// `None`: all of them, or not a PostgreSQL primary).
+    fn next(
+        previous: Option<Self>,
+        streaming: Option<usize>,
+        now: tokio::time::Instant,
+    ) -> Option<Self> {
+        let streaming = streaming?;
+        Some(match previous {
+            Some(p) if p.streaming == streaming => p,
+            _ => Self {
+                streaming,
+                since: now,
+            },
+        })
+    }
+
+    fn hurries(&self, now: tokio::time::Instant) -> bool {
+        now.saturating_duration_since(self.since) < AWAITING_REPLICAS_FAST_FOR
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_primary_hurries_for_missing_replicas_for_a_minute_after_each_change() {
+        let start = tokio::time::Instant::now();
+        let later = |s: u64| start + Duration::from_secs(s);
+        let a = AwaitingReplicas::next(None, Some(0), start);
+        assert!(a.is_some_and(|a| a.hurries(later(59))));
+        // Still none streaming a minute later: the usual cadence.
+        let a = AwaitingReplicas::next(a, Some(0), later(61));
+        assert!(a.is_some_and(|a| !a.hurries(later(61))));
+        // One arrives (another still missing): a minute of fast probes again.
+        let a = AwaitingReplicas::next(a, Some(1), later(70));
+        assert!(a.is_some_and(|a| a.hurries(later(120))));
+        assert!(a.is_some_and(|a| !a.hurries(later(131))));
+        // All stream: nothing awaited; the next shortfall starts afresh.
+        assert_eq!(AwaitingReplicas::next(a, None, later(140)), None);
+        let a = AwaitingReplicas::next(None, Some(1), later(150));
+        assert!(a.is_some_and(|a| a.hurries(later(150))));
+    }
 
     #[test]
     fn synchronous_standbys_are_the_other_instances_by_name() {
