@@ -89,6 +89,13 @@ pub struct Instances {
     pub credentials_applied: bool,
 }
 
+impl Instances {
+    /// The pods that exist (one summary each, terminating ones included): `status.replicas`.
+    pub fn existing(&self) -> i32 {
+        i32::try_from(self.summaries.len()).unwrap_or(i32::MAX)
+    }
+}
+
 fn pod_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()

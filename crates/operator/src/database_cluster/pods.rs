@@ -23,18 +23,25 @@ const REVISION_LABEL: &str = "controller-revision-hash";
 /// revision: its `updatedReplicas`, seen from the pod cache as soon as each pod exists rather
 /// than from its next status update.
 pub fn at_update_revision(pods: &[&Pod], sts: Option<&StatefulSet>) -> i32 {
-    let Some(update_revision) = sts
-        .and_then(|s| s.status.as_ref())
-        .and_then(|s| s.update_revision.as_deref())
-    else {
+    let Some(update_revision) = update_revision(sts) else {
         return 0;
     };
     let updated = pods
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| p.labels().get(REVISION_LABEL).map(String::as_str) == Some(update_revision))
+        .filter(|p| at_revision(p, update_revision))
         .count();
     i32::try_from(updated).unwrap_or(i32::MAX)
+}
+
+/// The revision the StatefulSet's controller creates pods at, once its status says.
+fn update_revision(sts: Option<&StatefulSet>) -> Option<&str> {
+    sts.and_then(|s| s.status.as_ref())
+        .and_then(|s| s.update_revision.as_deref())
+}
+
+fn at_revision(pod: &Pod, revision: &str) -> bool {
+    pod.labels().get(REVISION_LABEL).map(String::as_str) == Some(revision)
 }
 
 /// A change to one pod.
@@ -88,10 +95,7 @@ pub fn plan(
         })
         .collect();
 
-    let Some(update_revision) = sts
-        .and_then(|s| s.status.as_ref())
-        .and_then(|s| s.update_revision.as_deref())
-    else {
+    let Some(update_revision) = update_revision(sts) else {
         return actions;
     };
     // The StatefulSet's status must describe its current spec, else its revision is stale.
@@ -110,7 +114,7 @@ pub fn plan(
     }
     let mut outdated: Vec<&&Pod> = pods
         .iter()
-        .filter(|p| p.labels().get(REVISION_LABEL).map(String::as_str) != Some(update_revision))
+        .filter(|p| !at_revision(p, update_revision))
         .collect();
     // Replicas before the primary; among replicas the highest ordinal first.
     outdated.sort_by_key(|p| {

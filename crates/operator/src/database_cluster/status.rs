@@ -106,8 +106,10 @@ fn rollout_complete(observed: &Observed<'_>, replicas: i32) -> bool {
     // `readyReplicas`: those follow the pods in its controller's next status update, seconds
     // late under load, and waiting for them cost a status write per new cluster. Whether the
     // instances are ready is `Instances::ready` (pod Ready *and* the agent's report).
-    let pods = i32::try_from(observed.instances.summaries.len()).unwrap_or(i32::MAX);
-    generation_seen && revision_done && observed.updated_pods >= replicas && pods == replicas
+    generation_seen
+        && revision_done
+        && observed.updated_pods >= replicas
+        && observed.instances.existing() == replicas
 }
 
 pub fn compute(
@@ -122,7 +124,7 @@ pub fn compute(
     let ready = observed.instances.ready;
     // The pods that exist, as the cache shows them: the StatefulSet's own count says the same
     // a moment later, and a status that waited for it would be written twice.
-    let replicas = i32::try_from(observed.instances.summaries.len()).unwrap_or(i32::MAX);
+    let replicas = observed.instances.existing();
     let complete = rollout_complete(observed, want) && ready >= want;
     // What an instance's agent says is wrong, so "not ready" comes with a why.
     let instance_problem = observed
