@@ -22,7 +22,7 @@ use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use kube::api::Api;
 use kube::discovery::ApiResource;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::Value;
@@ -231,27 +231,51 @@ fn live_meta<K: Resource>(object: &K) -> LiveMeta {
     }
 }
 
-/// What a metadata-only kind keeps of one object: no object at all.
+/// What the cache keeps of one object: what the applier reads and, for kinds the operator
+/// reads more of, the slimmed object packed as JSON.
 #[derive(Debug, Clone)]
 struct MetaEntry {
     meta: LiveMeta,
     /// [`slim::significance`] of the slimmed object: whether an event is news.
     significance: u64,
+    /// The slimmed object as JSON text: a quarter or less of what its k8s-openapi struct
+    /// holds (a `Pod` struct alone is 2,464 bytes however empty, each label a map node and
+    /// two strings), decoded again by each read. `None` for metadata-only kinds.
+    packed: Option<Box<[u8]>>,
 }
 
 type MetaMap = HashMap<(String, String), MetaEntry>;
 
-/// The store of a metadata-only kind ([`CachesBuilder::add_metadata`]): a few hundred bytes
-/// per child, where a reflector keeps the kind's whole struct even with every field empty
-/// (824 bytes for a `Service`, plus a map node for two annotations).
+/// The store of every child kind: for metadata-only kinds ([`CachesBuilder::add_metadata`])
+/// a few hundred bytes per child, where a reflector keeps the kind's whole struct even with
+/// every field empty (824 bytes for a `Service`, plus a map node for two annotations); for
+/// kinds whose objects are read, the slimmed object packed as JSON beside that.
 #[derive(Default)]
 struct MetaStore {
     entries: std::sync::RwLock<MetaMap>,
     /// A (re-)list in progress: it replaces `entries` when complete, as a reflector's does.
     listing: Mutex<Option<MetaMap>>,
+    /// Whether objects are kept (packed), not only their metadata.
+    keeps_objects: bool,
 }
 
 impl MetaStore {
+    fn keeping_objects() -> Self {
+        Self {
+            keeps_objects: true,
+            ..Self::default()
+        }
+    }
+
+    /// The kept object, decoded (`None` for metadata-only kinds).
+    fn object<K: serde::de::DeserializeOwned>(&self, namespace: &str, name: &str) -> Option<K> {
+        self.read(namespace, name, |entry| {
+            // Text this store wrote from a `K`: it decodes as one.
+            serde_json::from_slice(entry.packed.as_deref()?).ok()
+        })
+        .flatten()
+    }
+
     fn get(&self, namespace: &str, name: &str) -> Option<MetaEntry> {
         self.read(namespace, name, MetaEntry::clone)
     }
@@ -270,6 +294,11 @@ impl MetaStore {
                 MetaEntry {
                     meta: live_meta(object),
                     significance: slim::significance(object),
+                    packed: self
+                        .keeps_objects
+                        .then(|| serde_json::to_vec(object).ok())
+                        .flatten()
+                        .map(Vec::into_boxed_slice),
                 },
             )
         };
@@ -391,9 +420,9 @@ impl InstanceIndex {
 }
 
 struct TypedCache<K: ChildKind> {
-    store: Store<K>,
-    /// For kinds registered with [`CachesBuilder::add_metadata`]: `store` stays empty.
-    metadata_only: Option<Arc<MetaStore>>,
+    /// Every object's metadata; the slimmed objects themselves unless the kind was
+    /// registered with [`CachesBuilder::add_metadata`].
+    entries: Arc<MetaStore>,
     api_resource: ApiResource,
     state: watch::Receiver<CacheState>,
     /// For kinds registered with [`CachesBuilder::add_observed`].
@@ -402,11 +431,12 @@ struct TypedCache<K: ChildKind> {
     keeps_body: bool,
     /// For kinds registered with [`CachesBuilder::add_trimmed`].
     by_instance: Option<Arc<InstanceIndex>>,
+    kind: std::marker::PhantomData<fn() -> K>,
 }
 
 impl<K: ChildKind> TypedCache<K> {
     fn find(&self, namespace: &str, name: &str) -> Option<Arc<K>> {
-        self.store.get(&ObjectRef::new(name).within(namespace))
+        self.entries.object(namespace, name).map(Arc::new)
     }
 }
 
@@ -416,10 +446,7 @@ impl<K: ChildKind> KindCache for TypedCache<K> {
     }
 
     fn meta(&self, namespace: &str, name: &str) -> Option<LiveMeta> {
-        if let Some(metadata) = &self.metadata_only {
-            return metadata.get(namespace, name).map(|e| e.meta);
-        }
-        Some(live_meta(self.find(namespace, name)?.as_ref()))
+        self.entries.get(namespace, name).map(|e| e.meta)
     }
 
     fn body(&self, namespace: &str, name: &str) -> Option<Value> {
@@ -487,20 +514,7 @@ impl<K: ChildKind> KindCache for TypedCache<K> {
     }
 
     fn owned(&self, namespace: &str, owner_uid: &str) -> Vec<String> {
-        if let Some(metadata) = &self.metadata_only {
-            return metadata.owned(namespace, owner_uid);
-        }
-        self.store
-            .state()
-            .iter()
-            .filter(|o| o.namespace().as_deref() == Some(namespace))
-            .filter(|o| {
-                o.owner_references()
-                    .iter()
-                    .any(|r| r.controller == Some(true) && r.uid == owner_uid)
-            })
-            .map(|o| o.name_any())
-            .collect()
+        self.entries.owned(namespace, owner_uid)
     }
 
     fn wait_settled(&self) -> BoxFuture<'static, ()> {
@@ -766,7 +780,6 @@ impl CachesBuilder {
         fingerprinted: bool,
         metadata_only: bool,
     ) -> Self {
-        let (store, mut writer) = reflector::store::<K>();
         let (set_state, state) = watch::channel(CacheState::Syncing);
         // Small list pages: the first list of a kind is its largest burst of memory (full
         // objects, before they are slimmed).
@@ -780,38 +793,28 @@ impl CachesBuilder {
         let applier = self.applier.clone();
         let observations = significant.map(|_| Arc::new(Observations::default()));
         let observed = observations.clone();
-        let metadata_only = metadata_only.then(|| Arc::new(MetaStore::default()));
-        let metadata = metadata_only.clone();
-        let reader = store.clone();
-        // Whether the cache has the object (a metadata-only kind has no reflector store).
-        let cached = move |namespace: &str, name: &str| match &metadata {
-            Some(metadata) => metadata.read(namespace, name, |_| ()).is_some(),
-            None => reader
-                .get(&ObjectRef::new(name).within(namespace))
-                .is_some(),
-        };
-        let previous = store.clone();
-        let previous_metadata = metadata_only.clone();
+        let entries = Arc::new(if metadata_only {
+            MetaStore::default()
+        } else {
+            MetaStore::keeping_objects()
+        });
+        let reader = entries.clone();
+        let cached =
+            move |namespace: &str, name: &str| reader.read(namespace, name, |_| ()).is_some();
+        let previous = entries.clone();
         // Whether an object as delivered is news for its owner (decided before the store
         // takes it, so the previous copy is still there to compare with).
         let news = move |object: &K| match (significant, &observed) {
             (Some(significant), Some(observed)) => {
                 observed.record(object, significant(object), Instant::now())
             }
-            _ => match &previous_metadata {
-                Some(metadata) => metadata
-                    .read(
-                        &object.namespace().unwrap_or_default(),
-                        &object.name_any(),
-                        |old| old.significance,
-                    )
-                    .is_none_or(|old| old != slim::significance(object)),
-                None => previous
-                    .get(&ObjectRef::from_obj(object))
-                    .is_none_or(|old| {
-                        slim::significance(old.as_ref()) != slim::significance(object)
-                    }),
-            },
+            _ => previous
+                .read(
+                    &object.namespace().unwrap_or_default(),
+                    &object.name_any(),
+                    |old| old.significance,
+                )
+                .is_none_or(|old| old != slim::significance(object)),
         };
         // Our own writes come back as events: not news (see `Applier::hold`).
         let held = {
@@ -826,12 +829,12 @@ impl CachesBuilder {
             }
         };
         let forget = observations.clone();
-        let writing_metadata = metadata_only.clone();
+        let writing = entries.clone();
         // Kinds the operator does not apply (pods, claims) are looked up by the cluster
         // they belong to.
         let by_instance = (!fingerprinted).then(|| Arc::new(InstanceIndex::default()));
         let indexing = by_instance.clone();
-        let replaced = store.clone();
+        let replaced = entries.clone();
         let watch = watcher(api, config)
             .default_backoff()
             .map_ok(crate::lean_decode::unwrap_event)
@@ -888,18 +891,14 @@ impl CachesBuilder {
                 };
                 if let (Some(index), Ok(event)) = (&indexing, &event) {
                     let previous = match event {
-                        watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
-                            replaced.get(&ObjectRef::from_obj(o))
-                        }
+                        watcher::Event::Apply(o) | watcher::Event::Delete(o) => replaced
+                            .object::<K>(&o.namespace().unwrap_or_default(), &o.name_any()),
                         _ => None,
                     };
-                    index.apply(event, previous.as_deref());
+                    index.apply(event, previous.as_ref());
                 }
                 if let Ok(event) = &event {
-                    match &writing_metadata {
-                        Some(metadata) => metadata.apply(event),
-                        None => writer.apply_watcher_event(event),
-                    }
+                    writing.apply(event);
                 }
                 match &event {
                     Ok(watcher::Event::InitDone) => {
@@ -945,14 +944,14 @@ impl CachesBuilder {
         self.watches.push(watch);
         self.kinds.insert(
             K::KIND,
-            Arc::new(TypedCache {
-                store,
-                metadata_only,
+            Arc::new(TypedCache::<K> {
+                entries,
                 api_resource: super::api_resource::<K>(),
                 state,
                 observations,
                 keeps_body,
                 by_instance,
+                kind: std::marker::PhantomData,
             }),
         );
         self
@@ -1083,6 +1082,37 @@ mod tests {
         );
         store.apply(&watcher::Event::Delete(secret("a", "4", "u1")));
         assert!(store.get("ns", "a").is_none());
+    }
+
+    #[test]
+    fn a_store_keeping_objects_gives_back_what_it_took_in_less_room() {
+        use k8s_openapi::api::core::v1::Pod;
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "db-0", "namespace": "ns", "resourceVersion": "7",
+                "labels": { devctl_api::labels::INSTANCE: "db", "devctl.io/role": "primary",
+                            "controller-revision-hash": "db-5d8f7c9b4" },
+                "annotations": { "devctl.io/status": "{\"role\":\"primary\",\"ready\":true}" } },
+            "status": { "conditions": [{ "type": "Ready", "status": "True" }],
+                        "containerStatuses": [{ "name": "postgres", "ready": true, "restartCount": 0,
+                                                "image": "postgres:16", "imageID": "" }] }
+        }))
+        .unwrap();
+        let store = MetaStore::keeping_objects();
+        store.apply(&watcher::Event::Apply(pod.clone()));
+        assert_eq!(store.object::<Pod>("ns", "db-0"), Some(pod.clone()));
+        let packed = store
+            .read("ns", "db-0", |e| e.packed.as_ref().map(|p| p.len()))
+            .flatten()
+            .unwrap();
+        // The struct alone, before any of its strings and maps.
+        assert!(packed < std::mem::size_of::<Pod>() / 4, "{packed} bytes");
+        assert_eq!(store.object::<Pod>("ns", "db-1"), None);
+
+        // A metadata-only store keeps no object.
+        let metadata = MetaStore::default();
+        metadata.apply(&watcher::Event::Apply(pod));
+        assert!(metadata.get("ns", "db-0").is_some());
+        assert_eq!(metadata.object::<Pod>("ns", "db-0"), None);
     }
     use k8s_openapi::api::coordination::v1::Lease;
     use std::time::Duration;
