@@ -244,7 +244,17 @@ struct MetaEntry {
     packed: Option<Box<[u8]>>,
 }
 
-type MetaMap = HashMap<(String, String), MetaEntry>;
+/// Entries by namespace, then name: each namespace's name is kept once, not per object, and a
+/// lookup builds no key.
+type MetaMap = HashMap<Arc<str>, HashMap<Box<str>, MetaEntry>>;
+
+fn insert_entry(map: &mut MetaMap, namespace: &str, name: &str, entry: MetaEntry) {
+    let names = match map.get_mut(namespace) {
+        Some(names) => names,
+        None => map.entry(Arc::from(namespace)).or_default(),
+    };
+    names.insert(Box::from(name), entry);
+}
 
 /// The store of every child kind: for metadata-only kinds ([`CachesBuilder::add_metadata`])
 /// a few hundred bytes per child, where a reflector keeps the kind's whole struct even with
@@ -276,21 +286,20 @@ impl MetaStore {
         .flatten()
     }
 
-    fn get(&self, namespace: &str, name: &str) -> Option<MetaEntry> {
-        self.read(namespace, name, MetaEntry::clone)
+    fn meta(&self, namespace: &str, name: &str) -> Option<LiveMeta> {
+        self.read(namespace, name, |entry| entry.meta.clone())
     }
 
     fn read<T>(&self, namespace: &str, name: &str, f: impl FnOnce(&MetaEntry) -> T) -> Option<T> {
         let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
-        entries
-            .get(&(namespace.to_string(), name.to_string()))
-            .map(f)
+        entries.get(namespace)?.get(name).map(f)
     }
 
     fn apply<K: Resource + serde::Serialize>(&self, event: &watcher::Event<K>) {
         let entry = |object: &K| {
             (
-                (object.namespace().unwrap_or_default(), object.name_any()),
+                object.namespace().unwrap_or_default(),
+                object.name_any(),
                 MetaEntry {
                     meta: live_meta(object),
                     significance: slim::significance(object),
@@ -307,8 +316,8 @@ impl MetaStore {
         match event {
             watcher::Event::Init => *listing = Some(MetaMap::new()),
             watcher::Event::InitApply(object) => {
-                let (key, value) = entry(object);
-                listing.get_or_insert_default().insert(key, value);
+                let (namespace, name, value) = entry(object);
+                insert_entry(listing.get_or_insert_default(), &namespace, &name, value);
             }
             watcher::Event::InitDone => {
                 if let Some(listed) = listing.take() {
@@ -316,11 +325,18 @@ impl MetaStore {
                 }
             }
             watcher::Event::Apply(object) => {
-                let (key, value) = entry(object);
-                entries().insert(key, value);
+                let (namespace, name, value) = entry(object);
+                insert_entry(&mut entries(), &namespace, &name, value);
             }
             watcher::Event::Delete(object) => {
-                entries().remove(&(object.namespace().unwrap_or_default(), object.name_any()));
+                let namespace = object.namespace().unwrap_or_default();
+                let mut entries = entries();
+                if let Some(names) = entries.get_mut(namespace.as_str()) {
+                    names.remove(object.name_any().as_str());
+                    if names.is_empty() {
+                        entries.remove(namespace.as_str());
+                    }
+                }
             }
         }
     }
@@ -328,11 +344,11 @@ impl MetaStore {
     fn owned(&self, namespace: &str, owner_uid: &str) -> Vec<String> {
         let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
         entries
-            .iter()
-            .filter(|((ns, _), e)| {
-                ns == namespace && e.meta.controller.as_deref() == Some(owner_uid)
-            })
-            .map(|((_, name), _)| name.clone())
+            .get(namespace)
+            .into_iter()
+            .flatten()
+            .filter(|(_, e)| e.meta.controller.as_deref() == Some(owner_uid))
+            .map(|(name, _)| name.to_string())
             .collect()
     }
 }
@@ -446,7 +462,7 @@ impl<K: ChildKind> KindCache for TypedCache<K> {
     }
 
     fn meta(&self, namespace: &str, name: &str) -> Option<LiveMeta> {
-        self.entries.get(namespace, name).map(|e| e.meta)
+        self.entries.meta(namespace, name)
     }
 
     fn body(&self, namespace: &str, name: &str) -> Option<Value> {
@@ -1055,7 +1071,7 @@ mod tests {
         let store = MetaStore::default();
         store.apply(&watcher::Event::Apply(secret("a", "1", "u1")));
         store.apply(&watcher::Event::Apply(secret("b", "2", "u1")));
-        let a = store.get("ns", "a").unwrap().meta;
+        let a = store.meta("ns", "a").unwrap();
         assert_eq!(a.resource_version.as_deref(), Some("1"));
         assert_eq!(a.hash.as_deref(), Some("h"));
         assert_eq!(a.controller.as_deref(), Some("u1"));
@@ -1068,20 +1084,15 @@ mod tests {
         // listed is left (b was deleted while the watch was down).
         store.apply(&watcher::Event::<k8s_openapi::api::core::v1::Secret>::Init);
         store.apply(&watcher::Event::InitApply(secret("a", "3", "u1")));
-        assert!(store.get("ns", "b").is_some());
+        assert!(store.meta("ns", "b").is_some());
         store.apply(&watcher::Event::<k8s_openapi::api::core::v1::Secret>::InitDone);
-        assert!(store.get("ns", "b").is_none());
+        assert!(store.meta("ns", "b").is_none());
         assert_eq!(
-            store
-                .get("ns", "a")
-                .unwrap()
-                .meta
-                .resource_version
-                .as_deref(),
+            store.meta("ns", "a").unwrap().resource_version.as_deref(),
             Some("3")
         );
         store.apply(&watcher::Event::Delete(secret("a", "4", "u1")));
-        assert!(store.get("ns", "a").is_none());
+        assert!(store.meta("ns", "a").is_none());
     }
 
     #[test]
@@ -1111,7 +1122,7 @@ mod tests {
         // A metadata-only store keeps no object.
         let metadata = MetaStore::default();
         metadata.apply(&watcher::Event::Apply(pod));
-        assert!(metadata.get("ns", "db-0").is_some());
+        assert!(metadata.meta("ns", "db-0").is_some());
         assert_eq!(metadata.object::<Pod>("ns", "db-0"), None);
     }
     use k8s_openapi::api::coordination::v1::Lease;
