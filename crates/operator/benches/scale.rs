@@ -51,6 +51,11 @@
 //!   `restart GET requests`, `restart requests by method`, `restart 5xx`, `restart 429`:
 //!   metrics of the second process.
 //! - `restart operator CPU` / `restart operator RSS`: /proc, the second process at that point.
+//! - `calibration CPU`: thread CPU time of a fixed piece of work like the operator's (a pod's
+//!   JSON decoded into k8s-openapi's `Pod` and encoded again, 50,000 times, in the bench
+//!   process), before the operator starts and after it stopped. The machine's speed has moved
+//!   by ~45 % between sessions; CPU figures of runs on different days compare only relative to
+//!   this figure of their own run.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -100,6 +105,54 @@ fn proc_status(pid: u32, key: &str) -> u64 {
                 .map(|v| v.trim().trim_end_matches(" kB").trim().parse().unwrap_or(0))
         })
         .unwrap_or(0)
+}
+
+/// Rounds of the calibration work ([`calibrate`]).
+const CALIBRATION_ROUNDS: usize = 50_000;
+
+fn thread_cpu_time() -> Duration {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+}
+
+/// Thread CPU time of a fixed piece of work like the operator's: a running pod's JSON
+/// decoded into `Pod` and encoded again [`CALIBRATION_ROUNDS`] times.
+fn calibrate() -> Result<Duration, Error> {
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": "db-0", "namespace": "scale", "resourceVersion": "123456",
+            "uid": "0b7d3c1e-5f0a-4c6e-9d2b-000000000001",
+            "labels": { "app.kubernetes.io/name": "postgresql", "app.kubernetes.io/instance": "db",
+                        "app.kubernetes.io/managed-by": "devctl", "devctl.io/role": "primary",
+                        "controller-revision-hash": "db-5d8f7c9b4", "apps.kubernetes.io/pod-index": "0",
+                        "statefulset.kubernetes.io/pod-name": "db-0" },
+            "annotations": { "devctl.io/status": "{\"role\":\"primary\",\"ready\":true,\"lsn\":\"0/3000060\"}" },
+            "ownerReferences": [{ "apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db",
+                                  "uid": "0b7d3c1e-5f0a-4c6e-9d2b-000000000002", "controller": true }] },
+        "spec": { "containers": [{ "name": "postgres", "image": "postgres:16.2",
+                                   "ports": [{ "containerPort": 5432, "name": "postgres" }],
+                                   "env": [{ "name": "PGDATA", "value": "/var/lib/postgresql/data/pgdata" }] }],
+                  "nodeName": "kwok-node-0" },
+        "status": { "phase": "Running", "podIP": "10.0.0.12",
+                    "conditions": [{ "type": "Ready", "status": "True", "lastTransitionTime": "2026-12-03T16:00:00Z" }],
+                    "containerStatuses": [{ "name": "postgres", "ready": true, "restartCount": 0,
+                                            "image": "postgres:16.2", "imageID": "",
+                                            "state": { "running": { "startedAt": "2026-12-03T16:00:00Z" } } }] }
+    });
+    let text = serde_json::to_vec(&pod)?;
+    let started = thread_cpu_time();
+    let mut encoded = 0;
+    for _ in 0..CALIBRATION_ROUNDS {
+        let decoded: k8s_openapi::api::core::v1::Pod = serde_json::from_slice(&text)?;
+        encoded += serde_json::to_vec(&decoded)?.len();
+    }
+    std::hint::black_box(encoded);
+    Ok(thread_cpu_time() - started)
 }
 
 /// User + system CPU seconds of `pid`.
@@ -745,6 +798,7 @@ async fn main() -> Result<(), Error> {
         .applied_objects()
         .map(|e| e.map(|sts| Seen::StatefulSet(Box::new(sts))));
     let mut events = futures::stream::select(clusters, sets).boxed();
+    let calibration_before = calibrate()?;
     let started = Instant::now();
     let mut operator = Operator::start(
         &kubeconfig,
@@ -795,6 +849,7 @@ async fn main() -> Result<(), Error> {
     let after_restart = operator.scrape()?;
     let usage_restart = operator.usage();
     operator.stop().await?;
+    let calibration_after = calibrate()?;
 
     // One instance: ConfigMap, Secret, headless and read-write Services, StatefulSet.
     row("clusters", format!("{count} (one instance each)"));
@@ -904,6 +959,14 @@ async fn main() -> Result<(), Error> {
         format!("{:.2} s", usage_restart.cpu_seconds),
     );
     row("restart operator RSS", usage_restart.memory());
+    row(
+        "calibration CPU",
+        format!(
+            "{} ms before, {} ms after (fixed work, bench process)",
+            calibration_before.as_millis(),
+            calibration_after.as_millis()
+        ),
+    );
     if std::env::var_os("DEVCTL_BENCH_LOG").is_some() {
         row("operator logs kept in", dir.keep().display());
     }
