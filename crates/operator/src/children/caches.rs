@@ -3,7 +3,10 @@
 //! child changed" triggers to the controllers.
 //!
 //! Registering a kind is one line in [`CachesBuilder`]'s caller; controllers name the kinds
-//! they own by their `KIND` string and read typed objects with [`Caches::get`].
+//! they own by their `KIND` string and read typed objects with [`Caches::get`]. No reflector
+//! store is used: each kind keeps an entry per object (what the applier reads) and, for kinds
+//! whose objects are read, the slimmed object packed as JSON, decoded again per read — a
+//! fraction of the struct's size, for a few microseconds per read.
 //!
 //! Some objects change all the time without news for their owner: a lock its holder renews
 //! every second. Those are registered with [`CachesBuilder::add_observed`]: their owner is

@@ -6,7 +6,8 @@
 //! cached copy under [`CONTENT_ANNOTATION`]) says whether anyone changed it since. So most
 //! kinds are cached as metadata only, and no Secret's data is ever kept. StatefulSets and
 //! Deployments keep what the status computation reads (replicas, the first container's
-//! image, claim sizes, status).
+//! image, claim sizes, status). What is kept of an object is stored packed as JSON text, not
+//! as its struct (see `caches::MetaStore`).
 
 use std::hash::Hasher;
 
