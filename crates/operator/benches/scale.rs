@@ -53,9 +53,10 @@
 //! - `restart operator CPU` / `restart operator RSS`: /proc, the second process at that point.
 //! - `calibration CPU`: thread CPU time of a fixed piece of work like the operator's (a pod's
 //!   JSON decoded into k8s-openapi's `Pod` and encoded again, 50,000 times, in the bench
-//!   process), before the operator starts and after it stopped. The machine's speed has moved
-//!   by ~45 % between sessions; CPU figures of runs on different days compare only relative to
-//!   this figure of their own run.
+//!   process), before the operator starts and after it stopped: a reading of the machine's
+//!   speed at those moments. It moved 2.2× within one hour on the two-vCPU bench VM
+//!   (docs/performance.md, twelfth look); CPU and latency figures of runs whose calibrations
+//!   differ do not compare.
 
 use std::collections::BTreeMap;
 use std::fmt;
