@@ -298,14 +298,20 @@ impl MetaStore {
         entries.get(namespace)?.get(name).map(f)
     }
 
-    fn apply<K: Resource + serde::Serialize>(&self, event: &watcher::Event<K>) {
+    /// Takes `event` in. `significance`: the event object's [`slim::significance`] when the
+    /// caller has computed it already (computed here otherwise).
+    fn apply<K: Resource + serde::Serialize>(
+        &self,
+        event: &watcher::Event<K>,
+        significance: Option<u64>,
+    ) {
         let entry = |object: &K| {
             (
                 object.namespace().unwrap_or_default(),
                 object.name_any(),
                 MetaEntry {
                     meta: live_meta(object),
-                    significance: slim::significance(object),
+                    significance: significance.unwrap_or_else(|| slim::significance(object)),
                     packed: self
                         .keeps_objects
                         .then(|| serde_json::to_vec(object).ok())
@@ -399,8 +405,17 @@ impl InstanceIndex {
         }
     }
 
-    /// Takes `event` in; `previous` is the cached copy it replaces (its labels may differ).
-    fn apply<K: Resource>(&self, event: &watcher::Event<K>, previous: Option<&K>) {
+    /// Whether `object` is listed under its current labels (then under no others).
+    fn lists<K: Resource>(map: &IndexMap, object: &K) -> bool {
+        let name = object.name_any();
+        Self::key(object)
+            .and_then(|key| map.get(&key))
+            .is_some_and(|names| names.contains(&name))
+    }
+
+    /// Takes `event` in; `previous` gives the cached copy it replaces (its labels may differ),
+    /// asked for only when the object is not listed under its current labels already.
+    fn apply<K: Resource>(&self, event: &watcher::Event<K>, previous: impl FnOnce() -> Option<K>) {
         let mut listing = self.listing.lock().unwrap_or_else(PoisonError::into_inner);
         let members = || self.members.write().unwrap_or_else(PoisonError::into_inner);
         match event {
@@ -415,15 +430,19 @@ impl InstanceIndex {
             }
             watcher::Event::Apply(object) => {
                 let mut members = members();
-                if let Some(previous) = previous {
-                    Self::remove(&mut members, previous);
+                if !Self::lists(&members, object)
+                    && let Some(previous) = previous()
+                {
+                    Self::remove(&mut members, &previous);
                 }
                 Self::insert(&mut members, object);
             }
             watcher::Event::Delete(object) => {
                 let mut members = members();
-                if let Some(previous) = previous {
-                    Self::remove(&mut members, previous);
+                if !Self::lists(&members, object)
+                    && let Some(previous) = previous()
+                {
+                    Self::remove(&mut members, &previous);
                 }
                 Self::remove(&mut members, object);
             }
@@ -823,7 +842,7 @@ impl CachesBuilder {
         let previous = entries.clone();
         // Whether an object as delivered is news for its owner (decided before the store
         // takes it, so the previous copy is still there to compare with).
-        let news = move |object: &K| match (significant, &observed) {
+        let news = move |object: &K, significance: Option<u64>| match (significant, &observed) {
             (Some(significant), Some(observed)) => {
                 observed.record(object, significant(object), Instant::now())
             }
@@ -833,7 +852,7 @@ impl CachesBuilder {
                     &object.name_any(),
                     |old| old.significance,
                 )
-                .is_none_or(|old| old != slim::significance(object)),
+                .is_none_or(|old| Some(old) != significance),
         };
         // Our own writes come back as events: not news (see `Applier::hold`).
         let held = {
@@ -884,15 +903,23 @@ impl CachesBuilder {
                 {
                     applier.forget_owner(&namespace, &controller.uid);
                 }
+                // What the cache keeps of the object, hashed once: for whether it is news and
+                // for the store's entry.
+                let significance = match &event {
+                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                        Some(slim::significance(o))
+                    }
+                    _ => None,
+                };
                 let owner = match &event {
-                    Ok(watcher::Event::Apply(o)) => news(o)
+                    Ok(watcher::Event::Apply(o)) => news(o, significance)
                         .then(|| owner_of(o))
                         .flatten()
                         .filter(|owner| !held(o, owner)),
                     // Objects of a re-list may have changed while the watch was down; the
                     // first list is not news (each controller reconciles everything at start).
                     Ok(watcher::Event::InitApply(o)) => {
-                        let news = news(o);
+                        let news = news(o, significance);
                         (news && *set_state.borrow() == CacheState::Synced)
                             .then(|| owner_of(o))
                             .flatten()
@@ -909,15 +936,17 @@ impl CachesBuilder {
                     _ => None,
                 };
                 if let (Some(index), Ok(event)) = (&indexing, &event) {
-                    let previous = match event {
+                    // Decoded only when its labels may have moved it (the store still holds
+                    // the copy this event replaces).
+                    let previous = || match event {
                         watcher::Event::Apply(o) | watcher::Event::Delete(o) => replaced
                             .object::<K>(&o.namespace().unwrap_or_default(), &o.name_any()),
                         _ => None,
                     };
-                    index.apply(event, previous.as_ref());
+                    index.apply(event, previous);
                 }
                 if let Ok(event) = &event {
-                    writing.apply(event);
+                    writing.apply(event, significance);
                 }
                 match &event {
                     Ok(watcher::Event::InitDone) => {
@@ -1012,47 +1041,44 @@ mod tests {
         };
         index.apply(
             &watcher::Event::<k8s_openapi::api::core::v1::Pod>::Init,
-            None,
+            || None,
         );
-        index.apply(&watcher::Event::InitApply(pod("a-0", "a")), None);
-        index.apply(&watcher::Event::InitApply(pod("a-1", "a")), None);
+        index.apply(&watcher::Event::InitApply(pod("a-0", "a")), || None);
+        index.apply(&watcher::Event::InitApply(pod("a-1", "a")), || None);
         assert!(names("a").is_empty(), "a list counts once complete");
         index.apply(
             &watcher::Event::<k8s_openapi::api::core::v1::Pod>::InitDone,
-            None,
+            || None,
         );
         assert_eq!(names("a"), ["a-0", "a-1"]);
 
         // Relabelled: found under its new instance only; an update is not a duplicate.
-        index.apply(
-            &watcher::Event::Apply(pod("a-1", "b")),
-            Some(&pod("a-1", "a")),
-        );
-        index.apply(
-            &watcher::Event::Apply(pod("a-1", "b")),
-            Some(&pod("a-1", "b")),
-        );
+        index.apply(&watcher::Event::Apply(pod("a-1", "b")), || {
+            Some(pod("a-1", "a"))
+        });
+        index.apply(&watcher::Event::Apply(pod("a-1", "b")), || {
+            Some(pod("a-1", "b"))
+        });
         assert_eq!(
             (names("a"), names("b")),
             (vec!["a-0".to_string()], vec!["a-1".to_string()])
         );
         assert!(index.with_names("other-ns", "a", <[String]>::is_empty));
 
-        index.apply(
-            &watcher::Event::Delete(pod("a-0", "a")),
-            Some(&pod("a-0", "a")),
-        );
+        index.apply(&watcher::Event::Delete(pod("a-0", "a")), || {
+            Some(pod("a-0", "a"))
+        });
         assert!(names("a").is_empty());
 
         // A re-list replaces everything: what was deleted meanwhile is gone.
         index.apply(
             &watcher::Event::<k8s_openapi::api::core::v1::Pod>::Init,
-            None,
+            || None,
         );
-        index.apply(&watcher::Event::InitApply(pod("c-0", "c")), None);
+        index.apply(&watcher::Event::InitApply(pod("c-0", "c")), || None);
         index.apply(
             &watcher::Event::<k8s_openapi::api::core::v1::Pod>::InitDone,
-            None,
+            || None,
         );
         assert!(names("b").is_empty());
         assert_eq!(names("c"), ["c-0"]);
@@ -1072,8 +1098,8 @@ mod tests {
     #[test]
     fn a_metadata_store_keeps_what_the_applier_reads_and_swaps_in_a_relist_whole() {
         let store = MetaStore::default();
-        store.apply(&watcher::Event::Apply(secret("a", "1", "u1")));
-        store.apply(&watcher::Event::Apply(secret("b", "2", "u1")));
+        store.apply(&watcher::Event::Apply(secret("a", "1", "u1")), None);
+        store.apply(&watcher::Event::Apply(secret("b", "2", "u1")), None);
         let a = store.meta("ns", "a").unwrap();
         assert_eq!(a.resource_version.as_deref(), Some("1"));
         assert_eq!(a.hash.as_deref(), Some("h"));
@@ -1085,16 +1111,22 @@ mod tests {
 
         // A re-list: the old entries stay readable until it is complete, then only what it
         // listed is left (b was deleted while the watch was down).
-        store.apply(&watcher::Event::<k8s_openapi::api::core::v1::Secret>::Init);
-        store.apply(&watcher::Event::InitApply(secret("a", "3", "u1")));
+        store.apply(
+            &watcher::Event::<k8s_openapi::api::core::v1::Secret>::Init,
+            None,
+        );
+        store.apply(&watcher::Event::InitApply(secret("a", "3", "u1")), None);
         assert!(store.meta("ns", "b").is_some());
-        store.apply(&watcher::Event::<k8s_openapi::api::core::v1::Secret>::InitDone);
+        store.apply(
+            &watcher::Event::<k8s_openapi::api::core::v1::Secret>::InitDone,
+            None,
+        );
         assert!(store.meta("ns", "b").is_none());
         assert_eq!(
             store.meta("ns", "a").unwrap().resource_version.as_deref(),
             Some("3")
         );
-        store.apply(&watcher::Event::Delete(secret("a", "4", "u1")));
+        store.apply(&watcher::Event::Delete(secret("a", "4", "u1")), None);
         assert!(store.meta("ns", "a").is_none());
     }
 
@@ -1112,7 +1144,7 @@ mod tests {
         }))
         .unwrap();
         let store = MetaStore::keeping_objects();
-        store.apply(&watcher::Event::Apply(pod.clone()));
+        store.apply(&watcher::Event::Apply(pod.clone()), None);
         assert_eq!(store.object::<Pod>("ns", "db-0"), Some(pod.clone()));
         let packed = store
             .read("ns", "db-0", |e| e.packed.as_ref().map(|p| p.len()))
@@ -1124,7 +1156,7 @@ mod tests {
 
         // A metadata-only store keeps no object.
         let metadata = MetaStore::default();
-        metadata.apply(&watcher::Event::Apply(pod));
+        metadata.apply(&watcher::Event::Apply(pod), None);
         assert!(metadata.meta("ns", "db-0").is_some());
         assert_eq!(metadata.object::<Pod>("ns", "db-0"), None);
     }
