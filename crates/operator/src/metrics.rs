@@ -22,7 +22,6 @@
 //! finalizer's cleanup runs, and all of them when this replica stops leading (its view of the
 //! clusters goes stale; the new leader exports the current one).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -35,12 +34,14 @@ use axum::routing::get;
 use devctl_api::database_cluster::{DatabaseCluster, DatabaseClusterStatus};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets_range};
 use prometheus_client::registry::Registry;
+
+use crate::children::compact::{ByNamespace, CompactString};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
@@ -70,30 +71,47 @@ struct LeaseLabels {
     name: &'static str,
 }
 
+/// A label value of a per-cluster series, kept inline up to 24 bytes: every cluster has
+/// half a dozen series, each with its own copy of its labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct LabelText(CompactString);
+
+impl From<&str> for LabelText {
+    fn from(text: &str) -> Self {
+        Self(CompactString::from(text))
+    }
+}
+
+impl EncodeLabelValue for LabelText {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        std::fmt::Write::write_str(encoder, &self.0)
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClusterLabels {
-    namespace: String,
-    cluster: String,
+    namespace: LabelText,
+    cluster: LabelText,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClusterPhaseLabels {
-    namespace: String,
-    cluster: String,
+    namespace: LabelText,
+    cluster: LabelText,
     phase: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NamespacePhaseLabels {
-    namespace: String,
+    namespace: LabelText,
     phase: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct InstanceLabels {
-    namespace: String,
-    cluster: String,
-    pod: String,
+    namespace: LabelText,
+    cluster: LabelText,
+    pod: LabelText,
 }
 
 /// Gauges of values that are not integers (timestamps, durations).
@@ -233,7 +251,7 @@ pub struct Metrics {
     cluster_families: ClusterFamilies,
     /// What each cluster exports, by (namespace, name); also serialises updates of the
     /// per-cluster families so the per-phase counts stay consistent.
-    exported: std::sync::Mutex<HashMap<(String, String), ExportedCluster>>,
+    exported: std::sync::Mutex<ByNamespace<ExportedCluster>>,
     /// Objects triggered and not yet started, with the time of their first trigger.
     pending:
         std::sync::Mutex<std::collections::HashMap<(&'static str, String), std::time::Instant>>,
@@ -513,12 +531,10 @@ impl Metrics {
             return;
         };
         let f = &self.cluster_families;
-        let state = exported
-            .entry((namespace.to_string(), name.to_string()))
-            .or_default();
+        let state = exported.get_or_insert_with(namespace, name, ExportedCluster::default);
         let labels = ClusterLabels {
-            namespace: namespace.to_string(),
-            cluster: name.to_string(),
+            namespace: namespace.into(),
+            cluster: name.into(),
         };
         if state.phase != snapshot.phase {
             if let Some(old) = state.phase {
@@ -540,9 +556,9 @@ impl Metrics {
             .get_or_create(&labels)
             .set(snapshot.ready_replicas);
         let instance = |pod: &str| InstanceLabels {
-            namespace: namespace.to_string(),
-            cluster: name.to_string(),
-            pod: pod.to_string(),
+            namespace: namespace.into(),
+            cluster: name.into(),
+            pod: pod.into(),
         };
         for gone in state
             .lag_pods
@@ -591,7 +607,7 @@ impl Metrics {
         let Ok(mut exported) = self.exported.lock() else {
             return;
         };
-        if let Some(state) = exported.remove(&(namespace.to_string(), name.to_string())) {
+        if let Some(state) = exported.remove(namespace, name) {
             self.remove_cluster_series(namespace, name, &state);
         }
     }
@@ -600,16 +616,17 @@ impl Metrics {
         let Ok(mut exported) = self.exported.lock() else {
             return;
         };
-        for ((namespace, name), state) in exported.drain() {
-            self.remove_cluster_series(&namespace, &name, &state);
-        }
+        exported.retain(|namespace, name, state| {
+            self.remove_cluster_series(namespace, name, state);
+            false
+        });
     }
 
     fn remove_cluster_series(&self, namespace: &str, name: &str, state: &ExportedCluster) {
         let f = &self.cluster_families;
         let labels = ClusterLabels {
-            namespace: namespace.to_string(),
-            cluster: name.to_string(),
+            namespace: namespace.into(),
+            cluster: name.into(),
         };
         if let Some(phase) = state.phase {
             f.phase.remove(&phase_labels(&labels, phase));
@@ -617,9 +634,9 @@ impl Metrics {
         }
         for pod in &state.lag_pods {
             f.lag_bytes.remove(&InstanceLabels {
-                namespace: namespace.to_string(),
-                cluster: name.to_string(),
-                pod: pod.clone(),
+                namespace: namespace.into(),
+                cluster: name.into(),
+                pod: pod.as_str().into(),
             });
         }
         for family in [&f.desired_replicas, &f.replicas, &f.ready_replicas] {
@@ -669,7 +686,7 @@ fn count_phase(
     by: i64,
 ) {
     let labels = NamespacePhaseLabels {
-        namespace: namespace.to_string(),
+        namespace: namespace.into(),
         phase,
     };
     let now = clusters.get_or_create(&labels).inc_by(by) + by;

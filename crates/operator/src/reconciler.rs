@@ -16,6 +16,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::children::caches::OwnerKey;
+use crate::children::compact::{ByNamespace, Uid};
 use crate::children::{Caches, Change, FIELD_MANAGER};
 use crate::context::{Context, Settings};
 use crate::error::{Error, Result};
@@ -234,25 +235,104 @@ where
         + Sync
         + 'static,
 {
+    use futures::StreamExt;
     use kube::runtime::WatchStreamExt;
     let (reader, writer) = kube::runtime::reflector::store::<K>();
     let config = kube::runtime::watcher::Config::default()
         .page_size(crate::children::caches::LIST_PAGE_SIZE);
     // Decoded without the field managers' records, which `prune` would drop at once.
     let api = scoped_api::<Lean<K, ManagedFields>>(client, namespace);
+    let relevant = Arc::new(std::sync::Mutex::new(RelevantChanges::default()));
+    let seen = relevant.clone();
     let stream = kube::runtime::watcher(api, config)
         .default_backoff()
         .map_ok(crate::lean_decode::unwrap_event)
         .modify(prune)
         .inspect_ok(move |event| {
+            seen.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .follow(event);
             if let kube::runtime::watcher::Event::Delete(object) = event {
                 gone(object);
             }
         })
         .reflect(writer)
         .applied_objects()
-        .predicate_filter(relevant_change, kube::runtime::PredicateConfig::default());
+        .filter(move |object| {
+            let pass = match object {
+                Ok(object) => relevant
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .is_news(object),
+                Err(_) => true,
+            };
+            std::future::ready(pass)
+        });
     (reader, stream)
+}
+
+/// The last [`relevant_change`] of every object of a primary watch, by namespace and name —
+/// kube's `predicate_filter` keeps the same with a key of three strings per object and forgets
+/// deleted objects only after an hour.
+#[derive(Default)]
+struct RelevantChanges {
+    last: ByNamespace<(Uid, u64)>,
+    /// The objects of a (re-)list in progress: when it completes, objects deleted while the
+    /// watch was down are forgotten.
+    listing: Option<ByNamespace<()>>,
+}
+
+impl RelevantChanges {
+    /// Whether `object` changed in a way that matters since its last event (or is new, or
+    /// another object of the same name).
+    fn is_news<K: Resource>(&mut self, object: &K) -> bool {
+        let meta = object.meta();
+        let namespace = meta.namespace.as_deref().unwrap_or_default();
+        let name = meta.name.as_deref().unwrap_or_default();
+        let uid = Uid::new(meta.uid.as_deref().unwrap_or_default());
+        let Some(change) = relevant_change(object) else {
+            return true;
+        };
+        let news = self
+            .last
+            .get(namespace, name)
+            .is_none_or(|(last_uid, last)| *last_uid != uid || *last != change);
+        if news {
+            self.last.insert(namespace, name, (uid, change));
+        }
+        news
+    }
+
+    fn follow<K: Resource>(&mut self, event: &kube::runtime::watcher::Event<K>) {
+        use kube::runtime::watcher::Event;
+        let key = |object: &K| {
+            let meta = object.meta();
+            (
+                meta.namespace.clone().unwrap_or_default(),
+                meta.name.clone().unwrap_or_default(),
+            )
+        };
+        match event {
+            Event::Init => self.listing = Some(ByNamespace::default()),
+            Event::InitApply(object) => {
+                let (namespace, name) = key(object);
+                self.listing
+                    .get_or_insert_default()
+                    .insert(&namespace, &name, ());
+            }
+            Event::InitDone => {
+                if let Some(listed) = self.listing.take() {
+                    self.last
+                        .retain(|namespace, name, _| listed.contains(namespace, name));
+                }
+            }
+            Event::Delete(object) => {
+                let (namespace, name) = key(object);
+                self.last.remove(&namespace, &name);
+            }
+            Event::Apply(_) => {}
+        }
+    }
 }
 
 /// Drops what the operator never reads from cached objects: managedFields and kubectl's
@@ -526,5 +606,45 @@ where
             .await;
             Err(error)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::watcher::Event;
+
+    fn object(name: &str, uid: &str, generation: i64, version: &str) -> ConfigMap {
+        let mut object = ConfigMap::default();
+        object.metadata.name = Some(name.into());
+        object.metadata.namespace = Some("ns".into());
+        object.metadata.uid = Some(uid.into());
+        object.metadata.generation = Some(generation);
+        object.metadata.resource_version = Some(version.into());
+        object
+    }
+
+    #[test]
+    fn only_relevant_changes_pass_and_deleted_objects_are_forgotten() {
+        let mut changes = RelevantChanges::default();
+        let first = object("db", "u1", 1, "10");
+        assert!(changes.is_news(&first), "a new object");
+        // A status write: a new version, the same generation.
+        assert!(!changes.is_news(&object("db", "u1", 1, "11")));
+        assert!(changes.is_news(&object("db", "u1", 2, "12")), "a new spec");
+        // Deleted and created again under the same name with the same spec.
+        changes.follow(&Event::Delete(object("db", "u1", 2, "13")));
+        assert!(changes.is_news(&object("db", "u2", 1, "14")));
+        assert!(
+            changes.is_news(&object("db", "u3", 1, "15")),
+            "a delete the watch missed"
+        );
+        // A re-list without the object: it was deleted while the watch was down.
+        changes.follow(&Event::<ConfigMap>::Init);
+        changes.follow(&Event::InitApply(object("other", "u9", 1, "16")));
+        changes.follow(&Event::<ConfigMap>::InitDone);
+        assert!(changes.last.get("ns", "db").is_none());
+        assert!(changes.is_news(&object("db", "u3", 1, "17")));
     }
 }

@@ -15,7 +15,7 @@
 //! how the silence of a lock is measured without comparing clocks between machines.
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
@@ -31,6 +31,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::Value;
 use tokio::sync::{broadcast, watch};
 
+use super::compact::{ByNamespace, CompactString, Uid};
 use super::{Applier, ChildKind, HASH_ANNOTATION, slim};
 use crate::debounce::Urgency;
 use crate::error::{Error, Result};
@@ -40,18 +41,18 @@ use crate::reconciler::{prune, scoped_api};
 /// Which owner a child event concerns: its kind, namespace and name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct OwnerKey {
-    pub kind: String,
-    pub namespace: String,
-    pub name: String,
+    pub kind: CompactString,
+    pub namespace: CompactString,
+    pub name: CompactString,
 }
 
 impl OwnerKey {
     /// `object` itself as the owner its children name.
     pub fn of<K: Resource<DynamicType = ()>>(object: &K) -> Option<Self> {
         Some(Self {
-            kind: K::kind(&()).into_owned(),
-            namespace: object.namespace()?,
-            name: object.name_any(),
+            kind: K::kind(&()).as_ref().into(),
+            namespace: object.meta().namespace.as_deref()?.into(),
+            name: object.name_any().into(),
         })
     }
 }
@@ -76,9 +77,9 @@ pub fn controller_owner<K: Resource>(object: &K) -> Option<OwnerKey> {
         .iter()
         .find(|r| r.controller == Some(true))?;
     Some(OwnerKey {
-        kind: owner.kind.clone(),
-        namespace: object.namespace()?,
-        name: owner.name.clone(),
+        kind: owner.kind.as_str().into(),
+        namespace: object.meta().namespace.as_deref()?.into(),
+        name: owner.name.as_str().into(),
     })
 }
 
@@ -97,19 +98,19 @@ pub enum CacheState {
 /// What [`super::Applier`] needs to know of a live child without its body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveMeta {
-    pub resource_version: Option<String>,
+    pub resource_version: Option<CompactString>,
     /// The [`HASH_ANNOTATION`] of the live object.
-    pub hash: Option<String>,
+    pub hash: Option<CompactString>,
     /// Fingerprint of the live object's content ([`slim::content`]).
     pub content: Option<u64>,
     /// The uid of its controller owner.
-    pub controller: Option<String>,
+    pub controller: Option<Uid>,
 }
 
 /// What an apply of a child returned, as the applier records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Written {
-    pub resource_version: Option<String>,
+    pub resource_version: Option<CompactString>,
     /// [`slim::content`] of the response, as the cache computes it for watch events.
     pub content: Option<u64>,
 }
@@ -119,7 +120,7 @@ impl Written {
     fn of<K: ChildKind>(mut object: K) -> Self {
         prune(&mut object);
         Written {
-            resource_version: object.meta().resource_version.clone(),
+            resource_version: object.meta().resource_version.as_deref().map(Into::into),
             content: slim::content(&object),
         }
     }
@@ -165,7 +166,7 @@ pub trait KindCache: Send + Sync {
 /// What an observed kind's watch saw of one object last.
 #[derive(Debug, Clone)]
 struct Seen {
-    resource_version: Option<String>,
+    resource_version: Option<CompactString>,
     significant: u64,
     changed_at: Instant,
 }
@@ -173,17 +174,22 @@ struct Seen {
 /// The last change of every object of an observed kind, by namespace and name.
 #[derive(Debug, Default)]
 struct Observations {
-    seen: Mutex<HashMap<(String, String), Seen>>,
+    seen: Mutex<ByNamespace<Seen>>,
 }
 
 impl Observations {
     /// Notes `object` as the watch delivers it at `now`; returns whether it is news for its
     /// owner: new, or its `significant` value differs from the last one seen.
     fn record<K: Resource>(&self, object: &K, significant: u64, now: Instant) -> bool {
-        let key = (object.namespace().unwrap_or_default(), object.name_any());
-        let resource_version = object.resource_version();
+        let namespace = object.meta().namespace.as_deref().unwrap_or_default();
+        let name = object.name_any();
+        let resource_version = object
+            .meta()
+            .resource_version
+            .as_deref()
+            .map(CompactString::from);
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        let previous = seen.get(&key);
+        let previous = seen.get(namespace, &name);
         let news = previous.is_none_or(|p| p.significant != significant);
         // A re-list delivers unchanged objects again: they did not change then.
         let changed_at = match previous {
@@ -191,7 +197,8 @@ impl Observations {
             _ => now,
         };
         seen.insert(
-            key,
+            namespace,
+            &name,
             Seen {
                 resource_version,
                 significant,
@@ -203,34 +210,36 @@ impl Observations {
 
     fn forget(&self, namespace: &str, name: &str) {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        seen.remove(&(namespace.to_string(), name.to_string()));
+        seen.remove(namespace, name);
     }
 
     /// Keeps only what `exists` says is still there: a re-list reports no deletions that
     /// happened while the watch was down.
     fn retain(&self, exists: impl Fn(&str, &str) -> bool) {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        seen.retain(|(namespace, name), _| exists(namespace, name));
+        seen.retain(|namespace, name, _| exists(namespace, name));
     }
 
     fn changed_at(&self, namespace: &str, name: &str) -> Option<Instant> {
         let seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        seen.get(&(namespace.to_string(), name.to_string()))
-            .map(|s| s.changed_at)
+        seen.get(namespace, name).map(|s| s.changed_at)
     }
 }
 
 /// The parts of a child the applier reads ([`LiveMeta`]).
 fn live_meta<K: Resource>(object: &K) -> LiveMeta {
     LiveMeta {
-        resource_version: object.resource_version(),
-        hash: object.annotations().get(HASH_ANNOTATION).cloned(),
+        resource_version: object.meta().resource_version.as_deref().map(Into::into),
+        hash: object
+            .annotations()
+            .get(HASH_ANNOTATION)
+            .map(|hash| hash.as_str().into()),
         content: slim::cached_content(object),
         controller: object
             .owner_references()
             .iter()
             .find(|r| r.controller == Some(true))
-            .map(|r| r.uid.clone()),
+            .map(|r| Uid::new(&r.uid)),
     }
 }
 
@@ -247,17 +256,7 @@ struct MetaEntry {
     packed: Option<Box<[u8]>>,
 }
 
-/// Entries by namespace, then name: each namespace's name is kept once, not per object, and a
-/// lookup builds no key.
-type MetaMap = HashMap<Arc<str>, HashMap<Box<str>, MetaEntry>>;
-
-fn insert_entry(map: &mut MetaMap, namespace: &str, name: &str, entry: MetaEntry) {
-    let names = match map.get_mut(namespace) {
-        Some(names) => names,
-        None => map.entry(Arc::from(namespace)).or_default(),
-    };
-    names.insert(Box::from(name), entry);
-}
+type MetaMap = ByNamespace<MetaEntry>;
 
 /// The store of every child kind: for metadata-only kinds ([`CachesBuilder::add_metadata`])
 /// a few hundred bytes per child, where a reflector keeps the kind's whole struct even with
@@ -295,7 +294,7 @@ impl MetaStore {
 
     fn read<T>(&self, namespace: &str, name: &str, f: impl FnOnce(&MetaEntry) -> T) -> Option<T> {
         let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
-        entries.get(namespace)?.get(name).map(f)
+        entries.get(namespace, name).map(f)
     }
 
     /// Takes `event` in. `significance`: the event object's [`slim::significance`] when the
@@ -323,10 +322,12 @@ impl MetaStore {
         let mut listing = self.listing.lock().unwrap_or_else(PoisonError::into_inner);
         let entries = || self.entries.write().unwrap_or_else(PoisonError::into_inner);
         match event {
-            watcher::Event::Init => *listing = Some(MetaMap::new()),
+            watcher::Event::Init => *listing = Some(MetaMap::default()),
             watcher::Event::InitApply(object) => {
                 let (namespace, name, value) = entry(object);
-                insert_entry(listing.get_or_insert_default(), &namespace, &name, value);
+                listing
+                    .get_or_insert_default()
+                    .insert(&namespace, &name, value);
             }
             watcher::Event::InitDone => {
                 if let Some(listed) = listing.take() {
@@ -335,28 +336,21 @@ impl MetaStore {
             }
             watcher::Event::Apply(object) => {
                 let (namespace, name, value) = entry(object);
-                insert_entry(&mut entries(), &namespace, &name, value);
+                entries().insert(&namespace, &name, value);
             }
             watcher::Event::Delete(object) => {
-                let namespace = object.namespace().unwrap_or_default();
-                let mut entries = entries();
-                if let Some(names) = entries.get_mut(namespace.as_str()) {
-                    names.remove(object.name_any().as_str());
-                    if names.is_empty() {
-                        entries.remove(namespace.as_str());
-                    }
-                }
+                let namespace = object.meta().namespace.as_deref().unwrap_or_default();
+                entries().remove(namespace, &object.name_any());
             }
         }
     }
 
     fn owned(&self, namespace: &str, owner_uid: &str) -> Vec<String> {
         let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+        let owner = Uid::new(owner_uid);
         entries
-            .get(namespace)
-            .into_iter()
-            .flatten()
-            .filter(|(_, e)| e.meta.controller.as_deref() == Some(owner_uid))
+            .in_namespace(namespace)
+            .filter(|(_, e)| e.meta.controller.as_ref() == Some(&owner))
             .map(|(name, _)| name.to_string())
             .collect()
     }
@@ -373,34 +367,36 @@ struct InstanceIndex {
     listing: Mutex<Option<IndexMap>>,
 }
 
-type IndexMap = HashMap<(String, String), Vec<String>>;
+/// Object names by namespace and instance.
+type IndexMap = ByNamespace<Vec<CompactString>>;
 
 impl InstanceIndex {
-    fn key<K: Resource>(object: &K) -> Option<(String, String)> {
+    /// The object's namespace and instance label.
+    fn key<K: Resource>(object: &K) -> Option<(&str, &str)> {
         Some((
-            object.namespace()?,
-            object.labels().get(devctl_api::labels::INSTANCE)?.clone(),
+            object.meta().namespace.as_deref()?,
+            object.labels().get(devctl_api::labels::INSTANCE)?.as_str(),
         ))
     }
 
     fn insert<K: Resource>(map: &mut IndexMap, object: &K) {
-        if let Some(key) = Self::key(object) {
-            let names = map.entry(key).or_default();
+        if let Some((namespace, instance)) = Self::key(object) {
+            let names = map.get_or_insert_with(namespace, instance, Vec::new);
             let name = object.name_any();
-            if !names.contains(&name) {
-                names.push(name);
+            if !names.iter().any(|n| *n == name) {
+                names.push(name.into());
             }
         }
     }
 
     fn remove<K: Resource>(map: &mut IndexMap, object: &K) {
-        if let Some(key) = Self::key(object)
-            && let Some(names) = map.get_mut(&key)
+        if let Some((namespace, instance)) = Self::key(object)
+            && let Some(names) = map.get_mut(namespace, instance)
         {
             let name = object.name_any();
             names.retain(|n| *n != name);
             if names.is_empty() {
-                map.remove(&key);
+                map.remove(namespace, instance);
             }
         }
     }
@@ -409,8 +405,8 @@ impl InstanceIndex {
     fn lists<K: Resource>(map: &IndexMap, object: &K) -> bool {
         let name = object.name_any();
         Self::key(object)
-            .and_then(|key| map.get(&key))
-            .is_some_and(|names| names.contains(&name))
+            .and_then(|(namespace, instance)| map.get(namespace, instance))
+            .is_some_and(|names| names.iter().any(|n| *n == name))
     }
 
     /// Takes `event` in; `previous` gives the cached copy it replaces (its labels may differ),
@@ -419,7 +415,7 @@ impl InstanceIndex {
         let mut listing = self.listing.lock().unwrap_or_else(PoisonError::into_inner);
         let members = || self.members.write().unwrap_or_else(PoisonError::into_inner);
         match event {
-            watcher::Event::Init => *listing = Some(IndexMap::new()),
+            watcher::Event::Init => *listing = Some(IndexMap::default()),
             watcher::Event::InitApply(object) => {
                 Self::insert(listing.get_or_insert_default(), object);
             }
@@ -450,9 +446,14 @@ impl InstanceIndex {
     }
 
     /// `f` of the names of the instance's objects (none: an empty slice).
-    fn with_names<T>(&self, namespace: &str, instance: &str, f: impl FnOnce(&[String]) -> T) -> T {
+    fn with_names<T>(
+        &self,
+        namespace: &str,
+        instance: &str,
+        f: impl FnOnce(&[CompactString]) -> T,
+    ) -> T {
         let members = self.members.read().unwrap_or_else(PoisonError::into_inner);
-        let names = members.get(&(namespace.to_string(), instance.to_string()));
+        let names = members.get(namespace, instance);
         f(names.map_or(&[], Vec::as_slice))
     }
 }
@@ -1035,7 +1036,9 @@ mod tests {
     fn the_instance_index_follows_labels_deletes_and_relists() {
         let index = InstanceIndex::default();
         let names = |instance: &str| {
-            let mut names = index.with_names("ns", instance, <[String]>::to_vec);
+            let mut names = index.with_names("ns", instance, |names| {
+                names.iter().map(ToString::to_string).collect::<Vec<_>>()
+            });
             names.sort();
             names
         };
@@ -1063,7 +1066,7 @@ mod tests {
             (names("a"), names("b")),
             (vec!["a-0".to_string()], vec!["a-1".to_string()])
         );
-        assert!(index.with_names("other-ns", "a", <[String]>::is_empty));
+        assert!(index.with_names("other-ns", "a", <[CompactString]>::is_empty));
 
         index.apply(&watcher::Event::Delete(pod("a-0", "a")), || {
             Some(pod("a-0", "a"))
@@ -1103,7 +1106,7 @@ mod tests {
         let a = store.meta("ns", "a").unwrap();
         assert_eq!(a.resource_version.as_deref(), Some("1"));
         assert_eq!(a.hash.as_deref(), Some("h"));
-        assert_eq!(a.controller.as_deref(), Some("u1"));
+        assert!(a.controller.is_some_and(|c| c.is("u1")));
         let mut owned = store.owned("ns", "u1");
         owned.sort();
         assert_eq!(owned, ["a", "b"]);

@@ -20,6 +20,7 @@
 //! Caches of children are shared by all controllers, one per kind ([`caches`]).
 
 pub mod caches;
+pub mod compact;
 pub mod drift;
 pub mod slim;
 
@@ -35,6 +36,7 @@ use sha2::Digest;
 pub use caches::{Caches, CachesBuilder, KindCache, LiveMeta, Written};
 
 use crate::error::{Error, Result};
+use compact::{ByNamespace, CompactString};
 
 /// The field manager of everything the operator writes (children and status).
 pub const FIELD_MANAGER: &str = "devctl-operator";
@@ -216,7 +218,7 @@ type ChildKey = (&'static str, String, String);
 /// What one of our applies (or a drift check that found nothing) left behind.
 #[derive(Debug, Clone)]
 struct Applied {
-    resource_version: String,
+    resource_version: CompactString,
     content: Option<u64>,
     /// The version is one our apply returned (not one a drift check read): its watch event
     /// is our own echo.
@@ -230,7 +232,8 @@ struct Applied {
 /// reading its content.
 #[derive(Default)]
 pub struct Applier {
-    applied: Mutex<HashMap<ChildKey, Applied>>,
+    /// By kind, then namespace and name.
+    applied: Mutex<HashMap<&'static str, ByNamespace<Applied>>>,
     /// Children being applied now, with the watch events for them that arrived meanwhile
     /// (version and owner): whether those are our echo is known once the apply returns.
     applying: Mutex<HashMap<ChildKey, Vec<(String, caches::OwnerKey)>>>,
@@ -238,35 +241,49 @@ pub struct Applier {
     /// was made for. Orphans appear only when that set shrinks (or before a restart, when
     /// the record is empty), so scanning every cache on every reconcile — work that grows
     /// with the number of clusters — is skipped otherwise.
-    scanned: Mutex<HashMap<(String, String), u64>>,
+    scanned: Mutex<ByNamespace<u64>>,
 }
 
 impl Applier {
     fn recorded(&self, key: &ChildKey) -> Option<Applied> {
-        self.applied.lock().ok()?.get(key).cloned()
+        let (kind, namespace, name) = key;
+        self.applied
+            .lock()
+            .ok()?
+            .get(kind)?
+            .get(namespace, name)
+            .cloned()
     }
 
     fn record(
         &self,
         key: ChildKey,
-        resource_version: Option<String>,
+        resource_version: Option<CompactString>,
         content: Option<u64>,
         written: bool,
         created: bool,
     ) {
+        let (kind, namespace, name) = key;
         if let Ok(mut applied) = self.applied.lock() {
             match resource_version {
-                Some(resource_version) => applied.insert(
-                    key,
-                    Applied {
-                        resource_version,
-                        content,
-                        written,
-                        created,
-                    },
-                ),
-                None => applied.remove(&key),
-            };
+                Some(resource_version) => {
+                    applied.entry(kind).or_default().insert(
+                        &namespace,
+                        &name,
+                        Applied {
+                            resource_version,
+                            content,
+                            written,
+                            created,
+                        },
+                    );
+                }
+                None => {
+                    if let Some(of_kind) = applied.get_mut(kind) {
+                        of_kind.remove(&namespace, &name);
+                    }
+                }
+            }
         }
     }
 
@@ -361,8 +378,10 @@ impl Applier {
 
     /// Forgets a child that no longer exists (called by the cache on delete events).
     pub fn forget(&self, kind: &'static str, namespace: &str, name: &str) {
-        if let Ok(mut applied) = self.applied.lock() {
-            applied.remove(&(kind, namespace.to_string(), name.to_string()));
+        if let Ok(mut applied) = self.applied.lock()
+            && let Some(of_kind) = applied.get_mut(kind)
+        {
+            of_kind.remove(namespace, name);
         }
     }
 
@@ -379,13 +398,13 @@ impl Applier {
     pub fn remembers_owner(&self, namespace: &str, uid: &str) -> bool {
         self.scanned
             .lock()
-            .is_ok_and(|s| s.contains_key(&(namespace.to_string(), uid.to_string())))
+            .is_ok_and(|s| s.contains(namespace, uid))
     }
 
     /// Forgets an owner that is gone (its children go with it).
     pub fn forget_owner(&self, namespace: &str, uid: &str) {
         if let Ok(mut scanned) = self.scanned.lock() {
-            scanned.remove(&(namespace.to_string(), uid.to_string()));
+            scanned.remove(namespace, uid);
         }
     }
 
@@ -409,7 +428,10 @@ impl Applier {
             caches,
             key,
             api.patch(name, &PatchParams::default(), &Patch::Merge(patch)),
-            |patched| (patched.meta().resource_version.clone(), None),
+            |patched| {
+                let version = patched.meta().resource_version.as_deref();
+                (version.map(CompactString::from), None)
+            },
             false,
         )
         .await
@@ -424,7 +446,7 @@ impl Applier {
         caches: &Caches,
         key: ChildKey,
         write: impl std::future::Future<Output = kube::Result<T>>,
-        version_and_content: impl FnOnce(&T) -> (Option<String>, Option<u64>),
+        version_and_content: impl FnOnce(&T) -> (Option<CompactString>, Option<u64>),
         created: bool,
     ) -> kube::Result<T> {
         self.begin(&key);
@@ -442,7 +464,10 @@ impl Applier {
 
     /// Number of remembered children (for tests of the record's bound).
     pub fn remembered(&self) -> usize {
-        self.applied.lock().map(|a| a.len()).unwrap_or(0)
+        self.applied
+            .lock()
+            .map(|a| a.values().map(ByNamespace::len).sum())
+            .unwrap_or(0)
     }
 
     /// The live child's full body: what the renderer already read if it is this version, the
@@ -543,7 +568,7 @@ impl Applier {
                         let version = body
                             .pointer("/metadata/resourceVersion")
                             .and_then(Value::as_str)
-                            .map(str::to_string);
+                            .map(CompactString::from);
                         self.record(key, version, cache.content_of(&body), false, false);
                         return Ok(None);
                     }
@@ -618,14 +643,17 @@ impl Applier {
 
         let wanted: BTreeSet<(&str, &str)> =
             desired.iter().map(|c| (c.kind, c.name.as_str())).collect();
-        let scan = (owner.namespace.to_string(), owner.uid.to_string());
         let wanted_hash = {
             use std::hash::{Hash, Hasher};
             let mut hasher = std::collections::hash_map::DefaultHasher::new();
             (&wanted, kinds).hash(&mut hasher);
             hasher.finish()
         };
-        let scanned = self.scanned.lock().ok().and_then(|s| s.get(&scan).copied());
+        let scanned = self
+            .scanned
+            .lock()
+            .ok()
+            .and_then(|s| s.get(owner.namespace, owner.uid).copied());
         if scanned == Some(wanted_hash) {
             return Ok(changes);
         }
@@ -654,7 +682,7 @@ impl Applier {
             }
         }
         if let Ok(mut scanned) = self.scanned.lock() {
-            scanned.insert(scan, wanted_hash);
+            scanned.insert(owner.namespace, owner.uid, wanted_hash);
         }
         Ok(changes)
     }

@@ -72,9 +72,9 @@ pub fn labelled_owner<K: Resource>(object: &K) -> Option<OwnerKey> {
         return None;
     }
     Some(OwnerKey {
-        kind: DatabaseCluster::kind(&()).into_owned(),
-        namespace: object.namespace()?,
-        name: labels.get(labels::INSTANCE)?.clone(),
+        kind: DatabaseCluster::kind(&()).as_ref().into(),
+        namespace: object.meta().namespace.as_deref()?.into(),
+        name: labels.get(labels::INSTANCE)?.as_str().into(),
     })
 }
 
@@ -876,7 +876,7 @@ async fn credentials(
         .kind(Secret::KIND)?
         .meta(&names.namespace, secret_name)
     {
-        if cached.controller.as_deref() != Some(owner_uid) {
+        if !cached.controller.as_ref().is_some_and(|c| c.is(owner_uid)) {
             return Err(not_owned());
         }
         let as_we_left_it =
