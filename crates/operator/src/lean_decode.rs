@@ -534,13 +534,13 @@ mod tests {
             "status": { "replicas": 1, "readyReplicas": 1 }
         }))
         .unwrap();
-        let lean: Lean<StatefulSet, ManagedFields> = serde_json::from_slice(&text).unwrap();
+        let mut lean: Lean<StatefulSet, ManagedFields> = serde_json::from_slice(&text).unwrap();
         let mut full: StatefulSet = serde_json::from_slice(&text).unwrap();
         // An apply response decoded lean has the fingerprint the watch path gives the full
         // object: a later event of the same content is recognised as ours.
         assert_eq!(
-            crate::children::slim::content(&lean.0),
-            crate::children::slim::content(&full)
+            crate::children::slim::content(&mut lean.0),
+            crate::children::slim::content(&mut full)
         );
         full.metadata.managed_fields = None;
         assert_eq!(lean.0, full);

@@ -19,7 +19,7 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
-use crate::children::slim::hash_value;
+use crate::children::slim::fingerprint;
 
 #[derive(Debug)]
 struct Written {
@@ -44,7 +44,7 @@ impl StatusWrites {
         let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
         match written.get(key) {
             Some(w) if Some(w.based_on.as_str()) == cached_version => {
-                w.status == hash_value(status)
+                w.status == fingerprint(status)
             }
             Some(_) => {
                 written.remove(key);
@@ -64,7 +64,7 @@ impl StatusWrites {
                     key.to_string(),
                     Written {
                         based_on: version.to_string(),
-                        status: hash_value(status),
+                        status: fingerprint(status),
                     },
                 );
             }

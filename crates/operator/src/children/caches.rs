@@ -121,7 +121,7 @@ impl Written {
         prune(&mut object);
         Written {
             resource_version: object.meta().resource_version.as_deref().map(Into::into),
-            content: slim::content(&object),
+            content: Some(slim::content(&mut object)),
         }
     }
 }
@@ -243,6 +243,12 @@ fn live_meta<K: Resource>(object: &K) -> LiveMeta {
     }
 }
 
+/// What a store keeps of an object beside its metadata ([`MetaStore::keep`]).
+struct Kept {
+    significance: u64,
+    packed: Option<Box<[u8]>>,
+}
+
 /// What the cache keeps of one object: what the applier reads and, for kinds the operator
 /// reads more of, the slimmed object packed as JSON.
 #[derive(Debug, Clone)]
@@ -250,9 +256,10 @@ struct MetaEntry {
     meta: LiveMeta,
     /// [`slim::significance`] of the slimmed object: whether an event is news.
     significance: u64,
-    /// The slimmed object as JSON text: a quarter or less of what its k8s-openapi struct
-    /// holds (a `Pod` struct alone is 2,464 bytes however empty, each label a map node and
-    /// two strings), decoded again by each read. `None` for metadata-only kinds.
+    /// The slimmed object as JSON text, without its `resourceVersion` (in `meta`): a
+    /// quarter or less of what its k8s-openapi struct holds (a `Pod` struct alone is 2,464
+    /// bytes however empty, each label a map node and two strings), decoded again by each
+    /// read. `None` for metadata-only kinds.
     packed: Option<Box<[u8]>>,
 }
 
@@ -280,12 +287,42 @@ impl MetaStore {
     }
 
     /// The kept object, decoded (`None` for metadata-only kinds).
-    fn object<K: serde::de::DeserializeOwned>(&self, namespace: &str, name: &str) -> Option<K> {
+    fn object<K: Resource + serde::de::DeserializeOwned>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<K> {
         self.read(namespace, name, |entry| {
-            // Text this store wrote from a `K`: it decodes as one.
-            serde_json::from_slice(entry.packed.as_deref()?).ok()
+            // Text this store wrote from a `K`: it decodes as one. Packed without its
+            // resourceVersion, which the entry's metadata holds.
+            let mut object: K = serde_json::from_slice(entry.packed.as_deref()?).ok()?;
+            object.meta_mut().resource_version = entry
+                .meta
+                .resource_version
+                .as_ref()
+                .map(ToString::to_string);
+            Some(object)
         })
         .flatten()
+    }
+
+    /// What this store keeps of `object` beside its metadata: its significance and, for
+    /// stores keeping objects, the object packed — both from one serialisation without the
+    /// `resourceVersion` (which changes with every write and the entry's metadata holds).
+    fn keep<K: Resource + serde::Serialize>(&self, object: &mut K) -> Kept {
+        if !self.keeps_objects {
+            return Kept {
+                significance: slim::significance(object),
+                packed: None,
+            };
+        }
+        let resource_version = object.meta_mut().resource_version.take();
+        let packed = serde_json::to_vec(object).ok();
+        object.meta_mut().resource_version = resource_version;
+        Kept {
+            significance: packed.as_deref().map_or(0, slim::fingerprint_bytes),
+            packed: packed.map(Vec::into_boxed_slice),
+        }
     }
 
     fn meta(&self, namespace: &str, name: &str) -> Option<LiveMeta> {
@@ -297,25 +334,25 @@ impl MetaStore {
         entries.get(namespace, name).map(f)
     }
 
-    /// Takes `event` in. `significance`: the event object's [`slim::significance`] when the
-    /// caller has computed it already (computed here otherwise).
-    fn apply<K: Resource + serde::Serialize>(
+    /// Takes `event` in. `kept`: what [`Self::keep`] made of the event's object when the
+    /// caller has made it already (made here otherwise).
+    fn apply<K: Resource + serde::Serialize + Clone>(
         &self,
         event: &watcher::Event<K>,
-        significance: Option<u64>,
+        kept: Option<Kept>,
     ) {
         let entry = |object: &K| {
+            let Kept {
+                significance,
+                packed,
+            } = kept.unwrap_or_else(|| self.keep(&mut object.clone()));
             (
                 object.namespace().unwrap_or_default(),
                 object.name_any(),
                 MetaEntry {
                     meta: live_meta(object),
-                    significance: significance.unwrap_or_else(|| slim::significance(object)),
-                    packed: self
-                        .keeps_objects
-                        .then(|| serde_json::to_vec(object).ok())
-                        .flatten()
-                        .map(Vec::into_boxed_slice),
+                    significance,
+                    packed,
                 },
             )
         };
@@ -505,7 +542,7 @@ impl<K: ChildKind> KindCache for TypedCache<K> {
     fn content_of(&self, object: &Value) -> Option<u64> {
         let mut object: K = serde_json::from_value(object.clone()).ok()?;
         prune(&mut object);
-        slim::content(&object)
+        Some(slim::content(&mut object))
     }
 
     fn apply<'a>(
@@ -879,7 +916,7 @@ impl CachesBuilder {
             .map_ok(crate::lean_decode::unwrap_event)
             .modify(move |object: &mut K| {
                 prune(object);
-                let content = fingerprinted.then(|| slim::content(object)).flatten();
+                let content = fingerprinted.then(|| slim::content(object));
                 trim(object);
                 // Applied kinds not kept whole: their metadata beyond what the applier reads
                 // is in the fingerprint.
@@ -890,7 +927,7 @@ impl CachesBuilder {
                     slim::set_cached_content(object, content);
                 }
             })
-            .for_each(move |event| {
+            .for_each(move |mut event| {
                 // A child new to the cache may be one the last orphan scan of its owner could
                 // not see yet: the next reconcile scans again. Not for a child our own apply
                 // created: it was wanted when its owner's scan was recorded.
@@ -904,14 +941,15 @@ impl CachesBuilder {
                 {
                     applier.forget_owner(&namespace, &controller.uid);
                 }
-                // What the cache keeps of the object, hashed once: for whether it is news and
-                // for the store's entry.
-                let significance = match &event {
+                // What the cache keeps of the object, serialised once: its significance (for
+                // whether it is news) and the store's entry.
+                let kept = match &mut event {
                     Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                        Some(slim::significance(o))
+                        Some(writing.keep(o))
                     }
                     _ => None,
                 };
+                let significance = kept.as_ref().map(|k| k.significance);
                 let owner = match &event {
                     Ok(watcher::Event::Apply(o)) => news(o, significance)
                         .then(|| owner_of(o))
@@ -947,7 +985,7 @@ impl CachesBuilder {
                     index.apply(event, previous);
                 }
                 if let Ok(event) = &event {
-                    writing.apply(event, significance);
+                    writing.apply(event, kept);
                 }
                 match &event {
                     Ok(watcher::Event::InitDone) => {
@@ -1156,6 +1194,23 @@ mod tests {
         // The struct alone, before any of its strings and maps.
         assert!(packed < std::mem::size_of::<Pod>() / 4, "{packed} bytes");
         assert_eq!(store.object::<Pod>("ns", "db-1"), None);
+        // Only the resourceVersion moved: the same significance (such an event is no news),
+        // and the object read back carries the new version.
+        let significance = |store: &MetaStore| store.read("ns", "db-0", |e| e.significance);
+        let before = significance(&store);
+        let mut next = pod.clone();
+        next.metadata.resource_version = Some("8".into());
+        store.apply(&watcher::Event::Apply(next.clone()), None);
+        assert_eq!(significance(&store), before);
+        assert_eq!(store.object::<Pod>("ns", "db-0"), Some(next.clone()));
+        next.labels_mut()
+            .insert("devctl.io/role".into(), "replica".into());
+        store.apply(&watcher::Event::Apply(next), None);
+        assert_ne!(
+            significance(&store),
+            before,
+            "a label is kept, so it is news"
+        );
 
         // A metadata-only store keeps no object.
         let metadata = MetaStore::default();

@@ -51,6 +51,7 @@ pub trait ChildKind:
     + Clone
     + serde::Serialize
     + serde::de::DeserializeOwned
+    + slim::StatusField
     + std::fmt::Debug
     + Send
     + Sync
@@ -64,6 +65,7 @@ impl<K> ChildKind for K where
         + Clone
         + serde::Serialize
         + serde::de::DeserializeOwned
+        + slim::StatusField
         + std::fmt::Debug
         + Send
         + Sync

@@ -12,24 +12,25 @@
 use std::hash::Hasher;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet, StatefulSetStatus};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimStatus, PodSpec, PodTemplateSpec, Secret, Service, ServiceAccount,
+    PersistentVolumeClaimStatus, Pod, PodSpec, PodTemplateSpec, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Resource;
 
 use super::HASH_ANNOTATION;
-use serde_json::Value;
 
 /// Where a cached copy carries the fingerprint of the content it was slimmed from. Exists
 /// only in the operator's memory, never on the server.
 pub const CONTENT_ANNOTATION: &str = "devctl.io/cached-content";
 
-pub(crate) fn hash_value(value: &Value) -> u64 {
-    // SipHash with fixed keys: stable within the process, which is all the record needs.
-    // Serialised straight into the hasher: no text of the object is built.
+/// SipHash with fixed keys of `value`'s JSON: stable within the process, which is all a
+/// record needs. Serialised straight into the hasher: neither the text nor a tree of the
+/// object is built (a `serde_json::Value` of a pod is a few hundred allocations).
+pub(crate) fn fingerprint<T: serde::Serialize + ?Sized>(value: &T) -> u64 {
     struct Hashing(std::collections::hash_map::DefaultHasher);
     impl std::io::Write for Hashing {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
@@ -41,27 +42,70 @@ pub(crate) fn hash_value(value: &Value) -> u64 {
         }
     }
     let mut hashing = Hashing(std::collections::hash_map::DefaultHasher::new());
-    // Writing a Value into a sink that cannot fail cannot fail.
+    // Serialising into a sink that cannot fail fails only for a map with non-string keys,
+    // which no Kubernetes object has.
     let _ = serde_json::to_writer(&mut hashing, value);
     hashing.0.finish()
 }
 
+/// [`fingerprint`] of text already serialised.
+pub(crate) fn fingerprint_bytes(bytes: &[u8]) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    hasher.write(bytes);
+    hasher.finish()
+}
+
+/// A kind's `status`, set aside while its content is fingerprinted.
+pub trait StatusField {
+    /// `f` of the object without its status, which is put back afterwards.
+    fn without_status<R>(&mut self, f: impl FnOnce(&Self) -> R) -> R;
+}
+
+macro_rules! status_field {
+    (with: $($with:ty),*; without: $($without:ty),*) => {
+        $(impl StatusField for $with {
+            fn without_status<R>(&mut self, f: impl FnOnce(&Self) -> R) -> R {
+                let status = self.status.take();
+                let result = f(self);
+                self.status = status;
+                result
+            }
+        })*
+        $(impl StatusField for $without {
+            fn without_status<R>(&mut self, f: impl FnOnce(&Self) -> R) -> R {
+                f(self)
+            }
+        })*
+    };
+}
+
+status_field!(
+    with: StatefulSet, Deployment, Service, PodDisruptionBudget, Pod, PersistentVolumeClaim;
+    without: ConfigMap, Secret, ServiceAccount, Role, RoleBinding, Lease
+);
+
 /// A fingerprint of everything in `object` but its status and the server's bookkeeping
 /// (`resourceVersion`, `generation`, `managedFields`): it changes when someone changes the
-/// object's content, not when a controller reports status.
-pub fn content<K: serde::Serialize>(object: &K) -> Option<u64> {
-    let mut value = serde_json::to_value(object).ok()?;
-    let root = value.as_object_mut()?;
-    root.remove("status");
-    if let Some(meta) = root.get_mut("metadata").and_then(Value::as_object_mut) {
-        for field in ["resourceVersion", "generation", "managedFields"] {
-            meta.remove(field);
-        }
-        if let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
-            annotations.remove(CONTENT_ANNOTATION);
-        }
+/// object's content, not when a controller reports status. Those fields are set aside while
+/// the object is hashed and put back, so nothing of it is copied.
+pub fn content<K: Resource + serde::Serialize + StatusField>(object: &mut K) -> u64 {
+    let meta = object.meta_mut();
+    let resource_version = meta.resource_version.take();
+    let generation = meta.generation.take();
+    let managed_fields = meta.managed_fields.take();
+    let cached = meta
+        .annotations
+        .as_mut()
+        .and_then(|annotations| annotations.remove(CONTENT_ANNOTATION));
+    let content = object.without_status(fingerprint);
+    let meta = object.meta_mut();
+    meta.resource_version = resource_version;
+    meta.generation = generation;
+    meta.managed_fields = managed_fields;
+    if let (Some(cached), Some(annotations)) = (cached, meta.annotations.as_mut()) {
+        annotations.insert(CONTENT_ANNOTATION.into(), cached);
     }
-    Some(hash_value(&value))
+    content
 }
 
 /// Notes `content` in the cached copy.
@@ -89,12 +133,11 @@ pub fn cached_content<K: Resource>(object: &K) -> Option<u64> {
 /// What the cache keeps of an object, without its `resourceVersion`: when it is the same
 /// before and after an event, the event is no news for the owner (a status heartbeat of a
 /// field the operator does not keep).
-pub fn significance<K: serde::Serialize>(object: &K) -> u64 {
-    let mut value = serde_json::to_value(object).unwrap_or(Value::Null);
-    if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.remove("resourceVersion");
-    }
-    hash_value(&value)
+pub fn significance<K: Resource + serde::Serialize>(object: &mut K) -> u64 {
+    let resource_version = object.meta_mut().resource_version.take();
+    let significance = fingerprint(object);
+    object.meta_mut().resource_version = resource_version;
+    significance
 }
 
 /// The metadata the operator reads of a child it applies: identity, versions, deletion, the
@@ -244,10 +287,28 @@ mod tests {
             }))
             .unwrap()
         };
-        let base = content(&sts("1", 3, 0, "x"));
-        assert_eq!(base, content(&sts("2", 3, 3, "x")), "status only");
-        assert_ne!(base, content(&sts("3", 2, 0, "x")), "spec");
-        assert_ne!(base, content(&sts("4", 3, 0, "y")), "labels");
+        let mut first = sts("1", 3, 0, "x");
+        let base = content(&mut first);
+        assert_eq!(first, sts("1", 3, 0, "x"), "the object is left as it was");
+        assert_eq!(base, content(&mut sts("2", 3, 3, "x")), "status only");
+        assert_ne!(base, content(&mut sts("3", 2, 0, "x")), "spec");
+        assert_ne!(base, content(&mut sts("4", 3, 0, "y")), "labels");
+    }
+
+    #[test]
+    fn a_fingerprint_streamed_is_the_fingerprint_of_the_text() {
+        let mut sts: StatefulSet = serde_json::from_value(json!({
+            "metadata": { "name": "db", "labels": { "a": "b" } },
+            "spec": { "selector": {}, "template": {} }
+        }))
+        .unwrap();
+        let text = serde_json::to_vec(&sts).unwrap();
+        assert_eq!(fingerprint(&sts), fingerprint_bytes(&text));
+        assert_eq!(
+            significance(&mut sts),
+            fingerprint_bytes(&text),
+            "no version to leave out"
+        );
     }
 
     #[test]
@@ -257,14 +318,19 @@ mod tests {
             "data": { "password": "c2VjcmV0" }
         }))
         .unwrap();
-        let fingerprint = content(&secret);
+        let fingerprint = content(&mut secret);
         super::secret(&mut secret);
-        set_cached_content(&mut secret, fingerprint);
+        set_cached_content(&mut secret, Some(fingerprint));
         assert!(secret.data.is_none());
-        assert_eq!(cached_content(&secret), fingerprint);
+        assert_eq!(cached_content(&secret), Some(fingerprint));
         // The fingerprint of the slim copy's own content is another one: it is never
         // compared with a fingerprint of a full object.
-        assert_ne!(content(&secret), fingerprint);
+        assert_ne!(content(&mut secret), fingerprint);
+        assert_eq!(
+            cached_content(&secret),
+            Some(fingerprint),
+            "the cached fingerprint is put back after hashing"
+        );
     }
 
     #[test]
