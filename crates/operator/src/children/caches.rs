@@ -254,7 +254,8 @@ struct Kept {
 #[derive(Debug, Clone)]
 struct MetaEntry {
     meta: LiveMeta,
-    /// [`slim::significance`] of the slimmed object: whether an event is news.
+    /// A hash of what this store keeps of the object, without its `resourceVersion`
+    /// ([`MetaStore::keep`]): whether an event is news.
     significance: u64,
     /// The slimmed object as JSON text, without its `resourceVersion` (in `meta`): a
     /// quarter or less of what its k8s-openapi struct holds (a `Pod` struct alone is 2,464
