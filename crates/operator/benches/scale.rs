@@ -33,6 +33,10 @@
 //!   `converge reconciles all controllers`: metrics, same snapshot.
 //! - `converge reconcile p50` / `p99`: metrics, quantiles of the DatabaseCluster controller's
 //!   reconcile-time histogram in the same snapshot (linear interpolation inside a bucket).
+//! - `converge PATCH latency p50 / p99` (and `POST`, `GET`): metrics, quantiles of the
+//!   operator's `rest_client_request_duration_seconds` for that verb (time to the response's
+//!   headers, as seen by the operator: queueing in the API server and in the operator's own
+//!   runtime included), same snapshot; a reconcile's time is mostly a few rounds of these.
 //! - `operator latency p50` / `p99` / `max`: per cluster, the moment the bench saw it Ready
 //!   minus the moment it saw its StatefulSet ready (`status.readyReplicas >= spec.replicas`,
 //!   at least one replica); both seen through concurrent watches, no polling. Negative values
@@ -92,6 +96,7 @@ const STOP_GRACE: Duration = Duration::from_secs(30);
 const REQUESTS: &str = "rest_client_requests_total";
 const RECONCILES: &str = "controller_runtime_reconcile_total";
 const RECONCILE_BUCKETS: &str = "controller_runtime_reconcile_time_seconds_bucket";
+const REQUEST_LATENCY_BUCKETS: &str = "rest_client_request_duration_seconds_bucket";
 const WRITE_METHODS: [&str; 4] = ["POST", "PUT", "PATCH", "DELETE"];
 
 // ---------------------------------------------------------------------------------------
@@ -541,16 +546,35 @@ impl Metrics {
 
     /// The reconcile-time histogram of `controller`: (upper bound, cumulative count), by bound.
     fn reconcile_buckets(&self, controller: &str) -> Result<Vec<(f64, f64)>, Error> {
-        let mut buckets = Vec::new();
+        self.buckets(RECONCILE_BUCKETS, |l| label(l, "controller") == controller)
+    }
+
+    /// The request-latency histogram of `verb`, summed over hosts.
+    fn request_buckets(&self, verb: &str) -> Result<Vec<(f64, f64)>, Error> {
+        self.buckets(REQUEST_LATENCY_BUCKETS, |l| label(l, "verb") == verb)
+    }
+
+    /// The buckets of histogram `name` over the series `keep` accepts, summed by bound:
+    /// (upper bound, cumulative count), sorted by bound.
+    fn buckets(
+        &self,
+        name: &str,
+        keep: impl Fn(&BTreeMap<String, String>) -> bool,
+    ) -> Result<Vec<(f64, f64)>, Error> {
+        let mut by_bound: Vec<(f64, f64)> = Vec::new();
         for s in self
             .samples
             .iter()
-            .filter(|s| s.name == RECONCILE_BUCKETS && label(&s.labels, "controller") == controller)
+            .filter(|s| s.name == name && keep(&s.labels))
         {
-            buckets.push((parse_value(label(&s.labels, "le"))?, s.value));
+            let bound = parse_value(label(&s.labels, "le"))?;
+            match by_bound.iter_mut().find(|(b, _)| *b == bound) {
+                Some((_, count)) => *count += s.value,
+                None => by_bound.push((bound, s.value)),
+            }
         }
-        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-        Ok(buckets)
+        by_bound.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Ok(by_bound)
     }
 }
 
@@ -600,7 +624,7 @@ fn quantile(q: f64, buckets: &[(f64, f64)]) -> Option<Quantile> {
 }
 
 fn show_quantile(q: Option<Quantile>) -> String {
-    q.map_or("n/a (no reconciles)".into(), |q| q.to_string())
+    q.map_or("n/a (none)".into(), |q| q.to_string())
 }
 
 /// "GET 12, PATCH 3".
@@ -911,6 +935,17 @@ async fn main() -> Result<(), Error> {
         "converge reconcile p99",
         show_quantile(quantile(0.99, &buckets)),
     );
+    for verb in ["PATCH", "POST", "GET"] {
+        let requests = at_converge.request_buckets(verb)?;
+        row(
+            &format!("converge {verb} latency p50 / p99"),
+            format!(
+                "{} / {}",
+                show_quantile(quantile(0.5, &requests)),
+                show_quantile(quantile(0.99, &requests))
+            ),
+        );
+    }
     row("operator latency p50", show_ms(percentile(0.5, &latencies)));
     row(
         "operator latency p99",

@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use futures::future::BoxFuture;
-use http::{Method, Request, Response};
+use http::{Method, Request, Response, Uri};
 use tower::{Layer, Service};
 
 use crate::metrics::Metrics;
@@ -114,6 +114,24 @@ pub struct RequestService<S> {
     metrics: Arc<Metrics>,
 }
 
+/// The verb a request's latency is filed under, as client-go names them: a watch is a GET
+/// whose response streams for minutes, so only its opening is timed, as `WATCH`.
+fn verb(method: &Method, uri: &Uri) -> &'static str {
+    let watch = uri
+        .query()
+        .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
+    match *method {
+        Method::GET if watch => "WATCH",
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        _ => "OTHER",
+    }
+}
+
 fn is_write(method: &Method) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
@@ -149,6 +167,8 @@ where
         // turn on the runtime when the process is paused must not leave after it resumes.
         // (Cut off after it was sent, it is reported fenced; the replica stops either way.)
         let fence = is_write(&method).then(|| self.fence.clone());
+        let verb = verb(&method, request.uri());
+        let sent = Instant::now();
         let mut response = Box::pin(self.inner.call(request));
         Box::pin(async move {
             let result = futures::future::poll_fn(|cx| {
@@ -159,7 +179,10 @@ where
             })
             .await;
             let code = match &result {
-                Ok(response) => response.status().as_u16().to_string(),
+                Ok(response) => {
+                    metrics.rest_latency(&host, verb, sent.elapsed());
+                    response.status().as_u16().to_string()
+                }
                 Err(e) if e.is::<Fenced>() => "<fenced>".to_string(),
                 Err(_) => "<error>".to_string(),
             };
@@ -202,6 +225,27 @@ mod tests {
         let open = Fence::open();
         open.close();
         assert!(!open.allows_writes());
+    }
+
+    #[test]
+    fn a_watch_is_timed_apart_from_the_gets() {
+        let uri = |u: &str| u.parse::<Uri>().unwrap();
+        let pods = "https://a:6443/api/v1/namespaces/n/pods";
+        assert_eq!(verb(&Method::GET, &uri(pods)), "GET");
+        assert_eq!(
+            verb(
+                &Method::GET,
+                &uri(&format!(
+                    "{pods}?labelSelector=x&watch=true&resourceVersion=5"
+                ))
+            ),
+            "WATCH"
+        );
+        assert_eq!(
+            verb(&Method::GET, &uri(&format!("{pods}?watch=false"))),
+            "GET"
+        );
+        assert_eq!(verb(&Method::PATCH, &uri(pods)), "PATCH");
     }
 
     /// A service whose responses wait until `release` fires, as a request waiting for a

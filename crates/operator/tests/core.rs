@@ -713,6 +713,17 @@ async fn a_failed_status_write_does_not_hide_the_reconcile_error() {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert!(rest >= 1.0, "PATCH requests counted:\n{text}");
+    let timed = |verb: &str| -> f64 {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("rest_client_request_duration_seconds_count{")
+                    && l.contains(&format!(r#"verb="{verb}""#))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert!(timed("PATCH") >= 1.0, "PATCH latencies recorded:\n{text}");
+    assert!(timed("WATCH") >= 1.0, "watch openings timed apart:\n{text}");
     assert!(
         text.contains(r#"code="403""#),
         "the denied requests are counted by code:\n{text}"

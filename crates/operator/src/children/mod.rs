@@ -244,6 +244,16 @@ pub struct Applier {
     /// the record is empty), so scanning every cache on every reconcile — work that grows
     /// with the number of clusters — is skipped otherwise.
     scanned: Mutex<ByNamespace<u64>>,
+    /// Per owner (namespace, uid): the key of the inputs its children were last rendered
+    /// from, and those children, after a sync that left every one of them as rendered.
+    rendered: Mutex<ByNamespace<Rendered>>,
+}
+
+/// What an owner's last complete sync was rendered from and made: no bodies (no password is
+/// kept), a few hundred bytes per owner.
+struct Rendered {
+    inputs: u64,
+    children: Box<[(&'static str, CompactString)]>,
 }
 
 impl Applier {
@@ -401,12 +411,58 @@ impl Applier {
         self.scanned
             .lock()
             .is_ok_and(|s| s.contains(namespace, uid))
+            || self
+                .rendered
+                .lock()
+                .is_ok_and(|r| r.contains(namespace, uid))
     }
 
     /// Forgets an owner that is gone (its children go with it).
     pub fn forget_owner(&self, namespace: &str, uid: &str) {
         if let Ok(mut scanned) = self.scanned.lock() {
             scanned.remove(namespace, uid);
+        }
+        self.forget_render(Owner { namespace, uid });
+    }
+
+    /// Whether rendering `owner`'s children again from inputs whose key is `inputs` can be
+    /// skipped: its last complete sync was rendered from the same inputs — so it would
+    /// render the same children — and every one of them is still as that sync left it.
+    /// Rendering is a pure function of its inputs, so the key stands for the children; a
+    /// child changed or deleted by anyone else is not as we left it and needs the render.
+    pub fn render_unneeded(&self, caches: &Caches, owner: Owner<'_>, inputs: u64) -> bool {
+        let children = match self.rendered.lock() {
+            Ok(rendered) => match rendered.get(owner.namespace, owner.uid) {
+                Some(r) if r.inputs == inputs => r.children.clone(),
+                _ => return false,
+            },
+            Err(_) => return false,
+        };
+        children.iter().all(|(kind, name)| {
+            caches
+                .kind(kind)
+                .ok()
+                .and_then(|cache| cache.meta(owner.namespace, name))
+                .is_some_and(|live| self.unchanged(kind, owner.namespace, name, &live))
+        })
+    }
+
+    /// Remembers that `desired`, rendered from inputs with key `inputs`, were all synced.
+    pub fn remember_render(&self, owner: Owner<'_>, inputs: u64, desired: &[Child]) {
+        let children = desired
+            .iter()
+            .map(|c| (c.kind, CompactString::from(c.name.as_str())))
+            .collect();
+        if let Ok(mut rendered) = self.rendered.lock() {
+            rendered.insert(owner.namespace, owner.uid, Rendered { inputs, children });
+        }
+    }
+
+    /// Forgets `owner`'s last render: called before a sync that may stop half way, whose
+    /// children then match neither that render nor the new one.
+    pub fn forget_render(&self, owner: Owner<'_>) {
+        if let Ok(mut rendered) = self.rendered.lock() {
+            rendered.remove(owner.namespace, owner.uid);
         }
     }
 

@@ -743,6 +743,51 @@ async fn converge(
         .and_then(|r| r.requests.as_ref())
         .and_then(|r| r.get("storage"))
         .map(|q| q.0.clone());
+    // The backup and restore stores' Secrets do not depend on the passwords: rendered once.
+    let mut stores = Vec::new();
+    if let Some(destination) = &store.destination {
+        stores.push(backup::store_secret(
+            db,
+            names,
+            target_version,
+            BACKUP_STORE_SECRET_SUFFIX,
+            destination,
+        )?);
+    }
+    if let Some((_, source)) = &store.restore {
+        stores.push(backup::store_secret(
+            db,
+            names,
+            target_version,
+            RESTORE_STORE_SECRET_SUFFIX,
+            source,
+        )?);
+    }
+    let settled = Inputs {
+        password: None,
+        replication_password: None,
+        version: target_version,
+        existing_claim_size: existing_claim_size.as_deref(),
+        cluster_domain: &ctx.settings.cluster_domain,
+        agent_image: &ctx.settings.agent_image,
+    };
+    let render_key = settled.render_key(db, &stores);
+    let owner = Owner {
+        namespace: &names.namespace,
+        uid: &owner_uid,
+    };
+    let applier = ctx.caches.applier();
+    // Most reconciles (a pod's report, a health check) change no input of the render: when
+    // every child is still as the last complete sync left it, rendering them again and
+    // comparing would find nothing to do.
+    if applier.render_unneeded(&ctx.caches, owner, render_key) {
+        return Ok(Converged {
+            changes: Vec::new(),
+            volumes_pending: expand_volumes(db, ctx, names).await?,
+            credentials_regenerated: false,
+        });
+    }
+    applier.forget_render(owner);
     // Passwords are read only when a credentials Secret may have to be written: a Secret as
     // we left it is rendered with placeholders and skipped. If its desired state changed
     // after all (its hash does not depend on the password), read them and render again.
@@ -767,10 +812,7 @@ async fn converge(
             let inputs = Inputs {
                 password: credentials.password.as_deref(),
                 replication_password: replication.password.as_deref(),
-                version: target_version,
-                existing_claim_size: existing_claim_size.as_deref(),
-                cluster_domain: &ctx.settings.cluster_domain,
-                agent_image: &ctx.settings.agent_image,
+                ..settled
             };
             let mut desired = resources::desired(db, &inputs)?;
             let secrets = ctx.caches.kind(Secret::KIND)?;
@@ -797,36 +839,17 @@ async fn converge(
             }
             break (desired, credentials);
         };
-        if let Some(destination) = &store.destination {
-            desired.push(backup::store_secret(
-                db,
-                names,
-                target_version,
-                BACKUP_STORE_SECRET_SUFFIX,
-                destination,
-            )?);
-        }
-        if let Some((_, source)) = &store.restore {
-            desired.push(backup::store_secret(
-                db,
-                names,
-                target_version,
-                RESTORE_STORE_SECRET_SUFFIX,
-                source,
-            )?);
-        }
-        let owner = Owner {
-            namespace: &names.namespace,
-            uid: &owner_uid,
-        };
-        match ctx
-            .caches
-            .applier()
+        desired.extend(stores.iter().cloned());
+        match applier
             .sync(&ctx.client, &ctx.caches, owner, &desired, resources::KINDS)
             .await
         {
             Err(Error::ChildExists { kind, .. }) if kind == Secret::KIND && !read => read = true,
-            synced => break (synced?, credentials),
+            synced => {
+                let changes = synced?;
+                applier.remember_render(owner, render_key, &desired);
+                break (changes, credentials);
+            }
         }
     };
     let volumes_pending = expand_volumes(db, ctx, names).await?;

@@ -80,6 +80,42 @@ pub struct Inputs<'a> {
     pub agent_image: &'a str,
 }
 
+impl Inputs<'_> {
+    /// A key of everything [`desired`] reads but the passwords, with the hashes of `more`
+    /// children rendered alongside: equal keys render children with equal hashes (a
+    /// Secret's hash does not depend on its password). [`desired`] reads of the cluster
+    /// only its spec, name, namespace and uid.
+    pub fn render_key(&self, db: &DatabaseCluster, more: &[Child]) -> u64 {
+        use std::hash::{Hash, Hasher};
+        // Every field by name: one added to `Inputs` does not compile here until the key
+        // says whether it counts.
+        let Self {
+            password: _,
+            replication_password: _,
+            version,
+            existing_claim_size,
+            cluster_domain,
+            agent_image,
+        } = self;
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        crate::children::slim::fingerprint(&db.spec).hash(&mut hasher);
+        (
+            db.metadata.name.as_deref(),
+            db.metadata.namespace.as_deref(),
+            db.metadata.uid.as_deref(),
+        )
+            .hash(&mut hasher);
+        // The claim template takes the existing StatefulSet's size, else the spec's: the
+        // size it renders is what counts, not where it came from.
+        let claim_size = existing_claim_size.unwrap_or(db.spec.storage.size.as_str());
+        (version, claim_size, cluster_domain, agent_image).hash(&mut hasher);
+        for child in more {
+            (child.kind, &child.name, &child.hash).hash(&mut hasher);
+        }
+        hasher.finish()
+    }
+}
+
 /// Names and shared pieces derived from the DatabaseCluster.
 pub struct Names {
     pub name: String,
@@ -208,6 +244,79 @@ pub(crate) mod test_support {
 mod tests {
     use super::test_support::*;
     use super::*;
+
+    /// The hashes of what `desired` renders: what the render key stands for.
+    fn rendered(db: &DatabaseCluster, inputs: &Inputs<'_>) -> Vec<(&'static str, String, String)> {
+        desired(db, inputs)
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.kind, c.name, c.hash))
+            .collect()
+    }
+
+    #[test]
+    fn equal_render_keys_render_equal_children_and_every_input_counts() {
+        let db = sample();
+        let base = inputs();
+        let key = base.render_key(&db, &[]);
+
+        // Other passwords, or none read: the same children (a Secret's hash ignores its
+        // password), the same key.
+        let unread = Inputs {
+            password: None,
+            replication_password: None,
+            ..base
+        };
+        assert_eq!(rendered(&db, &unread), rendered(&db, &base));
+        assert_eq!(unread.render_key(&db, &[]), key);
+        // The existing claim template's size when it is the spec's: the same render.
+        let same_size = Inputs {
+            existing_claim_size: Some("10Gi"),
+            ..base
+        };
+        assert_eq!(rendered(&db, &same_size), rendered(&db, &base));
+        assert_eq!(same_size.render_key(&db, &[]), key);
+
+        // Each input that changes the children changes the key.
+        let changed = [
+            Inputs {
+                version: "16.3",
+                ..base
+            },
+            Inputs {
+                existing_claim_size: Some("5Gi"),
+                ..base
+            },
+            Inputs {
+                cluster_domain: "example.org",
+                ..base
+            },
+            Inputs {
+                agent_image: "ghcr.io/devctl/devctl-operator:v0.2.0",
+                ..base
+            },
+        ];
+        for other in &changed {
+            assert_ne!(rendered(&db, other), rendered(&db, &base));
+            assert_ne!(other.render_key(&db, &[]), key);
+        }
+        let mut bigger = db.clone();
+        bigger.spec.replicas = 5;
+        assert_ne!(rendered(&bigger, &base), rendered(&db, &base));
+        assert_ne!(base.render_key(&bigger, &[]), key);
+        let mut recreated = db.clone();
+        recreated.metadata.uid = Some("5678".into());
+        assert_ne!(base.render_key(&recreated, &[]), key);
+        // Children rendered alongside (the store Secrets) count by their hashes.
+        let store = desired(&db, &base).unwrap().remove(0);
+        assert_ne!(base.render_key(&db, std::slice::from_ref(&store)), key);
+        // Status and bookkeeping do not: a status write is not a reason to render.
+        let mut reported = db.clone();
+        reported.metadata.resource_version = Some("42".into());
+        reported.metadata.generation = Some(7);
+        reported.status = Some(Default::default());
+        assert_eq!(base.render_key(&reported, &[]), key);
+    }
 
     #[test]
     fn sample_renders_exactly_the_expected_children() {
