@@ -16,6 +16,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{
     OperatorProcess, TIMEOUT, assert_rejected, condition_status, events_about, is_ready,
+    operator_events_about,
 };
 
 fn database(name: &str, replicas: i32, extra: serde_json::Value) -> DatabaseCluster {
@@ -166,7 +167,7 @@ async fn normalised_quantities_and_other_managers_elements_cause_no_writes_or_ev
         is_ready(db, 1)
     })
     .await;
-    let events_before = events_about(&client, &namespace, "halfcpu").await;
+    let events_before = operator_events_about(&client, &namespace, "halfcpu").await;
     let mark = cluster.audit_log().unwrap().mark();
     force_reconciles(&operator, &dbs, "halfcpu", 3).await;
     let writes = writes_since(cluster, mark, &operator.user);
@@ -176,7 +177,7 @@ async fn normalised_quantities_and_other_managers_elements_cause_no_writes_or_ev
         operator.logs()
     );
     assert_eq!(
-        events_about(&client, &namespace, "halfcpu").await,
+        operator_events_about(&client, &namespace, "halfcpu").await,
         events_before,
         "no new events"
     );
@@ -299,7 +300,7 @@ async fn a_restart_over_converged_clusters_writes_nothing_and_ready_stays_true()
     }
     let mut events_before = Vec::new();
     for name in names {
-        events_before.push(events_about(&client, &namespace, name).await);
+        events_before.push(operator_events_about(&client, &namespace, name).await);
     }
 
     // Record every status the clusters go through from here on.
@@ -342,7 +343,7 @@ async fn a_restart_over_converged_clusters_writes_nothing_and_ready_stays_true()
     );
     for (name, before) in names.iter().zip(&events_before) {
         assert_eq!(
-            &events_about(&client, &namespace, name).await,
+            &operator_events_about(&client, &namespace, name).await,
             before,
             "no new events about {name}"
         );

@@ -462,6 +462,30 @@ pub async fn events_about(
     namespace: &str,
     name: &str,
 ) -> Vec<(String, String, i32)> {
+    events_matching(client, namespace, name, |_| true).await
+}
+
+/// [`events_about`], only those the operator published: what steady-state tests compare.
+/// Other controllers' events arrive when their broadcasters get to them — the
+/// StatefulSet controller's `SuccessfulCreate` for a pod was seen landing seconds after the
+/// pod was Ready.
+pub async fn operator_events_about(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Vec<(String, String, i32)> {
+    events_matching(client, namespace, name, |e| {
+        e.reporting_controller.as_deref() == Some(devctl_operator::context::CONTROLLER_NAME)
+    })
+    .await
+}
+
+async fn events_matching(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    keep: impl Fn(&k8s_openapi::api::events::v1::Event) -> bool,
+) -> Vec<(String, String, i32)> {
     let events: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(client.clone(), namespace);
     events
@@ -471,6 +495,7 @@ pub async fn events_about(
         .items
         .into_iter()
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .filter(|e| keep(e))
         .map(|e| {
             let count = e.series.as_ref().map(|s| s.count).unwrap_or(1);
             (
