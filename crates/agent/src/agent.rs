@@ -1176,6 +1176,7 @@ impl Agent {
                     let why = self
                         .engine_exit_reason()
                         .await
+                        .filter(|_| log_explains_exit(&status))
                         .map(|line| format!(" — {line}"))
                         .unwrap_or_default();
                     if failures >= 2 && self.rejoin_deadline.is_some() {
@@ -2121,6 +2122,14 @@ impl Agent {
     }
 }
 
+/// Whether the engine's last error line can say why it exited with `status`: when it exited
+/// by itself or aborted (PostgreSQL's PANIC). Killed by any other signal (the OOM killer, a
+/// person), the last line is some earlier error — often a client's failed login — not why.
+fn log_explains_exit(status: &std::process::ExitStatus) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    status.signal().is_none_or(|signal| signal == libc::SIGABRT)
+}
+
 /// Since when a primary has seen the same number of its replicas streaming, fewer than
 /// expected: it probes fast for [`AWAITING_REPLICAS_FAST_FOR`] after each change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -2155,6 +2164,17 @@ impl AwaitingReplicas {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_exit_or_an_abort_takes_its_reason_from_the_log() {
+        use std::os::unix::process::ExitStatusExt;
+        use std::process::ExitStatus;
+        // wait(2) statuses: exit code in the high byte, terminating signal in the low bits.
+        assert!(log_explains_exit(&ExitStatus::from_raw(1 << 8)));
+        assert!(log_explains_exit(&ExitStatus::from_raw(libc::SIGABRT)));
+        assert!(!log_explains_exit(&ExitStatus::from_raw(libc::SIGKILL)));
+        assert!(!log_explains_exit(&ExitStatus::from_raw(libc::SIGSEGV)));
+    }
 
     #[test]
     fn a_primary_hurries_for_missing_replicas_for_a_minute_after_each_change() {
