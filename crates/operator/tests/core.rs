@@ -16,7 +16,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{
     OperatorProcess, TIMEOUT, assert_rejected, condition_status, events_about, is_ready,
-    operator_events_about,
+    operator_events_about, operator_warnings_about,
 };
 
 fn database(name: &str, replicas: i32, extra: serde_json::Value) -> DatabaseCluster {
@@ -108,6 +108,13 @@ async fn normalised_quantities_and_other_managers_elements_cause_no_writes_or_ev
     );
     dbs.create(&PostParams::default(), &db).await.unwrap();
     wait_db(&dbs, "halfcpu", "Ready", |db| is_ready(db, 1)).await;
+    // Under the generated least-privilege RBAC, creating a cluster meets no error on the way.
+    assert_eq!(
+        operator_warnings_about(&client, &namespace, "halfcpu").await,
+        [],
+        "operator logs:\n{}",
+        operator.logs()
+    );
 
     // Another manager injects a sidecar into the StatefulSet and adds an owner to the
     // ConfigMap: list elements that are theirs, not ours.

@@ -672,7 +672,8 @@ impl Applier {
     ///
     /// Children are applied in waves, in `desired` order: each workload (a StatefulSet or
     /// Deployment) waits for everything listed before it — the configuration, Secrets and
-    /// rights its pods read — and the children between two workloads are applied together
+    /// rights its pods read — except the bindings of those rights, which go with it one wave
+    /// after their Roles ([`waves`]); the children between two workloads are applied together
     /// ([`APPLIES_AT_ONCE`] at a time), so creating a cluster takes a few round trips instead
     /// of one per child. Children that are only created ([`Child::create_only`]) go first.
     pub async fn sync(
@@ -755,22 +756,35 @@ const APPLIES_AT_ONCE: usize = 8;
 /// Kinds whose pods read the children listed before them.
 const WORKLOADS: [&str; 2] = ["StatefulSet", "Deployment"];
 
-/// `desired` cut into waves: each workload alone, the children between workloads together.
+/// Kinds that name a child listed before them, which must exist first: binding a Role the
+/// operator may not `bind`, the API server checks the Role's rules and, with the Role not
+/// made yet, refuses the RoleBinding ("not found") — a failed reconcile per new cluster.
+const BINDINGS: [&str; 1] = ["RoleBinding"];
+
+/// `desired` cut into waves: each workload with the bindings listed before it, the other
+/// children between workloads together. A binding thus goes one wave after its Role and
+/// still before the pods that use it, at no extra round trip.
 fn waves(desired: &[Child]) -> Vec<Vec<&Child>> {
     // Children that must not exist yet go first, alone: one that exists after all stops
     // the sync before anything else is made.
     let first: Vec<&Child> = desired.iter().filter(|c| c.create_only).collect();
     let mut waves = vec![first];
     let mut current = Vec::new();
+    let mut bindings = Vec::new();
     for child in desired.iter().filter(|c| !c.create_only) {
         if WORKLOADS.contains(&child.kind) {
             waves.push(std::mem::take(&mut current));
-            waves.push(vec![child]);
+            let mut wave = std::mem::take(&mut bindings);
+            wave.push(child);
+            waves.push(wave);
+        } else if BINDINGS.contains(&child.kind) {
+            bindings.push(child);
         } else {
             current.push(child);
         }
     }
     waves.push(current);
+    waves.push(bindings);
     waves.retain(|wave| !wave.is_empty());
     waves
 }
@@ -890,6 +904,26 @@ mod tests {
         );
         let only = [child("Deployment", "x")];
         assert_eq!(waves(&only).len(), 1);
+
+        // A RoleBinding waits one wave for its Role: with the workload, or after the rest.
+        let rbac = [
+            child("Role", "r"),
+            child("RoleBinding", "rb"),
+            child("ConfigMap", "a"),
+            child("StatefulSet", "c"),
+            child("PodDisruptionBudget", "d"),
+        ];
+        let names: Vec<Vec<&str>> = waves(&rbac)
+            .iter()
+            .map(|w| w.iter().map(|c| c.name.as_str()).collect())
+            .collect();
+        assert_eq!(names, [vec!["r", "a"], vec!["rb", "c"], vec!["d"]]);
+        let no_workload = [child("Role", "r"), child("RoleBinding", "rb")];
+        let names: Vec<Vec<&str>> = waves(&no_workload)
+            .iter()
+            .map(|w| w.iter().map(|c| c.name.as_str()).collect())
+            .collect();
+        assert_eq!(names, [vec!["r"], vec!["rb"]]);
     }
 
     #[test]

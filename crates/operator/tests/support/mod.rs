@@ -480,6 +480,19 @@ pub async fn operator_events_about(
     .await
 }
 
+/// The operator's Warning events about `name`: a healthy create or update publishes none.
+pub async fn operator_warnings_about(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Vec<(String, String, i32)> {
+    events_matching(client, namespace, name, |e| {
+        e.reporting_controller.as_deref() == Some(devctl_operator::context::CONTROLLER_NAME)
+            && e.type_.as_deref() == Some("Warning")
+    })
+    .await
+}
+
 async fn events_matching(
     client: &kube::Client,
     namespace: &str,

@@ -203,7 +203,8 @@ pub fn desired(db: &DatabaseCluster, inputs: &Inputs<'_>) -> Result<Vec<Child>> 
     ];
     children.extend(secret::replication_desired(db, &names, inputs)?);
     children.extend(services::desired(db, &names, inputs)?);
-    // The agents' rights exist before the pods that use them.
+    // The agents' rights exist before the pods that use them (the RoleBinding goes with
+    // the StatefulSet, one wave after its Role: children::waves).
     children.extend(agent_rbac::desired(db, &names, inputs)?);
     // The primary lock exists before the pods whose agents take it.
     children.extend(lease::desired(db, &names, inputs)?);
