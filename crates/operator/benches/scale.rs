@@ -27,8 +27,10 @@
 //! - `writes while idle`: audit, write verbs during the idle phase (should be 0); any are
 //!   listed by verb and resource in `writes while idle by kind`.
 //! - `converge requests`, `… per cluster`, `converge writes`, `… per cluster`,
-//!   `converge requests by method`, `converge 5xx`, `converge 429`, `converge request errors`
-//!   (no response): metrics, snapshot taken as soon as every cluster is Ready.
+//!   `converge requests by method`, `converge 5xx`, `converge 429`, `converge 403` (the
+//!   operator runs under the generated least-privilege ClusterRole, as installed),
+//!   `converge request errors` (no response): metrics, snapshot taken as soon as every
+//!   cluster is Ready.
 //! - `converge reconciles databasecluster` (by result, and per cluster) and
 //!   `converge reconciles all controllers`: metrics, same snapshot.
 //! - `converge reconcile p50` / `p99`: metrics, quantiles of the DatabaseCluster controller's
@@ -52,7 +54,8 @@
 //!   500 ms); the bench then waits 10 s more.
 //! - `restart writes (audit)`: audit, operator writes from the restart until then (should be
 //!   0), listed in `restart writes by kind`; `restart requests`, `restart writes`,
-//!   `restart GET requests`, `restart requests by method`, `restart 5xx`, `restart 429`:
+//!   `restart GET requests`, `restart requests by method`, `restart 5xx`, `restart 429`,
+//!   `restart 403`:
 //!   metrics of the second process.
 //! - `restart operator CPU` / `restart operator RSS`: /proc, the second process at that point.
 //! - `calibration CPU`: thread CPU time of a fixed piece of work like the operator's (a pod's
@@ -81,6 +84,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The integration tests' set-up: the bench's operator gets the same generated rights.
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 const OPERATOR_USER: &str = "devctl-operator-bench";
 /// The `run_controller` name of the DatabaseCluster controller (its `controller` label).
@@ -518,6 +525,11 @@ impl Metrics {
         self.by_code(|c| c.parse::<u16>().is_ok_and(|c| c >= 500))
     }
 
+    /// Requests the operator's rights did not allow.
+    fn forbidden(&self) -> f64 {
+        self.by_code(|c| c == "403")
+    }
+
     fn throttled(&self) -> f64 {
         self.by_code(|c| c == "429")
     }
@@ -808,10 +820,10 @@ async fn main() -> Result<(), Error> {
 
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("operator.kubeconfig");
-    devctl_testenv::kubeconfig::write(
-        &cluster.kubeconfig_for(OPERATOR_USER, &["system:masters"])?,
-        &kubeconfig,
-    )?;
+    // The generated least-privilege rights, as `devctl operator install` grants them: a
+    // request they do not allow shows up as `converge 403`, not as a passing bench.
+    support::bind_rules(&cluster, OPERATOR_USER, devctl_operator::manifests::RULES).await;
+    devctl_testenv::kubeconfig::write(&cluster.kubeconfig_for(OPERATOR_USER, &[])?, &kubeconfig)?;
 
     // Converge: both watches, merged, until every cluster is Ready.
     let clusters = watcher(dbs.clone(), watcher::Config::default())
@@ -913,6 +925,7 @@ async fn main() -> Result<(), Error> {
     );
     row("converge 5xx", at_converge.server_errors());
     row("converge 429", at_converge.throttled());
+    row("converge 403", at_converge.forbidden());
     row("converge request errors", at_converge.failed());
     let reconciles = at_converge.reconciles(Some(CONTROLLER));
     row(
@@ -990,6 +1003,7 @@ async fn main() -> Result<(), Error> {
     row("restart requests by method", show_counts(&restart_methods));
     row("restart 5xx", after_restart.server_errors());
     row("restart 429", after_restart.throttled());
+    row("restart 403", after_restart.forbidden());
     row(
         "restart operator CPU",
         format!("{:.2} s", usage_restart.cpu_seconds),
