@@ -327,18 +327,18 @@ impl Instance {
             raw.and_then(|r| serde_json::from_str::<InstanceStatus>(r).ok())
                 .filter(|status| check(status))
         };
+        let pod = pods.get(&self.pod).await.unwrap();
+        let mut raw = raw_of(&pod);
+        if let Some(status) = matching(raw.as_deref()) {
+            return status;
+        }
+        let mut version = pod.metadata.resource_version.unwrap_or_default();
+        let params = WatchParams::default()
+            .fields(&format!("metadata.name={}", self.pod))
+            .timeout(60);
         loop {
-            let pod = pods.get(&self.pod).await.unwrap();
-            let mut raw = raw_of(&pod);
-            if let Some(status) = matching(raw.as_deref()) {
-                return status;
-            }
-            let version = pod.metadata.resource_version.clone().unwrap_or_default();
-            let params = WatchParams::default()
-                .fields(&format!("metadata.name={}", self.pod))
-                .timeout(60);
+            // From the last version seen, so no report between two watches is missed.
             let mut events = pods.watch(&params, &version).await.unwrap().boxed();
-            // Until the stream ends (then read and watch again) or the deadline passes.
             loop {
                 let ended =
                     match tokio::time::timeout(Duration::from_millis(500), events.next()).await {
@@ -347,12 +347,20 @@ impl Instance {
                             if let Some(status) = matching(raw.as_deref()) {
                                 return status;
                             }
+                            version = pod.metadata.resource_version.unwrap_or(version);
                             false
                         }
-                        Ok(Some(Ok(WatchEvent::Bookmark(_) | WatchEvent::Deleted(_)))) | Err(_) => {
+                        Ok(Some(Ok(WatchEvent::Bookmark(bookmark)))) => {
+                            version = bookmark.metadata.resource_version;
                             false
                         }
-                        Ok(Some(Ok(WatchEvent::Error(_)) | Err(_)) | None) => true,
+                        Ok(Some(Ok(WatchEvent::Deleted(_)))) | Err(_) => false,
+                        // The server's watch timeout: go on from where it stopped.
+                        Ok(None) => true,
+                        Ok(Some(Ok(WatchEvent::Error(e)))) => {
+                            panic!("watching pod {} for {what}: {e:?}", self.pod)
+                        }
+                        Ok(Some(Err(e))) => panic!("watching pod {} for {what}: {e}", self.pod),
                     };
                 if let Ok(Some(code)) = agent.child.try_wait() {
                     panic!(

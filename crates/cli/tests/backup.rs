@@ -254,6 +254,9 @@ async fn a_store_that_is_down_fails_the_backup_and_both_conditions_clear_when_it
     env.wait_ready_with("down", 1).await;
     env.shell_ok("down", "create table t (v int); insert into t values (1)")
         .await;
+    // BackupFailing stands until WAL archiving fails too (it outranks a failed backup):
+    // watched from before the store goes down.
+    let since = env.mark_db("down").await;
     s3.stop().await.unwrap();
 
     let kubeconfig = env.kubeconfig.clone();
@@ -302,7 +305,7 @@ async fn a_store_that_is_down_fails_the_backup_and_both_conditions_clear_when_it
                 .is_some_and(|(s, r, _)| s == "True" && r == reason)
         }
     };
-    env.wait_db("down", "Degraded BackupFailing", degraded("BackupFailing"))
+    env.wait_db_since(&since, "Degraded BackupFailing", degraded("BackupFailing"))
         .await;
     // WAL keeps coming; archiving it fails while the store is down.
     env.shell_ok("down", "insert into t select generate_series(1, 100000)")

@@ -112,7 +112,17 @@ async fn a_schedule_keeps_the_last_two_catches_up_once_and_pauses() {
         .to_string();
     env.start_operator();
     devctl_testenv::eventually("the catch-up backup", Duration::from_secs(30), || async {
-        (backups(&env, "sched").await.len() > before.len()).then_some(())
+        // A new name, not a larger count: keepLast deletes the oldest once the new one is done.
+        backups(&env, "sched")
+            .await
+            .iter()
+            .any(|b| {
+                b.metadata
+                    .name
+                    .as_ref()
+                    .is_some_and(|n| !before.contains(n))
+            })
+            .then_some(())
     })
     .await
     .unwrap();

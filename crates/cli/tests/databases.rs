@@ -120,12 +120,14 @@ async fn passwords_follow_the_secret_and_a_lost_secret_is_regenerated() {
     let refused = env.psql_login("pw-0", &old).await;
     assert!(!refused.status.success(), "the old password still logs in");
 
-    // The Secret is lost: a new password is generated and reaches the database.
+    // The Secret is lost: a new password is generated and reaches the database. The
+    // condition clears as soon as the agent applied it: watched from before the delete.
+    let since = env.mark_db("pw").await;
     secrets
         .delete("pw-credentials", &DeleteParams::default())
         .await
         .unwrap();
-    env.wait_db("pw", "CredentialsRegenerated", |db| {
+    env.wait_db_since(&since, "CredentialsRegenerated", |db| {
         condition(db, "Degraded")
             .is_some_and(|(s, r, _)| s == "True" && r == "CredentialsRegenerated")
     })

@@ -454,12 +454,14 @@ async fn without_auto_failover_a_lost_primary_is_reported_and_promote_fails_over
 
     // A human promotes fm-2; the operator is restarted in the middle of it: exactly one
     // failover, one Promoted event.
+    // The failover may be done within seconds of the promote: watched from before it.
+    let since = env.mark_db("fm").await;
     let kubeconfig = env.kubeconfig.clone();
     let promote = tokio::task::spawn_blocking(move || {
         support::devctl(&kubeconfig, &["db", "promote", "fm", "fm-2"])
     });
     assert!(promote.await.unwrap().status.success());
-    env.wait_db("fm", "a failover under way", |db| {
+    env.wait_db_since(&since, "a failover under way", |db| {
         db.status
             .as_ref()
             .is_some_and(|s| s.failed_primary.as_deref() == Some("fm-0"))

@@ -476,14 +476,22 @@ async fn a_deleted_credentials_secret_is_regenerated_and_reported() {
     let password = |s: &Secret| s.data.as_ref().unwrap()["password"].0.clone();
     let old = secrets.get("keys-credentials").await.unwrap();
 
+    // The condition clears once the instance reports the new password applied, within a
+    // second: watched from before the delete.
+    let since = devctl_testenv::watch::Since::now(&dbs, "keys")
+        .await
+        .unwrap();
     secrets
         .delete("keys-credentials", &DeleteParams::default())
         .await
         .unwrap();
-    let db = wait_db(&dbs, "keys", "Degraded with CredentialsRegenerated", |db| {
-        condition_status(db, "Degraded") == Some(("True".into(), "CredentialsRegenerated".into()))
-    })
-    .await;
+    let db = since
+        .until("Degraded with CredentialsRegenerated", TIMEOUT, |db| {
+            condition_status(db, "Degraded")
+                == Some(("True".into(), "CredentialsRegenerated".into()))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", operator.logs()));
     let status = db.status.unwrap();
     let message = &devctl_api::conditions::find(&status.conditions, "Degraded")
         .unwrap()

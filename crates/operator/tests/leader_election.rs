@@ -162,10 +162,11 @@ async fn holder_becomes(leases: &Api<Lease>, replica: &Replica, others: &[&Repli
                 == Some(identity.as_str())
         },
     );
-    if tokio::time::timeout(Duration::from_secs(90), wait)
-        .await
-        .is_err()
-    {
+    // A watch error is not a leader: only `Ok(Ok(_))` is.
+    if !matches!(
+        tokio::time::timeout(Duration::from_secs(90), wait).await,
+        Ok(Ok(_))
+    ) {
         let logs: Vec<String> = std::iter::once(replica)
             .chain(others.iter().copied())
             .map(|r| format!("--- {}:\n{}", r.identity, r.logs()))
@@ -201,7 +202,7 @@ async fn wait_ready(dbs: &Api<DatabaseCluster>, name: &str, replicas: &[&Replica
     let ready = await_condition(dbs.clone(), name, |db: Option<&DatabaseCluster>| {
         db.is_some_and(|d| is_ready(d, 1))
     });
-    if tokio::time::timeout(TIMEOUT, ready).await.is_err() {
+    if !matches!(tokio::time::timeout(TIMEOUT, ready).await, Ok(Ok(_))) {
         let logs: Vec<String> = replicas
             .iter()
             .map(|r| format!("--- {}:\n{}", r.identity, r.logs()))

@@ -24,6 +24,12 @@
 //! freeze, kill and hold, or cut off from the API server one pod's agent and its engine
 //! ([`PodRunner::freeze`], [`PodRunner::kill_and_hold`], [`PodRunner::partition`]).
 //!
+//! # Waiting for a state that may not last
+//! [`watch::Since`] reads an object's version before an action and then looks at every
+//! version after it, so a test sees a state the system moves past within a second (a
+//! condition during one failover step) however loaded the machine is; `await_condition` and
+//! polls start looking only when called.
+//!
 //! # Object store
 //! [`S3Server`] runs versitygw (an S3-compatible store, built from its pinned Go module by
 //! `tools/versitygw/build.sh`) over HTTPS on loopback with one bucket, its own CA and random
@@ -39,6 +45,7 @@ pub mod pki;
 pub mod pod_runner;
 pub mod process;
 pub mod s3;
+pub mod watch;
 pub mod workload;
 
 use std::time::Duration;

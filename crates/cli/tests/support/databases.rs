@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use devctl_api::database_cluster::DatabaseCluster;
 use devctl_api::instance::{InstanceStatus, STATUS_ANNOTATION};
+use devctl_testenv::watch::Since;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
@@ -145,6 +146,41 @@ impl Env {
                 let current = api.get_opt(name).await.ok().flatten();
                 panic!(
                     "{name}: {what} ({other:?}) within {READY_TIMEOUT:?}\nstatus: {:#?}\nagent log:\n{}",
+                    current.and_then(|d| d.status),
+                    self.agent_log(&format!("{name}-0"))
+                )
+            }
+        }
+    }
+
+    /// The cluster `name`'s version now: before an action whose effect may not last (see
+    /// [`devctl_testenv::watch`]), for [`Env::wait_db_since`].
+    pub async fn mark_db(&self, name: &str) -> Since<DatabaseCluster> {
+        Since::now(&self.api::<DatabaseCluster>(), name)
+            .await
+            .unwrap()
+    }
+
+    /// [`Env::wait_db`] for a state that may stand only briefly: looks at every version
+    /// of the cluster after `since`.
+    pub async fn wait_db_since(
+        &self,
+        since: &Since<DatabaseCluster>,
+        what: &str,
+        condition: impl Fn(&DatabaseCluster) -> bool,
+    ) -> DatabaseCluster {
+        match since.until(what, READY_TIMEOUT, condition).await {
+            Ok(db) => db,
+            Err(e) => {
+                let name = since.name();
+                let current = self
+                    .api::<DatabaseCluster>()
+                    .get_opt(name)
+                    .await
+                    .ok()
+                    .flatten();
+                panic!(
+                    "{name}: {e}\nstatus: {:#?}\nagent log:\n{}",
                     current.and_then(|d| d.status),
                     self.agent_log(&format!("{name}-0"))
                 )
