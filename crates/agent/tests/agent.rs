@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use devctl_api::database_cluster::{DatabaseCluster, DatabaseClusterSpec};
 use devctl_api::instance::{InstanceStatus, STATUS_ANNOTATION, env};
+use devctl_testenv::watch::Since;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -313,69 +314,40 @@ impl Instance {
         agent: &mut Agent,
         check: impl Fn(&InstanceStatus) -> bool,
     ) -> InstanceStatus {
-        use futures::StreamExt;
-        use kube::api::{WatchEvent, WatchParams};
-        let deadline = tokio::time::Instant::now() + timeout;
-        let pods = self.pods().await;
-        let raw_of = |pod: &Pod| {
+        let report_of = |pod: &Pod| {
             pod.metadata
                 .annotations
                 .as_ref()
-                .and_then(|a| a.get(STATUS_ANNOTATION).cloned())
-        };
-        let matching = |raw: Option<&str>| {
-            raw.and_then(|r| serde_json::from_str::<InstanceStatus>(r).ok())
+                .and_then(|a| a.get(STATUS_ANNOTATION))
+                .and_then(|r| serde_json::from_str::<InstanceStatus>(r).ok())
                 .filter(|status| check(status))
         };
+        let pods = self.pods().await;
         let pod = pods.get(&self.pod).await.unwrap();
-        let mut raw = raw_of(&pod);
-        if let Some(status) = matching(raw.as_deref()) {
+        if let Some(status) = report_of(&pod) {
             return status;
         }
-        let mut version = pod.metadata.resource_version.unwrap_or_default();
-        let params = WatchParams::default()
-            .fields(&format!("metadata.name={}", self.pod))
-            .timeout(60);
+        let since = Since::after(&pods, &pod);
+        let wait = since.until(what, timeout, |pod| report_of(pod).is_some());
+        let mut wait = std::pin::pin!(wait);
         loop {
-            // From the last version seen, so no report between two watches is missed.
-            let mut events = pods.watch(&params, &version).await.unwrap().boxed();
-            loop {
-                let ended =
-                    match tokio::time::timeout(Duration::from_millis(500), events.next()).await {
-                        Ok(Some(Ok(WatchEvent::Added(pod) | WatchEvent::Modified(pod)))) => {
-                            raw = raw_of(&pod);
-                            if let Some(status) = matching(raw.as_deref()) {
-                                return status;
-                            }
-                            version = pod.metadata.resource_version.unwrap_or(version);
-                            false
-                        }
-                        Ok(Some(Ok(WatchEvent::Bookmark(bookmark)))) => {
-                            version = bookmark.metadata.resource_version;
-                            false
-                        }
-                        Ok(Some(Ok(WatchEvent::Deleted(_)))) | Err(_) => false,
-                        // The server's watch timeout: go on from where it stopped.
-                        Ok(None) => true,
-                        Ok(Some(Ok(WatchEvent::Error(e)))) => {
-                            panic!("watching pod {} for {what}: {e:?}", self.pod)
-                        }
-                        Ok(Some(Err(e))) => panic!("watching pod {} for {what}: {e}", self.pod),
-                    };
-                if let Ok(Some(code)) = agent.child.try_wait() {
-                    panic!(
-                        "agent exited ({code}) while waiting for {what}; report {raw:?}\n{}",
+            tokio::select! {
+                found = &mut wait => match found.map(|pod| report_of(&pod)) {
+                    Ok(Some(status)) => return status,
+                    other => panic!(
+                        "{other:?}; report {:?}\n{}",
+                        self.annotation().await,
                         agent.logs()
-                    );
-                }
-                if tokio::time::Instant::now() > deadline {
-                    panic!(
-                        "timed out after {timeout:?} waiting for {what}; report {raw:?}\n{}",
-                        agent.logs()
-                    );
-                }
-                if ended {
-                    break;
+                    ),
+                },
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                    if let Ok(Some(code)) = agent.child.try_wait() {
+                        panic!(
+                            "agent exited ({code}) while waiting for {what}; report {:?}\n{}",
+                            self.annotation().await,
+                            agent.logs()
+                        );
+                    }
                 }
             }
         }

@@ -33,12 +33,16 @@ where
 {
     /// Reads `name`'s current version. Call it before the action.
     pub async fn now(api: &Api<K>, name: &str) -> Result<Self, Error> {
-        let object = api.get(name).await?;
-        Ok(Self {
+        Ok(Self::after(api, &api.get(name).await?))
+    }
+
+    /// The version of `object`, already read (e.g. to check it first).
+    pub fn after(api: &Api<K>, object: &K) -> Self {
+        Self {
             api: api.clone(),
-            name: name.to_string(),
+            name: object.meta().name.clone().unwrap_or_default(),
             version: object.meta().resource_version.clone().unwrap_or_default(),
-        })
+        }
     }
 
     /// The object's name.

@@ -878,27 +878,28 @@ mod tests {
             live: None,
             create_only: false,
         };
+        let names_in_waves = |desired: &[Child]| -> Vec<Vec<String>> {
+            waves(desired)
+                .iter()
+                .map(|w| w.iter().map(|c| c.name.clone()).collect())
+                .collect()
+        };
         let desired = [
             child("ConfigMap", "a"),
             child("Secret", "b"),
             child("StatefulSet", "c"),
             child("PodDisruptionBudget", "d"),
         ];
-        let names: Vec<Vec<&str>> = waves(&desired)
-            .iter()
-            .map(|w| w.iter().map(|c| c.name.as_str()).collect())
-            .collect();
-        assert_eq!(names, [vec!["a", "b"], vec!["c"], vec!["d"]]);
+        assert_eq!(
+            names_in_waves(&desired),
+            [vec!["a", "b"], vec!["c"], vec!["d"]]
+        );
         assert!(waves(&[]).is_empty());
         let mut create = child("Secret", "e");
         create.create_only = true;
         let with_create = [child("ConfigMap", "a"), create, child("StatefulSet", "c")];
-        let names: Vec<Vec<&str>> = waves(&with_create)
-            .iter()
-            .map(|w| w.iter().map(|c| c.name.as_str()).collect())
-            .collect();
         assert_eq!(
-            names,
+            names_in_waves(&with_create),
             [vec!["e"], vec!["a"], vec!["c"]],
             "creates first, alone"
         );
@@ -913,17 +914,12 @@ mod tests {
             child("StatefulSet", "c"),
             child("PodDisruptionBudget", "d"),
         ];
-        let names: Vec<Vec<&str>> = waves(&rbac)
-            .iter()
-            .map(|w| w.iter().map(|c| c.name.as_str()).collect())
-            .collect();
-        assert_eq!(names, [vec!["r", "a"], vec!["rb", "c"], vec!["d"]]);
+        assert_eq!(
+            names_in_waves(&rbac),
+            [vec!["r", "a"], vec!["rb", "c"], vec!["d"]]
+        );
         let no_workload = [child("Role", "r"), child("RoleBinding", "rb")];
-        let names: Vec<Vec<&str>> = waves(&no_workload)
-            .iter()
-            .map(|w| w.iter().map(|c| c.name.as_str()).collect())
-            .collect();
-        assert_eq!(names, [vec!["r"], vec!["rb"]]);
+        assert_eq!(names_in_waves(&no_workload), [vec!["r"], vec!["rb"]]);
     }
 
     #[test]

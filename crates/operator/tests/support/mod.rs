@@ -474,10 +474,7 @@ pub async fn operator_events_about(
     namespace: &str,
     name: &str,
 ) -> Vec<(String, String, i32)> {
-    events_matching(client, namespace, name, |e| {
-        e.reporting_controller.as_deref() == Some(devctl_operator::context::CONTROLLER_NAME)
-    })
-    .await
+    events_matching(client, namespace, name, published_by_the_operator).await
 }
 
 /// The operator's Warning events about `name`: a healthy create or update publishes none.
@@ -487,10 +484,13 @@ pub async fn operator_warnings_about(
     name: &str,
 ) -> Vec<(String, String, i32)> {
     events_matching(client, namespace, name, |e| {
-        e.reporting_controller.as_deref() == Some(devctl_operator::context::CONTROLLER_NAME)
-            && e.type_.as_deref() == Some("Warning")
+        published_by_the_operator(e) && e.type_.as_deref() == Some("Warning")
     })
     .await
+}
+
+fn published_by_the_operator(event: &k8s_openapi::api::events::v1::Event) -> bool {
+    event.reporting_controller.as_deref() == Some(devctl_operator::context::CONTROLLER_NAME)
 }
 
 async fn events_matching(
