@@ -61,15 +61,52 @@ fn invoked_as_kubectl_plugin() -> bool {
 }
 
 /// `Cli::parse()`, except that help and usage say `kubectl devctl` when run as the kubectl
-/// plugin (clap would otherwise show argv[0]'s file name, `kubectl-devctl`). Behaviour is
-/// otherwise identical.
+/// plugin (clap would otherwise show argv[0]'s file name, `kubectl-devctl`), and that a usage
+/// error (unknown flag, invalid value, missing argument) is one line on stderr, like every other
+/// error of devctl, with clap's exit code (2).
 fn parse_args() -> Cli {
     let mut command = Cli::command();
     if invoked_as_kubectl_plugin() {
         command = command.bin_name("kubectl devctl");
     }
-    let matches = command.clone().get_matches();
-    Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.format(&mut command).exit())
+    let parsed = command
+        .clone()
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches));
+    match parsed {
+        Ok(cli) => cli,
+        Err(error) => {
+            let error = error.format(&mut command);
+            if matches!(
+                error.kind(),
+                clap::error::ErrorKind::DisplayHelp
+                    | clap::error::ErrorKind::DisplayVersion
+                    | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                error.exit()
+            }
+            eprintln!("{}", one_line(&error.render().to_string()));
+            std::process::exit(error.exit_code())
+        }
+    }
+}
+
+/// clap's error message as one line: its first paragraph (the error and what it names) and its
+/// tips, without the usage block and the "For more information" hint.
+fn one_line(rendered: &str) -> String {
+    let mut paragraphs = rendered.split("\n\n").map(|paragraph| {
+        paragraph
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ")
+    });
+    let mut line = paragraphs.next().unwrap_or_default();
+    for tip in paragraphs.filter(|p| p.starts_with("tip:")) {
+        line.push_str(&format!(" ({tip})"));
+    }
+    line
 }
 
 #[tokio::main]

@@ -61,6 +61,12 @@ fn invalid_flag_values_fail_with_the_reason() {
         None,
     );
     assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out).lines().count(),
+        1,
+        "one line: {}",
+        stderr(&out)
+    );
     let first = stderr(&out).lines().next().unwrap_or_default().to_string();
     assert!(
         first.starts_with("error: invalid value '9' for '--replicas"),
@@ -88,6 +94,33 @@ fn invalid_flag_values_fail_with_the_reason() {
         "{}",
         stderr(&out)
     );
+}
+
+#[test]
+fn usage_errors_are_one_line() {
+    for (args, says) in [
+        (
+            &["db", "create", "x"][..],
+            "the following required arguments were not provided: --version <VERSION>",
+        ),
+        (
+            &["db", "stauts", "x"][..],
+            "unrecognized subcommand 'stauts'",
+        ),
+        (
+            &["db", "list", "--colour"][..],
+            "unexpected argument '--colour'",
+        ),
+    ] {
+        let out = run(args, None);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.starts_with("error: ") && err.contains(says),
+            "{args:?}: {err}"
+        );
+    }
 }
 
 #[test]

@@ -14,9 +14,9 @@
 //! wrong chart.
 //!
 //! Differences from `devctl operator install`, all documented in docs/helm.md:
-//! - no Namespace object: Helm stores its release in the namespace, so it has to exist first
-//!   (`--create-namespace`); the release namespace must be [`NAMESPACE`] (the webhook
-//!   configurations, the CRD conversion stanza and the bindings name it), which the chart checks;
+//! - the Namespace object only when the release lives elsewhere: every object goes to
+//!   [`NAMESPACE`] (the webhook configurations, the CRD conversion stanza and the bindings name
+//!   it), and a release inside it needs it before Helm installs anything (`--create-namespace`);
 //! - `app.kubernetes.io/managed-by` is Helm's `.Release.Service`, and `helm.sh/chart` is added;
 //! - CRDs carry the standard labels and `helm.sh/resource-policy: keep` (they live in
 //!   `templates/`, not `crds/`, so upgrades update them, and uninstall keeps them with the
@@ -113,8 +113,11 @@ pub fn chart() -> Result<Vec<ChartFile>, ChartError> {
             ));
         }
         match kind {
-            // Helm needs the namespace before it installs anything (it keeps the release
-            // there): `helm install --create-namespace`, labelled as NOTES.txt says.
+            // Released in the operator's namespace, Helm needs it before it installs
+            // anything (`-n devctl-system --create-namespace`, labelled as NOTES.txt says);
+            // released anywhere else (plain `helm install devctl deploy/helm/devctl`), the
+            // chart creates it as `devctl operator install` does, and uninstall removes it
+            // with what the operator made inside it (its certificate Secret, its Leases).
             "Namespace" => {
                 if let Some(labels) = object["metadata"]["labels"].as_object() {
                     namespace_labels = labels
@@ -123,6 +126,13 @@ pub fn chart() -> Result<Vec<ChartFile>, ChartError> {
                         .map(|(k, v)| (k.clone(), v.clone()))
                         .collect();
                 }
+                files.push(file(
+                    &format!("templates/namespace-{name}.yaml"),
+                    format!(
+                        "{HEADER}# Created by the chart unless the release lives in it (then Helm's --create-namespace made it).\n{{{{- if ne .Release.Namespace {name:?} }}}}\n{}{{{{- end }}}}\n",
+                        render(object, &standard)?
+                    ),
+                ));
             }
             "CustomResourceDefinition" => crds.push(render(object, &standard)?),
             _ => {
@@ -278,14 +288,11 @@ Regenerate: DEVCTL_UPDATE_MANIFESTS=1 cargo test -p devctl-operator --test helm_
 {{{{- end }}}}
 
 {{{{/*
-Refuses what cannot work. The webhook configurations, the CRD conversion stanza and the
-RoleBindings' subjects name the operator's namespace, so the release must live there. Without
-leader election, several replicas would all reconcile at once.
+Refuses what cannot work: without leader election, several replicas would all reconcile at
+once. (The objects always go to {NAMESPACE}, whatever the release's namespace: the webhook
+configurations, the CRD conversion stanza and the bindings name it.)
 */}}}}
 {{{{- define "devctl.checks" -}}}}
-{{{{- if ne .Release.Namespace "{NAMESPACE}" }}}}
-{{{{- fail (printf "the devctl chart installs into namespace {NAMESPACE} only (got %q): helm install devctl deploy/helm/devctl -n {NAMESPACE} --create-namespace" .Release.Namespace) }}}}
-{{{{- end }}}}
 {{{{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}}}
 {{{{- fail "replicaCount > 1 needs leaderElection.enabled: replicas without leader election would all reconcile the same objects" }}}}
 {{{{- end }}}}
@@ -303,13 +310,13 @@ fn notes(namespace_labels: &Map<String, Value>) -> Result<String, ChartError> {
         String::new()
     } else {
         format!(
-            "\n`devctl operator install` labels the namespace so the operator's pods are held to\nPod Security Standards; with Helm, do it once yourself:\n\n  kubectl label namespace {{{{ .Release.Namespace }}}} {}\n",
+            "{{{{- if eq .Release.Namespace \"{NAMESPACE}\" }}}}\n\n`devctl operator install` labels the namespace so the operator's pods are held to\nPod Security Standards; with --create-namespace, do it once yourself:\n\n  kubectl label namespace {NAMESPACE} {}\n{{{{- end }}}}\n",
             labels.join(" ")
         )
     };
     Ok(format!(
         r#"{{{{- include "devctl.checks" . -}}}}
-The devctl operator ({{{{ include "devctl.image" . }}}}) is installed in {{{{ .Release.Namespace }}}},
+The devctl operator ({{{{ include "devctl.image" . }}}}) is installed in {NAMESPACE},
 {{{{- if .Values.watchNamespaces }}}}
 watching: {{{{ join ", " {WATCHED_LIST} }}}}.
 {{{{- else }}}}
@@ -682,7 +689,7 @@ mod tests {
     }
 
     #[test]
-    fn every_object_but_the_namespace_is_in_the_chart() {
+    fn every_object_is_in_the_chart() {
         let files = chart().unwrap();
         let all: String = files.iter().map(|f| f.contents.as_str()).collect();
         for object in manifests::manifests(&InstallOptions {
@@ -696,11 +703,26 @@ mod tests {
             let kind = object["kind"].as_str().unwrap();
             let found = all.contains(&format!("kind: {kind}\nmetadata:"))
                 && all.contains(&format!("  name: {name}\n"));
-            assert_eq!(found, kind != "Namespace", "{kind} {name}");
+            assert!(found, "{kind} {name}");
         }
         assert!(!all.contains(TOKEN), "every placeholder is replaced");
         assert!(!all.contains(WATCHED), "the watched namespace is templated");
         assert!(!all.contains(manifests::INSTALL_FIELD_MANAGER));
+    }
+
+    #[test]
+    fn the_chart_creates_the_namespace_unless_the_release_lives_in_it() {
+        let files = chart().unwrap();
+        let namespace = contents(&files, &format!("templates/namespace-{NAMESPACE}.yaml"));
+        assert!(namespace.contains(&format!(
+            "{{{{- if ne .Release.Namespace \"{NAMESPACE}\" }}}}\napiVersion: v1\nkind: Namespace\n"
+        )));
+        assert!(namespace.contains("pod-security.kubernetes.io/enforce: restricted"));
+        let helpers = contents(&files, "templates/_helpers.tpl");
+        assert!(
+            !helpers.contains(".Release.Namespace"),
+            "any release namespace works"
+        );
     }
 
     #[test]

@@ -83,9 +83,10 @@ struct Args {
     #[arg(long, env = "DEVCTL_DEFAULT_BACKUP_SECRET")]
     default_backup_secret: Option<String>,
     /// Address of the HTTPS admission and conversion webhooks; `off` disables them (then
-    /// nothing validates beyond the CRD schema and v1alpha1 cannot be read). Default:
-    /// 0.0.0.0:9443 in a cluster or with --webhook-url, else off (the configurations name
-    /// the in-cluster Service, which an operator outside the cluster is not behind).
+    /// nothing validates beyond the CRD schema and v1alpha1 cannot be read). Default: the
+    /// port of --webhook-url when given (9443 if it names none), else 0.0.0.0:9443 in a
+    /// cluster, else off (the configurations name the in-cluster Service, which an operator
+    /// outside the cluster is not behind).
     #[arg(long, env = "DEVCTL_WEBHOOK_BIND_ADDRESS")]
     webhook_bind_address: Option<String>,
     /// URL the API server calls the webhooks at (e.g. https://127.0.0.1:9443) instead of the
@@ -148,6 +149,15 @@ async fn kube_config(args: &Args) -> anyhow::Result<kube::Config> {
             .context("no kubeconfig and not running in a cluster")?,
     };
     Ok(config)
+}
+
+/// The port the API server calls a `--webhook-url` at: the URL's own, or the webhook port
+/// when it names none (a proxy in front, or a malformed URL that the check below refuses).
+fn webhook_url_port(url: &str) -> u16 {
+    url.parse::<http::Uri>()
+        .ok()
+        .and_then(|uri| uri.port_u16())
+        .unwrap_or(devctl_operator::webhook::PORT)
 }
 
 async fn shutdown_signal() {
@@ -251,10 +261,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // Every replica serves the webhooks, leader or not, from the start.
     let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
     let webhook_bind_address = args.webhook_bind_address.clone().unwrap_or_else(|| {
-        if in_cluster || args.webhook_url.is_some() {
-            format!("0.0.0.0:{}", devctl_operator::webhook::PORT)
-        } else {
-            "off".into()
+        match &args.webhook_url {
+            // The API server calls the URL: listen on its port.
+            Some(url) => format!("0.0.0.0:{}", webhook_url_port(url)),
+            None if in_cluster => format!("0.0.0.0:{}", devctl_operator::webhook::PORT),
+            None => "off".into(),
         }
     });
     let _webhooks = if webhook_bind_address == "off" {
@@ -342,5 +353,20 @@ async fn stop_server(
     let _ = stop.send(());
     if let Some(server) = server {
         let _ = server.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_webhooks_listen_where_their_url_points() {
+        assert_eq!(webhook_url_port("https://127.0.0.1:19443"), 19443);
+        assert_eq!(webhook_url_port("https://127.0.0.1:19443/"), 19443);
+        assert_eq!(
+            webhook_url_port("https://webhooks.example"),
+            devctl_operator::webhook::PORT
+        );
     }
 }

@@ -273,7 +273,7 @@ fn webhook_objects() -> Vec<Value> {
             "metadata": { "name": settings.service_name, "namespace": NAMESPACE, "labels": labels() },
             "spec": {
                 "selector": { "app.kubernetes.io/name": NAME, "app.kubernetes.io/instance": NAME },
-                "ports": [{ "name": "webhook", "port": crate::webhook::configuration::SERVICE_PORT, "targetPort": "webhook", "protocol": "TCP" }],
+                "ports": [{ "name": "webhook", "port": crate::webhook::configuration::SERVICE_PORT, "targetPort": crate::webhook::PORT, "protocol": "TCP" }],
             }
         }),
         crate::webhook::configuration::validating(&settings, ""),

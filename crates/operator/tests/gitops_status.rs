@@ -20,6 +20,9 @@ use support::{TIMEOUT, is_ready};
 /// Every stored version of the objects an `Api` sees, as JSON, in order.
 struct Recorder {
     seen: Arc<Mutex<Vec<Value>>>,
+    /// Set when the watch had to list again (its version expired): the versions stored in
+    /// between were never delivered, so the history has a hole and proves nothing.
+    relisted: Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -37,9 +40,11 @@ impl Recorder {
     {
         use kube::runtime::watcher::Event;
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let relisted = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (listed, is_listed) = tokio::sync::oneshot::channel();
         let task = {
             let seen = seen.clone();
+            let relisted = relisted.clone();
             tokio::spawn(async move {
                 let mut listed = Some(listed);
                 let mut stream = std::pin::pin!(kube::runtime::watcher(api, Default::default()));
@@ -55,6 +60,10 @@ impl Recorder {
                                 let _ = listed.send(());
                             }
                         }
+                        // A second list after the first: the watch lost its place.
+                        Ok(Event::Init) if listed.is_none() => {
+                            relisted.store(true, std::sync::atomic::Ordering::SeqCst);
+                        }
                         _ => {}
                     }
                 }
@@ -64,11 +73,20 @@ impl Recorder {
             .await
             .expect("the recorder's watch did not list within the timeout")
             .unwrap();
-        Self { seen, task }
+        Self {
+            seen,
+            relisted,
+            task,
+        }
     }
 
     /// The versions recorded since `from` (an index into the history).
     fn since(&self, from: usize) -> Vec<Value> {
+        assert!(
+            !self.relisted.load(std::sync::atomic::Ordering::SeqCst),
+            "the recorder's watch listed again (its resourceVersion expired): versions stored \
+             meanwhile were not delivered, so the history cannot show every version"
+        );
         self.seen.lock().unwrap()[from..].to_vec()
     }
 

@@ -763,15 +763,48 @@ async fn promote(
         name,
         Duration::from_secs(timeout),
         progress,
-        move |db| {
-            db.and_then(|d| d.status.as_ref()).is_some_and(|s| {
-                s.current_primary.as_deref() == Some(target.as_str()) && s.target_primary.is_none()
-            }) && is_ready(db)
-        },
+        move |db| promoted(db, &target) || switchover_refused(db, &target),
     )
     .await?;
-    println!("{pod} is the primary");
-    Ok(())
+    if promoted(Some(&get(connection, api, name).await?), pod) {
+        println!("{pod} is the primary");
+        return Ok(());
+    }
+    // The operator answered the request without taking it up; its event says why.
+    let why = pods_and_events(connection, None, name)
+        .await
+        .events
+        .ok()
+        .and_then(|events| {
+            events
+                .into_iter()
+                .rev()
+                .find(|e| e.reason.as_deref() == Some(SWITCHOVER_REFUSED))
+                .and_then(|e| e.note)
+        })
+        .unwrap_or_else(|| format!("see `devctl db status {name}`"));
+    anyhow::bail!("the operator refused the switchover of databasecluster {name} to {pod}: {why}")
+}
+
+/// The event reason of a switchover request the operator did not take up.
+const SWITCHOVER_REFUSED: &str = "SwitchoverRefused";
+
+/// `pod` is the ready primary and no switchover is under way.
+fn promoted(db: Option<&DatabaseCluster>, pod: &str) -> bool {
+    db.and_then(|d| d.status.as_ref())
+        .is_some_and(|s| s.current_primary.as_deref() == Some(pod) && s.target_primary.is_none())
+        && is_ready(db)
+}
+
+/// The request is gone (the operator answers every request by removing it), yet no switchover
+/// to `pod` is under way or done: refused.
+fn switchover_refused(db: Option<&DatabaseCluster>, pod: &str) -> bool {
+    db.is_some_and(|d| {
+        !d.annotations().contains_key(SWITCHOVER_ANNOTATION)
+            && d.status.as_ref().is_none_or(|s| {
+                s.target_primary.is_none() && s.current_primary.as_deref() != Some(pod)
+            })
+    })
 }
 
 async fn credentials(
@@ -834,4 +867,49 @@ async fn credentials(
         eprintln!("(password masked; pass --show-password to print it)");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(annotation: Option<&str>, current: &str, target: Option<&str>) -> DatabaseCluster {
+        serde_json::from_value(json!({
+            "apiVersion": "db.devctl.io/v1beta1",
+            "kind": "DatabaseCluster",
+            "metadata": {
+                "name": "db",
+                "generation": 1,
+                "annotations": annotation.map(|pod| json!({ SWITCHOVER_ANNOTATION: pod })),
+            },
+            "spec": { "engine": "postgres", "version": "16.4", "storage": { "size": "1Gi" } },
+            "status": {
+                "observedGeneration": 1,
+                "currentPrimary": current,
+                "targetPrimary": target,
+                "conditions": [{
+                    "type": "Ready", "status": "True", "reason": "Ready", "message": "",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }],
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_promote_wait_ends_when_the_request_is_refused_not_at_its_timeout() {
+        // Asked, not yet answered.
+        let asked = cluster(Some("db-1"), "db-0", None);
+        assert!(!promoted(Some(&asked), "db-1") && !switchover_refused(Some(&asked), "db-1"));
+        // Taken up: the status names the target, then the request goes.
+        let under_way = cluster(None, "db-0", Some("db-1"));
+        assert!(!switchover_refused(Some(&under_way), "db-1"));
+        // Done.
+        let done = cluster(None, "db-1", None);
+        assert!(promoted(Some(&done), "db-1") && !switchover_refused(Some(&done), "db-1"));
+        // Answered without a switchover: refused.
+        let refused = cluster(None, "db-0", None);
+        assert!(switchover_refused(Some(&refused), "db-1"));
+        assert!(!promoted(Some(&refused), "db-1"));
+    }
 }

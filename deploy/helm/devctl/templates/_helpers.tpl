@@ -20,14 +20,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- end }}
 
 {{/*
-Refuses what cannot work. The webhook configurations, the CRD conversion stanza and the
-RoleBindings' subjects name the operator's namespace, so the release must live there. Without
-leader election, several replicas would all reconcile at once.
+Refuses what cannot work: without leader election, several replicas would all reconcile at
+once. (The objects always go to devctl-system, whatever the release's namespace: the webhook
+configurations, the CRD conversion stanza and the bindings name it.)
 */}}
 {{- define "devctl.checks" -}}
-{{- if ne .Release.Namespace "devctl-system" }}
-{{- fail (printf "the devctl chart installs into namespace devctl-system only (got %q): helm install devctl deploy/helm/devctl -n devctl-system --create-namespace" .Release.Namespace) }}
-{{- end }}
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}
 {{- fail "replicaCount > 1 needs leaderElection.enabled: replicas without leader election would all reconcile the same objects" }}
 {{- end }}
