@@ -316,6 +316,23 @@ async fn a_store_that_is_down_fails_the_backup_and_both_conditions_clear_when_it
         degraded("WALArchivingFailing"),
     )
     .await;
+    // Each has its own condition too: both stand while the store is down (Degraded names one).
+    let failing = |want: &'static str| {
+        move |db: &DatabaseCluster| {
+            ["BackupFailing", "WALArchivingFailing"]
+                .iter()
+                .all(|type_| {
+                    support::databases::condition(db, type_)
+                        .is_some_and(|(s, r, _)| s == want && (want == "False" || r == *type_))
+                })
+        }
+    };
+    env.wait_db(
+        "down",
+        "BackupFailing=True and WALArchivingFailing=True",
+        failing("True"),
+    )
+    .await;
     // Nothing half-written is reported complete.
     assert!(
         s3.objects("")
@@ -325,7 +342,16 @@ async fn a_store_that_is_down_fails_the_backup_and_both_conditions_clear_when_it
         s3.objects("")
     );
 
+    // Both clear when the store returns, before any new backup: WAL reaches it again.
     s3.restart().await.unwrap();
+    env.shell_ok("down", "insert into t select generate_series(1, 500000)")
+        .await;
+    env.wait_db(
+        "down",
+        "BackupFailing=False and WALArchivingFailing=False once the store is back",
+        failing("False"),
+    )
+    .await;
     let ok = backup_ok(&env, "down").await;
     assert_eq!(ok.status.unwrap().phase, Some(BackupPhase::Completed));
     env.wait_db("down", "not Degraded", |db| {

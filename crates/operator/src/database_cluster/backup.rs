@@ -378,12 +378,21 @@ pub fn pod_annotations(
 /// A `Degraded` reason and its message.
 pub type Problem = (&'static str, String);
 
+/// Whether backups and WAL archiving work, each on its own (`None`: they do), for the
+/// `BackupFailing` and `WALArchivingFailing` conditions.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Health {
+    pub backup_failing: Option<String>,
+    pub wal_archiving_failing: Option<String>,
+}
+
 /// What the agents report about backups (pure): the problem to show on the cluster, if any,
-/// and the newest completed backup (stop time, name).
+/// the newest completed backup (stop time, name), and the health of backups and archiving
+/// (`None` when the cluster has no backups configured).
 pub fn observe(
     pods: &[&k8s_openapi::api::core::v1::Pod],
     store: &Resolved,
-) -> (Option<Problem>, Option<(String, String)>) {
+) -> (Option<Problem>, Option<(String, String)>, Option<Health>) {
     use super::status::{BACKUP_FAILING, RESTORE_SOURCE_UNAVAILABLE, WAL_ARCHIVING_FAILING};
     use devctl_api::instance::InstanceStatus;
     let reports: Vec<InstanceStatus> = pods
@@ -404,37 +413,122 @@ pub fn observe(
         .iter()
         .filter_map(|r| r.wal_archive.as_ref())
         .find(|w| w.failing);
+    let archived_at = reports
+        .iter()
+        .filter_map(|r| r.wal_archive.as_ref())
+        .filter(|w| !w.failing)
+        .filter_map(|w| w.last_archived_at.clone())
+        .max();
+    // A failed backup stops counting once the store has taken WAL again after it (the store
+    // is back), or once a newer backup is reported.
+    let backup_failing = store.destination_problem.clone().or_else(|| {
+        newest
+            .filter(|b| b.phase == "Failed")
+            .filter(|failed| {
+                let ended = failed.stopped_at.as_ref().or(failed.started_at.as_ref());
+                archived_at.as_ref().is_none_or(|at| Some(at) <= ended)
+            })
+            .map(|failed| {
+                format!(
+                    "the last backup {} failed: {}",
+                    failed.name,
+                    failed.error.as_deref().unwrap_or("no reason given")
+                )
+            })
+    });
+    let wal_archiving_failing = archive_failing.map(|archive| {
+        format!(
+            "WAL archiving fails: {}",
+            archive.error.as_deref().unwrap_or("no reason given")
+        )
+    });
     let problem = if let Some(why) = &store.destination_problem {
         Some((BACKUP_FAILING, why.clone()))
-    } else if let Some(archive) = archive_failing {
-        Some((
-            WAL_ARCHIVING_FAILING,
-            format!(
-                "WAL archiving fails: {}",
-                archive.error.as_deref().unwrap_or("no reason given")
-            ),
-        ))
-    } else if let Some(failed) = newest.filter(|b| b.phase == "Failed") {
-        Some((
-            BACKUP_FAILING,
-            format!(
-                "the last backup {} failed: {}",
-                failed.name,
-                failed.error.as_deref().unwrap_or("no reason given")
-            ),
-        ))
+    } else if let Some(why) = &wal_archiving_failing {
+        Some((WAL_ARCHIVING_FAILING, why.clone()))
+    } else if let Some(why) = &backup_failing {
+        Some((BACKUP_FAILING, why.clone()))
     } else {
         store
             .restore_problem
             .as_ref()
             .map(|why| (RESTORE_SOURCE_UNAVAILABLE, format!("cannot restore: {why}")))
     };
-    (problem, last_completed)
+    let configured = store.destination.is_some() || store.destination_problem.is_some();
+    let health = configured.then_some(Health {
+        backup_failing,
+        wal_archiving_failing,
+    });
+    (problem, last_completed, health)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_backup_stops_failing_once_the_store_takes_wal_again() {
+        use devctl_api::instance::{
+            BackupReport, InstanceStatus, STATUS_ANNOTATION, WalArchiveReport,
+        };
+        let pod = |archive: WalArchiveReport| {
+            let report = InstanceStatus {
+                backup: Some(BackupReport {
+                    name: "b1".into(),
+                    phase: "Failed".into(),
+                    started_at: Some("2026-12-01T10:00:00Z".into()),
+                    stopped_at: Some("2026-12-01T10:01:00Z".into()),
+                    error: Some("store unreachable".into()),
+                    ..Default::default()
+                }),
+                wal_archive: Some(archive),
+                ..Default::default()
+            };
+            let mut pod = k8s_openapi::api::core::v1::Pod::default();
+            pod.metadata.annotations = Some(
+                [(
+                    STATUS_ANNOTATION.to_string(),
+                    serde_json::to_string(&report).unwrap(),
+                )]
+                .into(),
+            );
+            pod
+        };
+        let configured = Resolved {
+            destination_problem: None,
+            destination: Some(Store {
+                location: Default::default(),
+                access_key_id: String::new(),
+                secret_access_key: String::new(),
+                ca: None,
+            }),
+            ..Resolved::default()
+        };
+        let down = pod(WalArchiveReport {
+            last_archived_at: Some("2026-12-01T09:59:00Z".into()),
+            failing: true,
+            error: Some("store unreachable".into()),
+            ..Default::default()
+        });
+        let (problem, _, health) = observe(&[&down], &configured);
+        let health = health.unwrap();
+        assert!(health.backup_failing.unwrap().contains("b1 failed"));
+        assert!(health.wal_archiving_failing.is_some());
+        assert_eq!(
+            problem.unwrap().0,
+            super::super::status::WAL_ARCHIVING_FAILING
+        );
+        let back = pod(WalArchiveReport {
+            last_archived_at: Some("2026-12-01T10:05:00Z".into()),
+            failing: false,
+            ..Default::default()
+        });
+        let (problem, _, health) = observe(&[&back], &configured);
+        assert_eq!(health, Some(Health::default()));
+        assert_eq!(problem, None);
+        // Without backups configured there is nothing to say.
+        assert_eq!(observe(&[&back], &Resolved::default()).2, None);
+    }
 
     #[test]
     fn every_cluster_has_its_own_prefix() {

@@ -230,6 +230,15 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
                 primary: primary.clone(),
                 primary_lost: step.primary_lost.clone(),
                 backup_problem: backups.0.clone().or(scheduled.problem.clone()),
+                // A schedule or retention failure is a backup failure too.
+                backup_health: backups.2.clone().map(|mut health| {
+                    if let Some((reason, why)) = &scheduled.problem
+                        && *reason == status::BACKUP_FAILING
+                    {
+                        health.backup_failing.get_or_insert_with(|| why.clone());
+                    }
+                    health
+                }),
                 last_backup: backups.1.clone(),
                 last_scheduled_backup: scheduled.last.clone(),
                 next_scheduled_backup: scheduled.next.clone(),

@@ -46,6 +46,8 @@ pub struct Observed<'a> {
     pub primary_lost: Option<String>,
     /// Backups or WAL archiving fail: (`BackupFailing`/`WALArchivingFailing`, why).
     pub backup_problem: Option<(&'static str, String)>,
+    /// Each of the two on its own, for their own conditions (`None`: no backups configured).
+    pub backup_health: Option<super::backup::Health>,
     /// The newest completed backup the instances report: (stop time, DatabaseBackup name).
     pub last_backup: Option<(String, String)>,
     /// The schedule's last run and next run (RFC 3339).
@@ -53,7 +55,8 @@ pub struct Observed<'a> {
     pub next_scheduled_backup: Option<String>,
 }
 
-/// Reasons of `Degraded` for backups (docs/backup.md).
+/// Reasons of `Degraded` for backups, and the types of the conditions that say the same of
+/// each on its own: `True` while it fails (docs/backup.md).
 pub const BACKUP_FAILING: &str = "BackupFailing";
 pub const WAL_ARCHIVING_FAILING: &str = "WALArchivingFailing";
 /// Reason of `Degraded` while a restored cluster cannot find its backup.
@@ -110,6 +113,41 @@ fn rollout_complete(observed: &Observed<'_>, replicas: i32) -> bool {
         && revision_done
         && observed.updated_pods >= replicas
         && observed.instances.existing() == replicas
+}
+
+/// `BackupFailing` and `WALArchivingFailing`, each `True` with its reason while it fails and
+/// `False` once it works again; `False` ("BackupsOff") when backups were configured before and
+/// no longer are, and absent on clusters that never had backups.
+fn backup_conditions(
+    health: Option<&super::backup::Health>,
+    previous: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) -> Vec<Desired> {
+    let shown = |type_: &str| conditions::find(previous, type_).is_some();
+    [
+        (
+            BACKUP_FAILING,
+            health.map(|h| &h.backup_failing),
+            "backups succeed",
+        ),
+        (
+            WAL_ARCHIVING_FAILING,
+            health.map(|h| &h.wal_archiving_failing),
+            "WAL reaches the store",
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(type_, failing, fine)| match failing {
+        Some(Some(why)) => Some(Desired::new(type_, TRUE, type_, why.clone())),
+        Some(None) => Some(Desired::new(type_, FALSE, "AsExpected", fine)),
+        None if shown(type_) => Some(Desired::new(
+            type_,
+            FALSE,
+            "BackupsOff",
+            "spec.backup no longer configures backups",
+        )),
+        None => None,
+    })
+    .collect()
 }
 
 pub fn compute(
@@ -329,6 +367,10 @@ pub fn compute(
         ),
         (None, None, None) => Desired::new(DEGRADED, FALSE, "AsExpected", "no problems found"),
     });
+    desired.extend(backup_conditions(
+        observed.backup_health.as_ref(),
+        &previous.conditions,
+    ));
     let in_progress = match &observed.failure {
         // A transient failure is retried: still under way.
         Some(failure) => Some((failure.reason, failure.message.as_str())),
@@ -436,6 +478,7 @@ mod tests {
             },
             primary_lost: None,
             backup_problem: None,
+            backup_health: None,
             last_backup: None,
             last_scheduled_backup: None,
             next_scheduled_backup: None,
@@ -471,6 +514,41 @@ mod tests {
         t: &str,
     ) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
         conditions::find(&s.conditions, t).unwrap()
+    }
+
+    #[test]
+    fn backups_and_wal_archiving_have_a_condition_each_while_backups_are_configured() {
+        use super::super::backup::Health;
+        let mut db = sample();
+        let mut seen = observed(None);
+        // Never configured: neither condition.
+        let status = compute(&db, &seen, &now()).unwrap();
+        assert!(conditions::find(&status.conditions, BACKUP_FAILING).is_none());
+        assert!(conditions::find(&status.conditions, WAL_ARCHIVING_FAILING).is_none());
+        // Both failing at once: both True (Degraded can name only one).
+        seen.backup_health = Some(Health {
+            backup_failing: Some("the last backup b failed: store down".into()),
+            wal_archiving_failing: Some("WAL archiving fails: store down".into()),
+        });
+        let status = compute(&db, &seen, &now()).unwrap();
+        for type_ in [BACKUP_FAILING, WAL_ARCHIVING_FAILING] {
+            let c = condition(&status, type_);
+            assert_eq!((c.status.as_str(), c.reason.as_str()), (TRUE, type_));
+            assert!(c.message.contains("store down"), "{}", c.message);
+        }
+        // The store is back: both False.
+        db.status = Some(status);
+        seen.backup_health = Some(Health::default());
+        let status = compute(&db, &seen, &now()).unwrap();
+        for type_ in [BACKUP_FAILING, WAL_ARCHIVING_FAILING] {
+            assert_eq!(condition(&status, type_).status, FALSE);
+        }
+        // Backups switched off: False, saying so, not a stale True.
+        db.status = Some(status);
+        seen.backup_health = None;
+        let status = compute(&db, &seen, &now()).unwrap();
+        assert_eq!(condition(&status, BACKUP_FAILING).reason, "BackupsOff");
+        assert_eq!(condition(&status, WAL_ARCHIVING_FAILING).status, FALSE);
     }
 
     #[test]
