@@ -86,6 +86,26 @@ async fn postgres_and_mariadb_become_ready_when_the_engine_serves_and_db_shell_l
         let password = env.password(name).await;
         env.assert_never_shown(&password).await;
     }
+
+    // Two `db backup`s back to back (most often within one second, the names' resolution):
+    // both are created, under two names, labelled with their cluster (what becomes of them
+    // without a store is the backup tests' business).
+    let kubeconfig = env.kubeconfig.clone();
+    let created = tokio::task::spawn_blocking(move || {
+        [0, 1].map(|_| support::devctl_ok(&kubeconfig, &["db", "backup", "maria"]))
+    })
+    .await
+    .unwrap();
+    let backups = env
+        .api::<devctl_api::database_backup::DatabaseBackup>()
+        .list(&kube::api::ListParams::default().labels("db.devctl.io/cluster=maria"))
+        .await
+        .unwrap();
+    assert_eq!(backups.items.len(), 2, "{created:?}");
+    for backup in &backups.items {
+        let name = backup.metadata.name.clone().unwrap();
+        assert!(created.iter().any(|out| out.contains(&name)), "{created:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

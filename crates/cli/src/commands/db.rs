@@ -321,7 +321,6 @@ async fn backup(
     let backups: Api<DatabaseBackup> =
         Api::namespaced(connection.client.clone(), &connection.namespace);
     let stamp = k8s_openapi::jiff::Timestamp::now().strftime("%Y%m%d%H%M%S");
-    let backup_name = format!("{name}-{stamp}");
     let mut spec = json!({ "cluster": { "name": name } });
     if let Some(target) = target {
         spec["target"] = json!(match target {
@@ -329,20 +328,34 @@ async fn backup(
             TargetArg::Primary => "primary",
         });
     }
-    let object: DatabaseBackup = serde_json::from_value(json!({
-        "apiVersion": "db.devctl.io/v1beta1", "kind": "DatabaseBackup",
-        "metadata": { "name": backup_name }, "spec": spec,
-    }))?;
-    backups
-        .create(&PostParams::default(), &object)
-        .await
-        .map_err(|e| {
-            cluster::explain(
-                e,
-                &format!("creating databasebackup {backup_name}"),
-                &connection.server,
-            )
-        })?;
+    // Named by the time, like scheduled backups (so they sort together); a name taken in the
+    // same second (another `db backup`, or a scheduled run) gets a counter instead of an error.
+    let mut backup_name = format!("{name}-{stamp}");
+    for attempt in 2.. {
+        let object: DatabaseBackup = serde_json::from_value(json!({
+            "apiVersion": "db.devctl.io/v1beta1", "kind": "DatabaseBackup",
+            "metadata": {
+                "name": backup_name,
+                // As on the backups the operator creates (scheduled, final), so
+                // `kubectl get dbb -l db.devctl.io/cluster=NAME` lists them all.
+                "labels": { devctl_operator::database_cluster::backup_lifecycle::CLUSTER_LABEL: name },
+            },
+            "spec": spec,
+        }))?;
+        match backups.create(&PostParams::default(), &object).await {
+            Ok(_) => break,
+            Err(kube::Error::Api(status)) if status.code == 409 && attempt <= 9 => {
+                backup_name = format!("{name}-{stamp}-{attempt}");
+            }
+            Err(e) => {
+                return Err(cluster::explain(
+                    e,
+                    &format!("creating databasebackup {backup_name}"),
+                    &connection.server,
+                ));
+            }
+        }
+    }
     println!(
         "databasebackup {}/{backup_name} created",
         connection.namespace
