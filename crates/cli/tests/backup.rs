@@ -240,6 +240,52 @@ async fn postgres_backups_restore_whole_and_to_a_point_in_time() {
         after_switch
     );
 
+    // Once restored, the restore is history: the source store's credentials are taken back,
+    // and deleting the backup it came from (retention does) degrades nothing.
+    let secrets = env.api::<Secret>();
+    devctl_testenv::eventually(
+        "the restored cluster's restore-store Secret to be removed",
+        Duration::from_secs(60),
+        || async {
+            secrets
+                .get_opt("pg-tl-restore-store")
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    env.api::<DatabaseBackup>()
+        .delete(&third.metadata.name.clone().unwrap(), &Default::default())
+        .await
+        .unwrap();
+    // A spec change, so the reconcile that follows the deletion is seen in observedGeneration.
+    let changed = env
+        .api::<DatabaseCluster>()
+        .patch(
+            "pg-tl",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({ "spec": { "backup": { "keepLast": 9 } } })),
+        )
+        .await
+        .unwrap()
+        .metadata
+        .generation;
+    let db = env
+        .wait_db("pg-tl", "the spec change reconciled", |db| {
+            db.status.as_ref().and_then(|s| s.observed_generation) == changed
+        })
+        .await;
+    let degraded = support::databases::condition(&db, "Degraded");
+    assert!(
+        degraded
+            .as_ref()
+            .is_some_and(|(s, r, _)| s == "False" || r != "RestoreSourceUnavailable"),
+        "{degraded:?}"
+    );
+
     env.assert_never_shown(s3.secret_access_key()).await;
 }
 

@@ -318,9 +318,18 @@ pub async fn resolve(ctx: &Context, db: &Arc<DatabaseCluster>, names: &Names) ->
         Ok(store) => resolved.destination = store,
         Err(why) => resolved.destination_problem = Some(why),
     }
-    match restore_source(ctx, db, names).await {
-        Ok(restore) => resolved.restore = restore,
-        Err(why) => resolved.restore_problem = Some(why),
+    // Once the cluster has run (restored and ready), the restore is history: its source may
+    // be deleted (retention, the source cluster going) without this cluster being degraded,
+    // and the source store's credentials are no longer handed to it.
+    let restored = db
+        .status
+        .as_ref()
+        .is_some_and(|s| s.current_version.is_some());
+    if !restored {
+        match restore_source(ctx, db, names).await {
+            Ok(restore) => resolved.restore = restore,
+            Err(why) => resolved.restore_problem = Some(why),
+        }
     }
     resolved
 }
