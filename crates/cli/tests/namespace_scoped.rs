@@ -146,6 +146,17 @@ fn manifests_for_a_watched_namespace_grant_nothing_namespaced_cluster_wide() {
         .unwrap()
     );
     assert!(default.contains("kind: ClusterRoleBinding"));
+    // `-o json`: the same objects as one List.
+    let json: serde_json::Value = serde_json::from_str(&devctl_ok(
+        no_cluster,
+        &["operator", "manifests", "-o", "json"],
+    ))
+    .unwrap();
+    assert_eq!(json["kind"], "List");
+    assert_eq!(
+        json["items"],
+        serde_json::to_value(devctl_operator::manifests::manifests(&Default::default())).unwrap()
+    );
 
     // Not a namespace name: a usage error naming the flag.
     let bad = devctl(

@@ -79,14 +79,26 @@ pub async fn run(global: &GlobalArgs, command: OperatorCommand) -> anyhow::Resul
             replicas,
             watch_namespaces,
         } => {
-            print!(
-                "{}",
-                manifests::to_yaml(&manifests::manifests(&InstallOptions {
-                    image,
-                    replicas,
-                    watch_namespaces,
-                }))?
-            );
+            let objects = manifests::manifests(&InstallOptions {
+                image,
+                replicas,
+                watch_namespaces,
+            });
+            match global.output {
+                // Ready for `kubectl apply -f -` either way; a table of manifests would not be.
+                crate::output::Format::Table | crate::output::Format::Yaml => {
+                    print!("{}", manifests::to_yaml(&objects)?);
+                }
+                // One document, as kubectl prints several objects: a List.
+                crate::output::Format::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({
+                        "apiVersion": "v1",
+                        "kind": "List",
+                        "items": objects,
+                    }))?
+                ),
+            }
             Ok(())
         }
         OperatorCommand::Install {
