@@ -82,6 +82,18 @@ fn dev_up_runs_a_cluster_until_ctrl_c() {
         "the example never reached Running: {}",
         String::from_utf8_lossy(&wait.stderr)
     );
+    // ... and `devctl db status` says so.
+    let status = Command::new(env!("CARGO_BIN_EXE_devctl"))
+        .args(["db", "status", "my-postgres"])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.status.success() && printed.lines().any(|l| l.contains("Running")),
+        "devctl db status my-postgres:\n{printed}{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
 
     let processes = children_of(devctl.id());
     assert!(
