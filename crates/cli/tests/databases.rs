@@ -203,10 +203,21 @@ async fn a_deleted_pod_comes_back_on_its_data_and_rbac_goes_with_the_cluster() {
             .unwrap()
             .is_some()
     );
-    env.api::<DatabaseCluster>()
-        .delete("keep", &DeleteParams::default())
-        .await
-        .unwrap();
+    // `db delete --wait` returns once the operator's finalizer let the cluster go.
+    let kubeconfig = env.kubeconfig.clone();
+    let deleted = tokio::task::spawn_blocking(move || {
+        support::devctl_ok(&kubeconfig, &["db", "delete", "keep", "--wait"])
+    })
+    .await
+    .unwrap();
+    assert!(
+        env.api::<DatabaseCluster>()
+            .get_opt("keep")
+            .await
+            .unwrap()
+            .is_none(),
+        "still there after db delete --wait: {deleted}"
+    );
     devctl_testenv::eventually("the agent RBAC to be collected", READY_TIMEOUT, || async {
         let sa = env
             .api::<ServiceAccount>()
