@@ -286,6 +286,22 @@ async fn postgres_backups_restore_whole_and_to_a_point_in_time() {
         "{degraded:?}"
     );
 
+    // Its DatabaseBackup is gone, its files are not: `recovery.source` with the store and the
+    // backup's id alone (the operator finds the cluster and system identifier in the store).
+    let backup_id = third.status.as_ref().unwrap().backup_id.clone().unwrap();
+    let mut from_store = spec("postgres", "16.2", 1, s3);
+    from_store["bootstrap"] = json!({ "recovery": { "source": {
+        "destination": from_store["backup"]["destination"].clone(),
+        "backupId": backup_id,
+    } } });
+    env.create_spec("pg-store", from_store).await;
+    env.wait_ready_with("pg-store", 1).await;
+    assert_eq!(
+        env.instance_sql_ok("pg-store", "pg-store-0", CHECKSUM)
+            .await,
+        after_switch
+    );
+
     env.assert_never_shown(s3.secret_access_key()).await;
 }
 

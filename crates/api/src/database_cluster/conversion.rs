@@ -453,9 +453,9 @@ mod tests {
                 |(destination, namespace, cluster, system_identifier, backup_id)| {
                     v1beta1::RecoverySource {
                         destination,
-                        namespace,
-                        cluster,
-                        system_identifier,
+                        namespace: Some(namespace),
+                        cluster: Some(cluster),
+                        system_identifier: Some(system_identifier),
                         backup_id,
                     }
                 },

@@ -337,13 +337,20 @@ pub struct RecoverySpec {
 pub struct RecoverySource {
     /// The store the source cluster wrote to (its `path` as configured there).
     pub destination: BackupDestination,
-    /// Namespace and name of the source cluster, as in the store's layout.
-    pub namespace: String,
-    pub cluster: String,
-    /// The source's PostgreSQL system identifier (or MySQL server uuid) in the layout.
-    pub system_identifier: String,
-    /// The backup's id (`<time>-<name>`).
+    /// The backup's id (`<time>-<name>`), as in the source DatabaseBackup's `status.backupId`.
+    #[schemars(length(min = 1))]
     pub backup_id: String,
+    /// Namespace of the source cluster in the store's layout. Optional, like `cluster` and
+    /// `systemIdentifier`: the operator finds the backup by its id and fills in what is left
+    /// out; give them when two clusters' backups share an id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Name of the source cluster in the store's layout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    /// The source's PostgreSQL system identifier (or MySQL server uuid) in the layout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_identifier: Option<String>,
 }
 
 fn default_true() -> bool {

@@ -183,11 +183,22 @@ pub async fn restore_source(
         return Ok(None);
     };
     if let Some(source) = &recovery.source {
-        let prefix = format!(
-            "{}{}/",
-            cluster_prefix(&source.destination.path, &source.namespace, &source.cluster),
-            source.system_identifier
-        );
+        let prefix = match (
+            &source.namespace,
+            &source.cluster,
+            &source.system_identifier,
+        ) {
+            (Some(namespace), Some(cluster), Some(id)) => format!(
+                "{}{id}/",
+                cluster_prefix(&source.destination.path, namespace, cluster)
+            ),
+            // Found by its id (only until the cluster has been restored: see `resolve`).
+            _ => {
+                let root =
+                    declared(ctx, &names.namespace, &source.destination, String::new()).await?;
+                super::backup_lifecycle::locate_backup(&root, source).await?
+            }
+        };
         let store = declared(ctx, &names.namespace, &source.destination, prefix).await?;
         let request = RestoreRequest {
             location: store.location.clone(),

@@ -181,6 +181,80 @@ fn scrub(text: String, store: &Store) -> String {
     text.replace('\n', " ")
 }
 
+/// The store prefix (`<path>/<namespace>/<cluster>/<systemIdentifier>/`, ending in `/`) of
+/// the backup a `recovery.source` names by its id, found by listing the store under what the
+/// source gives; only complete backups (with their manifest) count. `store` is the source's
+/// store at its root.
+pub async fn locate_backup(
+    store: &Store,
+    source: &devctl_api::database_cluster::RecoverySource,
+) -> Result<String, String> {
+    let given = [
+        source.namespace.as_deref(),
+        source.cluster.as_deref(),
+        source.system_identifier.as_deref(),
+    ];
+    let root = source.destination.path.trim_matches('/');
+    // As deep as the given fields go without a gap.
+    let search: Vec<&str> = std::iter::once(root)
+        .filter(|r| !r.is_empty())
+        .chain(given.iter().map_while(|g| *g))
+        .collect();
+    let search = search.join("/");
+    let s3 = client(store).map_err(|why| scrub(why, store))?;
+    let path = (!search.is_empty()).then(|| StorePath::from(search.as_str()));
+    let mut listing = s3.list(path.as_ref());
+    let mut found = std::collections::BTreeSet::new();
+    while let Some(entry) = listing.next().await {
+        let entry = entry.map_err(|e| scrub(format!("listing the store: {e}"), store))?;
+        let key = entry.location.to_string();
+        if let Some(prefix) = manifest_prefix(&key, root, &source.backup_id, given) {
+            found.insert(prefix.to_string());
+        }
+    }
+    let where_ = if search.is_empty() {
+        format!("bucket {}", store.location.bucket)
+    } else {
+        format!("{}/{search}/", store.location.bucket)
+    };
+    match found.len() {
+        1 => Ok(found.into_iter().next().unwrap_or_default()),
+        0 => Err(format!(
+            "spec.bootstrap.recovery.source: no complete backup {} under {where_}",
+            source.backup_id
+        )),
+        _ => Err(format!(
+            "spec.bootstrap.recovery.source: backup {} is under several clusters ({}): set namespace, cluster and systemIdentifier",
+            source.backup_id,
+            found.into_iter().collect::<Vec<_>>().join(", ")
+        )),
+    }
+}
+
+/// The cluster prefix of `key` when it is the manifest of backup `backup_id` in the store's
+/// layout under `root` (`<root>/<namespace>/<cluster>/<systemIdentifier>/base/<id>/backup.json`)
+/// and agrees with every `given` part of the layout (pure).
+fn manifest_prefix<'k>(
+    key: &'k str,
+    root: &str,
+    backup_id: &str,
+    given: [Option<&str>; 3],
+) -> Option<&'k str> {
+    let prefix = key.strip_suffix(&format!("base/{backup_id}/backup.json"))?;
+    let relative = match root {
+        "" => prefix,
+        root => prefix.strip_prefix(root)?.strip_prefix('/')?,
+    };
+    let layout: Vec<&str> = relative.trim_end_matches('/').split('/').collect();
+    (layout.len() == 3
+        && layout.iter().all(|part| !part.is_empty())
+        && given
+            .iter()
+            .zip(&layout)
+            .all(|(given, part)| given.is_none_or(|g| g == *part)))
+    .then_some(prefix)
+}
+
 /// Deletes every object under `prefix` for which `keep(name)` is false.
 async fn delete_under(
     s3: &dyn ObjectStore,
@@ -389,5 +463,40 @@ pub async fn final_backup(db: &DatabaseCluster, ctx: &Context, names: &Names) ->
                     .max(Duration::from_millis(200)),
             ),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backup_is_found_by_its_id_where_the_given_parts_of_the_layout_agree() {
+        let key = "devctl/prod/db/7301/base/20261130T120000Z-db-1/backup.json";
+        let id = "20261130T120000Z-db-1";
+        let none = [None, None, None];
+        assert_eq!(
+            manifest_prefix(key, "devctl", id, none),
+            Some("devctl/prod/db/7301/")
+        );
+        assert_eq!(
+            manifest_prefix(key, "devctl", id, [Some("prod"), Some("db"), None]),
+            Some("devctl/prod/db/7301/")
+        );
+        assert_eq!(
+            manifest_prefix(key, "devctl", id, [Some("dev"), None, None]),
+            None
+        );
+        assert_eq!(manifest_prefix(key, "devctl", "other", none), None);
+        // Another root, or not the layout's depth.
+        assert_eq!(manifest_prefix(key, "devct", id, none), None);
+        assert_eq!(manifest_prefix(key, "", id, none), None);
+        assert_eq!(
+            manifest_prefix(&key["devctl/".len()..], "", id, none),
+            Some("prod/db/7301/")
+        );
+        // A file of the backup that is not its manifest: an incomplete backup is not found.
+        let data = "devctl/prod/db/7301/base/20261130T120000Z-db-1/base.tar";
+        assert_eq!(manifest_prefix(data, "devctl", id, none), None);
     }
 }
