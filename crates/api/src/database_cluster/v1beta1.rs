@@ -228,8 +228,9 @@ pub struct BackupSpec {
     #[schemars(range(min = 1, max = 3650))]
     pub retention: i32,
 
-    /// Keep at most this many completed scheduled backups (the newest); with `retention`,
-    /// a backup goes when either rule says so — never the newest completed one.
+    /// Keep at most this many completed backups of the cluster, scheduled or on demand (the
+    /// newest; failed ones older than the last kept go too); with `retention`, a backup goes
+    /// when either rule says so — never the newest completed one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
     pub keep_last: Option<i32>,
