@@ -408,12 +408,15 @@ async fn a_store_that_is_down_fails_the_backup_and_both_conditions_clear_when_it
     s3.restart().await.unwrap();
     env.shell_ok("down", "insert into t select generate_series(1, 500000)")
         .await;
-    env.wait_db(
-        "down",
-        "BackupFailing=False and WALArchivingFailing=False once the store is back",
-        failing("False"),
-    )
-    .await;
+    let back = env
+        .wait_db(
+            "down",
+            "BackupFailing=False and WALArchivingFailing=False once the store is back",
+            failing("False"),
+        )
+        .await;
+    let (_, reason, message) = support::databases::condition(&back, "BackupFailing").unwrap();
+    assert_eq!(reason, "StoreReturned", "{message}");
     let ok = backup_ok(&env, "down").await;
     assert_eq!(ok.status.unwrap().phase, Some(BackupPhase::Completed));
     env.wait_db("down", "not Degraded", |db| {

@@ -753,6 +753,7 @@ async fn promote(
             names.join(", ")
         );
     }
+    let asked_at = k8s_openapi::jiff::Timestamp::now();
     let patch = json!({ "metadata": { "annotations": { SWITCHOVER_ANNOTATION: pod } } });
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -779,11 +780,21 @@ async fn promote(
         move |db| promoted(db, &target) || switchover_refused(db, &target),
     )
     .await?;
-    if promoted(Some(&get(connection, api, name).await?), pod) {
+    // Done is final once seen (a later readiness blip is not a refusal); a refusal too.
+    if !switchover_refused(Some(&get(connection, api, name).await?), pod) {
         println!("{pod} is the primary");
         return Ok(());
     }
-    // The operator answered the request without taking it up; its event says why.
+    // The operator answered the request without taking it up; its event, published just
+    // before, says why (an older one is about an earlier request).
+    let recent = |e: &Event| {
+        let at = e
+            .series
+            .as_ref()
+            .map(|s| s.last_observed_time.0)
+            .or(e.event_time.as_ref().map(|t| t.0));
+        at.is_some_and(|at| at >= asked_at - EVENT_CLOCK_SKEW)
+    };
     let why = pods_and_events(connection, None, name)
         .await
         .events
@@ -792,12 +803,16 @@ async fn promote(
             events
                 .into_iter()
                 .rev()
-                .find(|e| e.reason.as_deref() == Some(SWITCHOVER_REFUSED))
+                .find(|e| e.reason.as_deref() == Some(SWITCHOVER_REFUSED) && recent(e))
                 .and_then(|e| e.note)
         })
-        .unwrap_or_else(|| format!("see `devctl db status {name}`"));
+        .unwrap_or_else(|| format!("no reason recorded, see `devctl db status {name}`"));
     anyhow::bail!("the operator refused the switchover of databasecluster {name} to {pod}: {why}")
 }
+
+/// How far the operator's clock (event times) may be behind this machine's.
+const EVENT_CLOCK_SKEW: k8s_openapi::jiff::SignedDuration =
+    k8s_openapi::jiff::SignedDuration::from_secs(30);
 
 /// The event reason of a switchover request the operator did not take up.
 const SWITCHOVER_REFUSED: &str = "SwitchoverRefused";

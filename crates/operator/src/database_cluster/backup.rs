@@ -173,6 +173,18 @@ pub async fn destination(
     }
 }
 
+/// Where the restore request already on the first instance found backup `backup_id`.
+fn requested_prefix(ctx: &Context, names: &Names, backup_id: &str) -> Option<String> {
+    use kube::ResourceExt;
+    let pod = ctx.caches.get::<k8s_openapi::api::core::v1::Pod>(
+        &names.namespace,
+        &format!("{}-0", names.stateful_set()),
+    )?;
+    let request: RestoreRequest =
+        serde_json::from_str(pod.annotations().get(RESTORE_ANNOTATION)?).ok()?;
+    (request.backup_id == backup_id).then_some(request.location.prefix)
+}
+
 /// What the first instance of a restored cluster restores, and with which credentials.
 pub async fn restore_source(
     ctx: &Context,
@@ -192,12 +204,16 @@ pub async fn restore_source(
                 "{}{id}/",
                 cluster_prefix(&source.destination.path, namespace, cluster)
             ),
-            // Found by its id (only until the cluster has been restored: see `resolve`).
-            _ => {
-                let root =
-                    declared(ctx, &names.namespace, &source.destination, String::new()).await?;
-                super::backup_lifecycle::locate_backup(&root, source).await?
-            }
+            // Found by its id (only until the cluster has been restored: see `resolve`), once:
+            // the restore request on the first instance keeps where it was found.
+            _ => match requested_prefix(ctx, names, &source.backup_id) {
+                Some(prefix) => prefix,
+                None => {
+                    let root =
+                        declared(ctx, &names.namespace, &source.destination, String::new()).await?;
+                    super::backup_lifecycle::locate_backup(&root, source).await?
+                }
+            },
         };
         let store = declared(ctx, &names.namespace, &source.destination, prefix).await?;
         let request = RestoreRequest {
@@ -404,6 +420,10 @@ pub type Problem = (&'static str, String);
 pub struct Health {
     pub backup_failing: Option<String>,
     pub wal_archiving_failing: Option<String>,
+    /// The newest backup failed, and the store has taken WAL since it failed. Whether that
+    /// clears `BackupFailing` depends on whether the store was down when it failed, which
+    /// only the status remembers ([`super::status`]).
+    pub store_took_wal_since_the_failure: bool,
 }
 
 /// What the agents report about backups (pure): the problem to show on the cluster, if any,
@@ -439,22 +459,22 @@ pub fn observe(
         .filter(|w| !w.failing)
         .filter_map(|w| w.last_archived_at.clone())
         .max();
-    // A failed backup stops counting once the store has taken WAL again after it (the store
-    // is back), or once a newer backup is reported.
+    // A failed backup counts until a newer backup is reported (or, see `Health`, the store
+    // it failed on is back).
+    let failed = newest.filter(|b| b.phase == "Failed");
+    let store_took_wal_since_the_failure = store.destination_problem.is_none()
+        && failed.is_some_and(|failed| {
+            let ended = failed.stopped_at.as_ref().or(failed.started_at.as_ref());
+            archived_at.as_ref().is_some_and(|at| Some(at) > ended)
+        });
     let backup_failing = store.destination_problem.clone().or_else(|| {
-        newest
-            .filter(|b| b.phase == "Failed")
-            .filter(|failed| {
-                let ended = failed.stopped_at.as_ref().or(failed.started_at.as_ref());
-                archived_at.as_ref().is_none_or(|at| Some(at) <= ended)
-            })
-            .map(|failed| {
-                format!(
-                    "the last backup {} failed: {}",
-                    failed.name,
-                    failed.error.as_deref().unwrap_or("no reason given")
-                )
-            })
+        failed.map(|failed| {
+            format!(
+                "the last backup {} failed: {}",
+                failed.name,
+                failed.error.as_deref().unwrap_or("no reason given")
+            )
+        })
     });
     let wal_archiving_failing = archive_failing.map(|archive| {
         format!(
@@ -478,6 +498,7 @@ pub fn observe(
     let health = configured.then_some(Health {
         backup_failing,
         wal_archiving_failing,
+        store_took_wal_since_the_failure,
     });
     (problem, last_completed, health)
 }
@@ -487,7 +508,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_failed_backup_stops_failing_once_the_store_takes_wal_again() {
+    fn a_failed_backup_and_failing_archiving_are_reported_each_on_its_own() {
         use devctl_api::instance::{
             BackupReport, InstanceStatus, STATUS_ANNOTATION, WalArchiveReport,
         };
@@ -532,6 +553,7 @@ mod tests {
         });
         let (problem, _, health) = observe(&[&down], &configured);
         let health = health.unwrap();
+        assert!(!health.store_took_wal_since_the_failure);
         assert!(health.backup_failing.unwrap().contains("b1 failed"));
         assert!(health.wal_archiving_failing.is_some());
         assert_eq!(
@@ -543,9 +565,13 @@ mod tests {
             failing: false,
             ..Default::default()
         });
+        // The failure still stands here: only the status knows whether the store was down
+        // when it failed.
         let (problem, _, health) = observe(&[&back], &configured);
-        assert_eq!(health, Some(Health::default()));
-        assert_eq!(problem, None);
+        let health = health.unwrap();
+        assert!(health.store_took_wal_since_the_failure);
+        assert!(health.backup_failing.is_some() && health.wal_archiving_failing.is_none());
+        assert_eq!(problem.unwrap().0, super::super::status::BACKUP_FAILING);
         // Without backups configured there is nothing to say.
         assert_eq!(observe(&[&back], &Resolved::default()).2, None);
     }

@@ -115,39 +115,77 @@ fn rollout_complete(observed: &Observed<'_>, replicas: i32) -> bool {
         && observed.instances.existing() == replicas
 }
 
+/// Reason of `BackupFailing=False` once the store a backup failed on is back.
+pub const STORE_RETURNED: &str = "StoreReturned";
+
+/// The failure of the newest backup when the store it failed on is back (pure): the store
+/// has taken WAL since, and it was down — `WALArchivingFailing` stood when last looked, or
+/// this very failure was already cleared so. A backup that failed for another reason
+/// (`pg_basebackup`, an unready instance) with the store fine stands until a newer backup.
+fn failure_the_store_cleared<'h>(
+    health: Option<&'h super::backup::Health>,
+    previous: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) -> Option<&'h str> {
+    let health = health.filter(|h| h.store_took_wal_since_the_failure)?;
+    let failure = health.backup_failing.as_deref()?;
+    let store_was_down =
+        conditions::find(previous, WAL_ARCHIVING_FAILING).is_some_and(|c| c.status == TRUE);
+    let cleared_before = conditions::find(previous, BACKUP_FAILING)
+        .is_some_and(|c| c.reason == STORE_RETURNED && c.message.starts_with(failure));
+    (store_was_down || cleared_before).then_some(failure)
+}
+
 /// `BackupFailing` and `WALArchivingFailing`, each `True` with its reason while it fails and
-/// `False` once it works again; `False` ("BackupsOff") when backups were configured before and
-/// no longer are, and absent on clusters that never had backups.
+/// `False` once it works again (`StoreReturned` when a backup failed on a store that is back);
+/// `False` ("BackupsOff") when backups were configured before and no longer are, and absent
+/// on clusters that never had backups.
 fn backup_conditions(
     health: Option<&super::backup::Health>,
+    store_returned: Option<&str>,
     previous: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
 ) -> Vec<Desired> {
     let shown = |type_: &str| conditions::find(previous, type_).is_some();
-    [
-        (
+    let backup = match store_returned {
+        Some(failure) => Some(Desired::new(
+            BACKUP_FAILING,
+            FALSE,
+            STORE_RETURNED,
+            format!("{failure}; the store has taken WAL since, a new backup can run"),
+        )),
+        None => status_of(
             BACKUP_FAILING,
             health.map(|h| &h.backup_failing),
             "backups succeed",
+            shown(BACKUP_FAILING),
         ),
-        (
-            WAL_ARCHIVING_FAILING,
-            health.map(|h| &h.wal_archiving_failing),
-            "WAL reaches the store",
-        ),
-    ]
-    .into_iter()
-    .filter_map(|(type_, failing, fine)| match failing {
+    };
+    let archiving = status_of(
+        WAL_ARCHIVING_FAILING,
+        health.map(|h| &h.wal_archiving_failing),
+        "WAL reaches the store",
+        shown(WAL_ARCHIVING_FAILING),
+    );
+    backup.into_iter().chain(archiving).collect()
+}
+
+/// One of the two: `True` with why, `False` when fine, `BackupsOff` when it was shown before.
+fn status_of(
+    type_: &'static str,
+    failing: Option<&Option<String>>,
+    fine: &str,
+    shown_before: bool,
+) -> Option<Desired> {
+    match failing {
         Some(Some(why)) => Some(Desired::new(type_, TRUE, type_, why.clone())),
         Some(None) => Some(Desired::new(type_, FALSE, "AsExpected", fine)),
-        None if shown(type_) => Some(Desired::new(
+        None if shown_before => Some(Desired::new(
             type_,
             FALSE,
             "BackupsOff",
             "spec.backup no longer configures backups",
         )),
         None => None,
-    })
-    .collect()
+    }
 }
 
 pub fn compute(
@@ -331,6 +369,12 @@ pub fn compute(
         || (conditions::find(&previous.conditions, DEGRADED)
             .is_some_and(|c| c.status == TRUE && c.reason == CREDENTIALS_REGENERATED)
             && !observed.instances.credentials_applied);
+    let store_returned =
+        failure_the_store_cleared(observed.backup_health.as_ref(), &previous.conditions);
+    // A failure the store's return cleared degrades nothing either.
+    let backup_problem = observed.backup_problem.clone().filter(|(reason, message)| {
+        !(*reason == BACKUP_FAILING && Some(message.as_str()) == store_returned)
+    });
     // A lost primary comes first: no writes until a human acts. Its event is published when
     // this message first appears, so it must not hide behind another reason.
     desired.push(match (&observed.failure, refused, &observed.primary_lost) {
@@ -355,8 +399,8 @@ pub fn compute(
                 observed.primary.current
             ),
         ),
-        (None, None, None) if observed.backup_problem.is_some() && !primary_unavailable => {
-            let (reason, message) = observed.backup_problem.clone().unwrap_or_default();
+        (None, None, None) if backup_problem.is_some() && !primary_unavailable => {
+            let (reason, message) = backup_problem.clone().unwrap_or_default();
             Desired::new(DEGRADED, TRUE, reason, message)
         }
         (None, None, None) if instances_unavailable => Desired::new(
@@ -369,6 +413,7 @@ pub fn compute(
     });
     desired.extend(backup_conditions(
         observed.backup_health.as_ref(),
+        store_returned,
         &previous.conditions,
     ));
     let in_progress = match &observed.failure {
@@ -529,6 +574,7 @@ mod tests {
         seen.backup_health = Some(Health {
             backup_failing: Some("the last backup b failed: store down".into()),
             wal_archiving_failing: Some("WAL archiving fails: store down".into()),
+            store_took_wal_since_the_failure: false,
         });
         let status = compute(&db, &seen, &now()).unwrap();
         for type_ in [BACKUP_FAILING, WAL_ARCHIVING_FAILING] {
@@ -549,6 +595,61 @@ mod tests {
         let status = compute(&db, &seen, &now()).unwrap();
         assert_eq!(condition(&status, BACKUP_FAILING).reason, "BackupsOff");
         assert_eq!(condition(&status, WAL_ARCHIVING_FAILING).status, FALSE);
+    }
+
+    #[test]
+    fn a_backup_that_failed_on_a_store_that_was_down_clears_when_the_store_takes_wal_again() {
+        use super::super::backup::Health;
+        let failure = "the last backup b1 failed: store unreachable";
+        let degraded_by_it = |status: &DatabaseClusterStatus| {
+            let c = condition(status, DEGRADED);
+            c.status == TRUE && c.reason == BACKUP_FAILING
+        };
+        let mut db = sample();
+        let mut seen = observed(None);
+        // The store is down: the backup failed and WAL archiving fails.
+        seen.backup_health = Some(Health {
+            backup_failing: Some(failure.into()),
+            wal_archiving_failing: Some("WAL archiving fails: store unreachable".into()),
+            store_took_wal_since_the_failure: false,
+        });
+        seen.backup_problem = Some((BACKUP_FAILING, failure.into()));
+        db.status = compute(&db, &seen, &now());
+        // It is back and has taken WAL since: cleared, and it stays cleared.
+        seen.backup_health = Some(Health {
+            backup_failing: Some(failure.into()),
+            wal_archiving_failing: None,
+            store_took_wal_since_the_failure: true,
+        });
+        for _ in 0..2 {
+            let status = compute(&db, &seen, &now()).unwrap();
+            let c = condition(&status, BACKUP_FAILING);
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str()),
+                (FALSE, STORE_RETURNED)
+            );
+            assert!(c.message.starts_with(failure), "{}", c.message);
+            assert!(!degraded_by_it(&status));
+            db.status = Some(status);
+        }
+        // A backup that failed with the store fine (WAL archiving never failed) stands
+        // although WAL keeps flowing.
+        let mut db = sample();
+        let mut fine = observed(None);
+        fine.backup_health = Some(Health {
+            backup_failing: Some(failure.into()),
+            wal_archiving_failing: None,
+            store_took_wal_since_the_failure: false,
+        });
+        fine.backup_problem = Some((BACKUP_FAILING, failure.into()));
+        db.status = compute(&db, &fine, &now());
+        fine.backup_health = Some(Health {
+            store_took_wal_since_the_failure: true,
+            ..fine.backup_health.clone().unwrap()
+        });
+        let status = compute(&db, &fine, &now()).unwrap();
+        assert_eq!(condition(&status, BACKUP_FAILING).status, TRUE);
+        assert!(degraded_by_it(&status));
     }
 
     #[test]
