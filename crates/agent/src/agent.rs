@@ -46,6 +46,13 @@ pub const STOP_TIMEOUT: Duration = Duration::from_secs(50);
 /// (an engine that ran longer than [`STABLE_UPTIME`] resets the count).
 pub const MAX_FAILURES: u32 = 5;
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// PostgreSQL's words when a point-in-time restore replayed every archived segment without
+/// reaching its target: the segment holding the target time is not in the store yet.
+const RECOVERY_TARGET_NOT_REACHED: &str =
+    "recovery ended before configured recovery target was reached";
+/// How long such a restore keeps retrying: several of the source's `archive_timeout`s (60 s),
+/// after which the WAL past the target is in the store if the source still runs.
+const RECOVERY_TARGET_WAIT: Duration = Duration::from_secs(300);
 const STABLE_UPTIME: Duration = Duration::from_secs(60);
 /// How often a waiting agent looks again (status.currentPrimary, the primary's report).
 const WAIT_INTERVAL: Duration = Duration::from_secs(2);
@@ -1062,6 +1069,8 @@ impl Agent {
     async fn supervise(&mut self, mut fresh: bool) -> Result<Outcome> {
         let mut failures = 0u32;
         let mut backoff = Duration::from_secs(1);
+        // Since when a point-in-time restore has been waiting for WAL past its target.
+        let mut waiting_for_target_wal: Option<tokio::time::Instant> = None;
         loop {
             if self.mode == Mode::Replica {
                 self.prepare_replica_start()?;
@@ -1173,10 +1182,23 @@ impl Agent {
                     self.health.set_ready(false);
                     self.health.set_failed(true);
                     let name = self.engine.name();
-                    let why = self
+                    let last_error = self
                         .engine_exit_reason()
                         .await
-                        .filter(|_| log_explains_exit(&status))
+                        .filter(|_| log_explains_exit(&status));
+                    // The WAL past a restore's target time reaches the store within the
+                    // source's archive_timeout: waited for, not counted as failures.
+                    if last_error
+                        .as_deref()
+                        .is_some_and(|line| line.contains(RECOVERY_TARGET_NOT_REACHED))
+                        && waiting_for_target_wal
+                            .get_or_insert_with(tokio::time::Instant::now)
+                            .elapsed()
+                            < RECOVERY_TARGET_WAIT
+                    {
+                        failures = 0;
+                    }
+                    let why = last_error
                         .map(|line| format!(" — {line}"))
                         .unwrap_or_default();
                     if failures >= 2 && self.rejoin_deadline.is_some() {
