@@ -343,21 +343,34 @@ pub async fn apply_all(connection: &Connection, objects: &[Value]) -> anyhow::Re
         let before = api
             .get_opt(name)
             .await
-            .map_err(|e| cluster::explain(e, &format!("reading {what}"), &connection.server))?
-            .and_then(|o| o.resource_version());
+            .map_err(|e| cluster::explain(e, &format!("reading {what}"), &connection.server))?;
         let after = api
             .patch(name, &params, &Patch::Apply(object))
             .await
-            .map_err(|e| cluster::explain(e, &format!("applying {what}"), &connection.server))?
-            .resource_version();
+            .map_err(|e| cluster::explain(e, &format!("applying {what}"), &connection.server))?;
         let verb = match before {
             None => "created",
-            Some(rv) if after.as_deref() == Some(rv.as_str()) => "unchanged",
+            Some(before) if applied_content(&before) == applied_content(&after) => "unchanged",
             Some(_) => "configured",
         };
         println!("{what} {verb}");
     }
     Ok(())
+}
+
+/// What an apply can change: the object without its status and the server's bookkeeping. A
+/// controller's status update between the read and the apply (a Deployment rolling out) bumps
+/// the resourceVersion, and is not a change this apply made.
+fn applied_content(object: &kube::api::DynamicObject) -> Value {
+    let mut value = serde_json::to_value(object).unwrap_or_default();
+    if let Some(fields) = value.as_object_mut() {
+        fields.remove("status");
+    }
+    if let Some(metadata) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+        metadata.remove("resourceVersion");
+        metadata.remove("managedFields");
+    }
+    value
 }
 
 async fn install(
