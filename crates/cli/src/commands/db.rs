@@ -548,6 +548,14 @@ impl Related {
     }
 }
 
+/// When an event was last seen: its series' latest occurrence, else its own time.
+fn last_seen(e: &Event) -> Option<k8s_openapi::jiff::Timestamp> {
+    e.series
+        .as_ref()
+        .map(|s| s.last_observed_time.0)
+        .or(e.event_time.as_ref().map(|t| t.0))
+}
+
 pub async fn pods_and_events(
     connection: &Connection,
     selector: Option<&str>,
@@ -578,12 +586,7 @@ pub async fn pods_and_events(
         .await
         .map(|l| {
             let mut events = l.items;
-            events.sort_by_key(|e| {
-                e.series
-                    .as_ref()
-                    .map(|s| s.last_observed_time.0)
-                    .or(e.event_time.as_ref().map(|t| t.0))
-            });
+            events.sort_by_key(last_seen);
             let skip = events.len().saturating_sub(10);
             events.into_iter().skip(skip).collect()
         })
@@ -787,14 +790,7 @@ async fn promote(
     }
     // The operator answered the request without taking it up; its event, published just
     // before, says why (an older one is about an earlier request).
-    let recent = |e: &Event| {
-        let at = e
-            .series
-            .as_ref()
-            .map(|s| s.last_observed_time.0)
-            .or(e.event_time.as_ref().map(|t| t.0));
-        at.is_some_and(|at| at >= asked_at - EVENT_CLOCK_SKEW)
-    };
+    let recent = |e: &Event| last_seen(e).is_some_and(|at| at >= asked_at - EVENT_CLOCK_SKEW);
     let why = pods_and_events(connection, None, name)
         .await
         .events
