@@ -1143,6 +1143,13 @@ impl Engine {
                 if version.is_none() {
                     return Err(format!("unexpected probe output {out:?}"));
                 }
+                // MariaDB has no `server_uuid`: the identifier the agent keeps in the data
+                // directory (the one its backups are filed under) says the same — this data,
+                // not a new bootstrap.
+                let uuid = match (uuid, *mariadb) {
+                    (None, true) => self.system_identifier().await.ok(),
+                    (uuid, _) => uuid,
+                };
                 Ok(Probe {
                     role: ROLE_PRIMARY.into(),
                     system_identifier: uuid,

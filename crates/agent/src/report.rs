@@ -5,8 +5,9 @@
 use std::time::{Duration, Instant};
 
 use devctl_api::instance::{InstanceStatus, STATUS_ANNOTATION};
-use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -184,38 +185,33 @@ pub async fn report_failure(client: kube::Client, pod: &PodRef, status: Instance
     }
 }
 
+/// An `events.k8s.io/v1` Event, the API the agent's Role grants (core `v1` events are not).
 async fn create_event(
     client: kube::Client,
     pod: &PodRef,
     message: &str,
 ) -> Result<(), kube::Error> {
     let api: Api<Event> = Api::namespaced(client, &pod.namespace);
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
     let event = Event {
         metadata: ObjectMeta {
             generate_name: Some(format!("{}.", pod.name)),
             namespace: Some(pod.namespace.clone()),
             ..ObjectMeta::default()
         },
-        involved_object: ObjectReference {
+        regarding: Some(ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Pod".into()),
             name: Some(pod.name.clone()),
             namespace: Some(pod.namespace.clone()),
             uid: pod.uid.clone(),
             ..ObjectReference::default()
-        },
-        reason: Some("AgentFailed".into()),
-        message: Some(message.to_string()),
-        type_: Some("Warning".into()),
-        first_timestamp: Some(now.clone()),
-        last_timestamp: Some(now),
-        count: Some(1),
-        source: Some(EventSource {
-            component: Some("devctl-agent".into()),
-            host: None,
         }),
-        reporting_component: Some("devctl-agent".into()),
+        reason: Some("AgentFailed".into()),
+        action: Some("Report".into()),
+        note: Some(message.to_string()),
+        type_: Some("Warning".into()),
+        event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+        reporting_controller: Some("devctl.io/devctl-agent".into()),
         reporting_instance: Some(pod.name.clone()),
         ..Event::default()
     };

@@ -61,47 +61,43 @@ pub mod env {
 /// The health port's default and the engines' default ports.
 pub const DEFAULT_HEALTH_PORT: u16 = 8008;
 
-/// What the agent observed of its instance, written to [`STATUS_ANNOTATION`] on its pod.
+/// What the agent observed of its instance, written to [`STATUS_ANNOTATION`] on its pod. The
+/// report's documented keys (`role` to `lastError`) are always written, `null` when unknown or
+/// not applicable (a primary has no received or replayed position, MariaDB no timeline), so a
+/// reader can tell "not known" from a report of another version; the later keys only when set.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct InstanceStatus {
     /// `primary` or `replica` as the engine itself reports it (`pg_is_in_recovery()`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub role: Option<String>,
     /// The engine accepts connections (and, for the app role, logins).
     #[serde(default)]
     pub ready: bool,
     /// PostgreSQL's database system identifier (stays the same across restarts on the same
-    /// data); MySQL reports its `server_uuid`, MariaDB (which has none) leaves it out.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// data); MySQL reports its `server_uuid`, MariaDB (which has none) the identifier the agent
+    /// keeps in its data directory (`.devctl-system-identifier`, what its backups are filed under).
+    #[serde(default)]
     pub system_identifier: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub timeline: Option<i64>,
-    #[serde(
-        default,
-        rename = "receivedLSN",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, rename = "receivedLSN")]
     pub received_lsn: Option<String>,
-    #[serde(
-        default,
-        rename = "replayedLSN",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, rename = "replayedLSN")]
     pub replayed_lsn: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub lag_bytes: Option<i64>,
     /// The running engine's version (`server_version`), e.g. `15.18`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub engine_version: Option<String>,
     /// `host:port` where the engine listens.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub address: Option<String>,
     /// When the agent wrote this report (RFC 3339, UTC).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub heartbeat: Option<String>,
-    /// The last error, one line, never holding a secret; absent when healthy.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The last error, one line, never holding a secret; null when healthy.
+    #[serde(default)]
     pub last_error: Option<String>,
     /// The shutdown checkpoint of a primary stopped for a switchover: the target promotes only
     /// once it has received WAL up to here, so nothing written is lost.

@@ -65,6 +65,38 @@ async fn postgres_and_mariadb_become_ready_when_the_engine_serves_and_db_shell_l
             .is_some_and(|v| v.starts_with("10.")),
         "{report:?}"
     );
+    // MariaDB has no server_uuid: the agent's identifier of the data directory stands in.
+    assert!(report.system_identifier.is_some(), "{report:?}");
+    // Every key the report documents is there, null when it does not apply (a primary has no
+    // received position, MariaDB no timeline).
+    for pod in ["pg-0", "maria-0"] {
+        let annotations = env
+            .api::<Pod>()
+            .get(pod)
+            .await
+            .unwrap()
+            .metadata
+            .annotations;
+        let raw: serde_json::Value = serde_json::from_str(
+            &annotations.unwrap_or_default()[devctl_api::instance::STATUS_ANNOTATION],
+        )
+        .unwrap();
+        for key in [
+            "role",
+            "ready",
+            "systemIdentifier",
+            "timeline",
+            "receivedLSN",
+            "replayedLSN",
+            "lagBytes",
+            "engineVersion",
+            "address",
+            "heartbeat",
+            "lastError",
+        ] {
+            assert!(raw.get(key).is_some(), "{pod}: no {key} in {raw}");
+        }
+    }
 
     // `db status` lists each instance.
     let kubeconfig = env.kubeconfig.clone();

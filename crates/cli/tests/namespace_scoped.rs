@@ -111,7 +111,7 @@ fn manifests_for_a_watched_namespace_grant_nothing_namespaced_cluster_wide() {
     assert_eq!(binding["roleRef"]["name"], NAME);
     assert_eq!(binding["subjects"][0]["kind"], "ServiceAccount");
     assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE);
-    assert!(printed.contains("- --namespace=a\n"), "{printed}");
+    assert!(printed.contains("- --watch-namespace=a\n"), "{printed}");
 
     // Repeated and comma-separated values, in any order: one grant per namespace.
     let several = devctl_ok(
@@ -191,7 +191,7 @@ impl ScopedOperator {
             .stdout(Stdio::null())
             .stderr(log);
         for namespace in namespaces {
-            command.arg(format!("--namespace={namespace}"));
+            command.arg(format!("--watch-namespace={namespace}"));
         }
         Self(command.spawn().unwrap())
     }

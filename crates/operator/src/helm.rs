@@ -747,7 +747,7 @@ mod tests {
         );
         let deployment = contents(&files, "templates/deployment-devctl-operator.yaml");
         assert!(deployment.contains("- \"--webhook-bind-address=off\""));
-        assert!(deployment.contains("- {{ print \"--namespace=\" . | quote }}"));
+        assert!(deployment.contains("- {{ print \"--watch-namespace=\" . | quote }}"));
         assert!(deployment.contains("replicas: {{ $.Values.replicaCount }}"));
         assert!(deployment.contains("{{- toYaml $.Values.resources | nindent"));
     }

@@ -28,6 +28,7 @@ struct Args {
     #[arg(
         long = "namespace",
         short = 'n',
+        visible_alias = "watch-namespace",
         env = "DEVCTL_WATCH_NAMESPACES",
         value_delimiter = ','
     )]
@@ -206,9 +207,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         std::process::exit(2);
     }
     init_logging(args.log_format);
-    let instance = std::env::var("POD_NAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "devctl-operator".into());
+    let instance = std::env::var("POD_NAME").unwrap_or_else(|_| local_identity());
     let config = kube_config(&args).await?;
     let metrics = std::sync::Arc::new(devctl_operator::metrics::Metrics::default());
     // The controllers' client refuses writes unless leadership is confirmed; the election's
@@ -354,6 +353,19 @@ async fn stop_server(
     if let Some(server) = server {
         let _ = server.await;
     }
+}
+
+/// The leader-election identity of a replica outside a pod: the host's name and a random
+/// suffix, as client-go does — two replicas on one machine must never share an identity, or
+/// both would take the Lease as theirs.
+fn local_identity() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "devctl-operator".into());
+    format!("{host}_{:016x}", rand::random::<u64>())
 }
 
 #[cfg(test)]

@@ -70,7 +70,7 @@ pub const RULES: &[Rule] = &[
     Rule {
         group: "db.devctl.io",
         resources: &["databasebackups"],
-        verbs: READ,
+        verbs: &["get", "list", "watch", "create", "delete"],
     },
     Rule {
         group: "db.devctl.io",
@@ -288,7 +288,7 @@ pub struct InstallOptions {
     pub replicas: i32,
     /// Namespaces the operator watches. Empty: every namespace, with [`RULES`] granted by a
     /// ClusterRole; otherwise a Role and RoleBinding per namespace and the Deployment runs
-    /// with `--namespace` for each.
+    /// with `--watch-namespace` for each.
     pub watch_namespaces: Vec<String>,
 }
 
@@ -490,7 +490,7 @@ fn deployment(options: &InstallOptions, watched: &[String]) -> Value {
     args.extend(
         watched
             .iter()
-            .map(|namespace| format!("--namespace={namespace}")),
+            .map(|namespace| format!("--watch-namespace={namespace}")),
     );
     let selector = json!({ "app.kubernetes.io/name": NAME, "app.kubernetes.io/instance": NAME });
     json!({
@@ -627,7 +627,7 @@ mod tests {
         assert_eq!(of_kind(&objects, "MutatingWebhookConfiguration").len(), 1);
         let args = &objects.last().unwrap()["spec"]["template"]["spec"]["containers"][0]["args"];
         assert!(
-            !args.to_string().contains("--namespace"),
+            !args.to_string().contains("namespace="),
             "watches every namespace: {args}"
         );
     }
@@ -706,7 +706,10 @@ mod tests {
             .iter()
             .filter_map(|a| a.as_str())
             .collect();
-        assert_eq!(args[args.len() - 2..], ["--namespace=a", "--namespace=b"]);
+        assert_eq!(
+            args[args.len() - 2..],
+            ["--watch-namespace=a", "--watch-namespace=b"]
+        );
         // Webhook configurations are cluster-wide: a confined operator serves none.
         assert!(args.contains(&"--webhook-bind-address=off"));
         assert!(of_kind(&objects, "ValidatingWebhookConfiguration").is_empty());

@@ -520,6 +520,13 @@ impl Metrics {
         self.max_concurrent
             .get_or_create(&ControllerLabels { controller })
             .set(i64::from(limit));
+        // The controller's queue series exist from its start, at zero, as client-go's
+        // workqueue exports them: a rate over a series that appears only at the first retry
+        // sees nothing, and a dashboard shows "no data" instead of 0.
+        let queue = QueueLabels { name: controller };
+        let _ = self.queue_adds.get_or_create(&queue);
+        let _ = self.queue_retries.get_or_create(&queue);
+        let _ = self.queue_depth.get_or_create(&queue);
     }
 
     /// Whether this replica holds the leader lease `name`.
@@ -851,7 +858,15 @@ mod tests {
             let _b = metrics.start_reconcile("webapp");
         }
         let _c = metrics.start_reconcile("webapp");
+        metrics.set_max_concurrent("webapp", 4);
         let text = metrics.encode();
+        for series in [
+            r#"workqueue_retries_total{name="webapp"} 0"#,
+            r#"workqueue_adds_total{name="webapp"} 0"#,
+            r#"workqueue_depth{name="webapp"} 0"#,
+        ] {
+            assert!(text.contains(series), "{series} before any retry: {text}");
+        }
         assert!(
             text.contains(r#"controller_runtime_reconcile_errors_total{controller="webapp"} 0"#),
             "{text}"

@@ -425,6 +425,7 @@ where
             ),
         );
     });
+    let finished = metrics.clone();
     let context = Arc::new(Context::new(client, caches, settings, instance));
     Controller::for_stream(objects, reader)
         .reconcile_on(triggers)
@@ -459,6 +460,18 @@ where
                 Ok((object, _)) => Ok(object.name),
                 Err(kube::runtime::controller::Error::ReconcilerFailed(error, object)) => {
                     Err(format!("{object}: {error}"))
+                }
+                Err(kube::runtime::controller::Error::ObjectNotFound(object)) => {
+                    // A child's event for an owner deleted meanwhile: nothing to reconcile, and
+                    // its queue entry is done (or `workqueue_depth` would count it forever).
+                    let object_key = format!(
+                        "{}/{}",
+                        object.namespace.as_deref().unwrap_or_default(),
+                        object.name
+                    );
+                    finished.queue_start(name, &object_key);
+                    tracing::debug!(controller = name, object = %object_key, "owner is gone");
+                    Err(format!("{object_key}: gone"))
                 }
                 Err(error) => {
                     // A watch or queue failure: not the error policy's, so it is said here.

@@ -590,6 +590,46 @@ impl ControlPlane {
         kubeconfig::client(self.kubeconfig_for(user, groups)?).await
     }
 
+    /// Grants `user` exactly the rules of `cluster_role` (a ClusterRole's JSON; its name is set
+    /// to `user`) through a ClusterRoleBinding of the same name, and returns a client acting as
+    /// `user`: how tests run the operator with the rights its install grants, not as an admin.
+    pub async fn client_with_rules(
+        &self,
+        user: &str,
+        mut cluster_role: serde_json::Value,
+    ) -> Result<kube::Client, Error> {
+        use kube::api::DynamicObject;
+        use kube::core::{ApiResource, GroupVersionKind};
+        cluster_role["metadata"]["name"] = serde_json::json!(user);
+        let binding = serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": { "name": user },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user },
+            "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }],
+        });
+        let client = self.client().await?;
+        for (kind, plural, body) in [
+            ("ClusterRole", "clusterroles", &cluster_role),
+            ("ClusterRoleBinding", "clusterrolebindings", &binding),
+        ] {
+            let api = Api::<DynamicObject>::all_with(
+                client.clone(),
+                &ApiResource::from_gvk_with_plural(
+                    &GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", kind),
+                    plural,
+                ),
+            );
+            api.patch(
+                user,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(body),
+            )
+            .await?;
+        }
+        self.client_for(user, &[]).await
+    }
+
     /// A client that sends no credentials.
     pub async fn anonymous_client(&self) -> Result<kube::Client, Error> {
         let config = kubeconfig::build(

@@ -50,6 +50,37 @@ pub fn default_requests(engine: Engine) -> [(&'static str, &'static str); 2] {
     }
 }
 
+/// The requests `spec.resources` lacks, with the values they default to: the engine's default
+/// request, or the container's limit when that is lower — a request above its limit makes the
+/// pod template invalid, and Kubernetes itself defaults a missing request to the limit.
+pub fn missing_requests(spec: &DatabaseClusterSpec) -> Vec<(&'static str, String)> {
+    let resources = spec.resources.as_ref();
+    let requests = resources.and_then(|r| r.requests.as_ref());
+    let limits = resources.and_then(|r| r.limits.as_ref());
+    default_requests(spec.engine)
+        .into_iter()
+        .filter(|(key, _)| !requests.is_some_and(|r| r.contains_key(*key)))
+        .map(|(key, default)| {
+            let amount = |q: &str| match key {
+                "cpu" => crate::quantity::to_millicores(q),
+                _ => crate::quantity::to_bytes(q),
+            };
+            let limit = limits.and_then(|l| l.get(key)).map(|q| q.0.as_str());
+            let value = match limit {
+                Some(limit)
+                    if amount(limit)
+                        .zip(amount(default))
+                        .is_some_and(|(l, d)| l < d) =>
+                {
+                    limit.to_string()
+                }
+                _ => default.to_string(),
+            };
+            (key, value)
+        })
+        .collect()
+}
+
 /// What the validating webhook knows of the request besides the new spec.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Request<'a> {
@@ -158,16 +189,7 @@ fn majority(members: i32) -> i32 {
 /// engine's CPU and memory requests when `spec.resources.requests` lacks them. Written into
 /// the object, so a later change of the operator's defaults never restarts a database.
 pub fn defaults(spec: &DatabaseClusterSpec) -> Vec<Value> {
-    let missing: Vec<(&str, &str)> = default_requests(spec.engine)
-        .into_iter()
-        .filter(|(key, _)| {
-            !spec
-                .resources
-                .as_ref()
-                .and_then(|r| r.requests.as_ref())
-                .is_some_and(|requests| requests.contains_key(*key))
-        })
-        .collect();
+    let missing = missing_requests(spec);
     if missing.is_empty() {
         return Vec::new();
     }
@@ -388,5 +410,26 @@ mod tests {
         let mut value = base();
         value["resources"] = json!({ "requests": { "cpu": "1", "memory": "1Gi" } });
         assert!(defaults(&spec(value)).is_empty());
+    }
+
+    #[test]
+    fn a_default_request_never_exceeds_the_limit() {
+        let mut value = base();
+        value["resources"] = json!({ "limits": { "cpu": "100m", "memory": "256Mi" } });
+        assert_eq!(
+            defaults(&spec(value)),
+            vec![
+                json!({ "op": "add", "path": "/spec/resources/requests", "value": { "cpu": "100m", "memory": "256Mi" } })
+            ]
+        );
+        let mut value = base();
+        value["resources"] = json!({ "limits": { "cpu": "2", "memory": "0.25Gi" } });
+        assert_eq!(
+            missing_requests(&spec(value)),
+            vec![
+                ("cpu", "250m".to_string()),
+                ("memory", "0.25Gi".to_string())
+            ]
+        );
     }
 }

@@ -28,9 +28,14 @@ fn ensure_agent_built() {
     }
 }
 
+/// The user the in-process operator acts as (the suite's operator tests use the same name).
+const OPERATOR_USER: &str = "devctl-operator-under-test";
+
 pub struct Env {
     pub cluster: &'static devctl_testenv::Cluster,
     pub client: kube::Client,
+    /// Acts as the operator: bound to the generated ClusterRole only.
+    operator_client: kube::Client,
     pub namespace: String,
     pub kubeconfig: PathBuf,
     _dir: tempfile::TempDir,
@@ -54,9 +59,17 @@ impl Env {
             }
         }
         devctl_testenv::kubeconfig::write(&config, &kubeconfig).unwrap();
+        let operator_client = cluster
+            .client_with_rules(
+                OPERATOR_USER,
+                devctl_operator::manifests::cluster_role(devctl_operator::manifests::RULES),
+            )
+            .await
+            .unwrap();
         let mut env = Self {
             cluster,
             client,
+            operator_client,
             namespace,
             kubeconfig,
             _dir: dir,
@@ -66,10 +79,11 @@ impl Env {
         env
     }
 
-    /// Runs the operator in this process for the test's namespace.
+    /// Runs the operator in this process for the test's namespace, with exactly the rights
+    /// `devctl operator install` grants it (a right it lacks fails the data-path tests too).
     pub fn start_operator(&mut self) {
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let client = self.client.clone();
+        let client = self.operator_client.clone();
         let watched = self.namespace.clone();
         tokio::spawn(async move {
             let _ = devctl_operator::run(

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use devctl_api::conditions::{self, Desired, FALSE, READY, TRUE};
+use devctl_api::conditions::{self, Desired, FALSE, READY, RECONCILING, STALLED, TRUE};
 use devctl_api::database_backup::{
     BackupPhase, BackupTarget, DatabaseBackup, DatabaseBackupStatus,
 };
@@ -107,7 +107,32 @@ fn conditions_for(phase: BackupPhase, message: &str) -> Vec<Desired> {
         BackupPhase::Running => (FALSE, "Running"),
         BackupPhase::Pending => (FALSE, "Pending"),
     };
-    vec![Desired::new(READY, status, reason, message.to_string())]
+    // kstatus's abnormal-true pair, so GitOps tools and `kubectl wait` tell a backup under way
+    // (InProgress) from a failed one (Failed: it is never retried, a new backup is needed).
+    let (reconciling, stalled) = match phase {
+        BackupPhase::Completed => (
+            Desired::new(RECONCILING, FALSE, reason, "the backup is complete"),
+            Desired::new(STALLED, FALSE, "AsExpected", "nothing blocks progress"),
+        ),
+        BackupPhase::Failed => (
+            Desired::new(
+                RECONCILING,
+                FALSE,
+                "Stalled",
+                "the backup failed and is not retried (see Stalled)",
+            ),
+            Desired::new(STALLED, TRUE, reason, message.to_string()),
+        ),
+        BackupPhase::Running | BackupPhase::Pending => (
+            Desired::new(RECONCILING, TRUE, reason, message.to_string()),
+            Desired::new(STALLED, FALSE, "AsExpected", "nothing blocks progress"),
+        ),
+    };
+    vec![
+        Desired::new(READY, status, reason, message.to_string()),
+        reconciling,
+        stalled,
+    ]
 }
 
 async fn write(
@@ -386,6 +411,32 @@ mod tests {
             } }
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn kstatus_reads_a_backup_under_way_as_in_progress_and_a_failed_one_as_failed() {
+        let of = |phase| {
+            let conditions = conditions_for(phase, "the store refused: AccessDenied");
+            let find = |t: &str| {
+                let c = conditions.iter().find(|c| c.type_ == t).unwrap();
+                (c.status, c.reason.clone())
+            };
+            (find(READY), find(RECONCILING), find(STALLED))
+        };
+        let (ready, reconciling, stalled) = of(BackupPhase::Running);
+        assert_eq!((ready.0, reconciling.0, stalled.0), (FALSE, TRUE, FALSE));
+        assert_eq!(reconciling.1, "Running");
+        let (ready, reconciling, stalled) = of(BackupPhase::Failed);
+        assert_eq!((ready.0, reconciling.0, stalled.0), (FALSE, FALSE, TRUE));
+        assert_eq!(stalled.1, "Failed");
+        let failed = conditions_for(BackupPhase::Failed, "the store refused: AccessDenied");
+        assert!(
+            failed
+                .iter()
+                .any(|c| c.type_ == STALLED && c.message.contains("AccessDenied"))
+        );
+        let (ready, reconciling, stalled) = of(BackupPhase::Completed);
+        assert_eq!((ready.0, reconciling.0, stalled.0), (TRUE, FALSE, FALSE));
     }
 
     #[test]

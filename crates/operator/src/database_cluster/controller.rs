@@ -192,11 +192,17 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
             .problem
             .get_or_insert((status::BACKUP_FAILING, format!("retention: {why}")));
     }
-    let timer = match (step.timer, scheduled.wait) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-    .map(|timer| timer + TIMER_MARGIN);
+    // A backup destination or restore source that cannot be used as configured waits for a
+    // Secret or a DatabaseBackup the caches do not hold (they keep only what devctl labels):
+    // the cluster looks again every `CONFIGURATION_RECHECK` while that lasts, so fixing the
+    // cause clears `Degraded` without waiting for the health requeue.
+    let recheck = (store.restore_problem.is_some() || store.destination_problem.is_some())
+        .then_some(CONFIGURATION_RECHECK);
+    let timer = [step.timer, scheduled.wait, recheck]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|timer| timer + TIMER_MARGIN);
     if let Some(timer) = timer {
         ctx.backoff.retry_within(&key(db.as_ref()), timer);
     }
@@ -262,6 +268,10 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     }
     Ok(action)
 }
+
+/// How often a cluster whose backup destination or restore source is misconfigured looks
+/// again (what it waits for — a Secret, a DatabaseBackup — is not watched).
+const CONFIGURATION_RECHECK: Duration = Duration::from_secs(30);
 
 /// Past a deadline, so that the reconcile finds it passed rather than a moment short.
 const TIMER_MARGIN: Duration = Duration::from_millis(250);

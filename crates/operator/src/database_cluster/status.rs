@@ -312,11 +312,23 @@ pub fn compute(
             .as_ref()
             .map(|m| (REPLICATION_UNSUPPORTED, m)));
     // What keeps the declared state from being reached without a human.
+    // A lost primary without automatic failover waits for `devctl db promote` (or for the
+    // primary to come back): nothing the operator does on its own moves it on.
+    let auto_failover_off = db
+        .spec
+        .high_availability
+        .as_ref()
+        .is_some_and(|ha| ha.enabled && !ha.auto_failover);
+    let waits_for_a_human = observed
+        .primary_lost
+        .as_deref()
+        .filter(|_| auto_failover_off)
+        .map(|lost| (PRIMARY_UNAVAILABLE, lost));
     let stalled: Option<(&str, &str)> = match (&observed.failure, refused) {
         (Some(failure), _) if failure.permanent => Some((failure.reason, &failure.message)),
         (Some(_), _) => None,
         (None, Some((reason, message))) => Some((reason, message)),
-        (None, None) => None,
+        (None, None) => waits_for_a_human,
     };
 
     let mut desired = Vec::new();
@@ -447,7 +459,7 @@ pub fn compute(
         observed_generation: db.metadata.generation,
         conditions: conditions::merge(&previous.conditions, &desired, db.metadata.generation, now),
         primary_endpoint: Some(names.dns(&names.read_write_service(), observed.cluster_domain)),
-        replica_endpoint: (want > 1)
+        replica_endpoint: (super::resources::stateful_set::instances(db) > 1)
             .then(|| names.dns(&names.read_only_service(), observed.cluster_domain)),
         connection_secret_name: Some(names.secret()),
         current_version,
@@ -833,6 +845,26 @@ mod tests {
         assert_eq!(condition(&status, RECONCILING).status, FALSE);
         assert_eq!(condition(&status, READY).reason, "VersionChangeRefused");
         assert_eq!(condition(&status, DEGRADED).reason, "VersionChangeRefused");
+    }
+
+    #[test]
+    fn a_lost_primary_without_automatic_failover_is_stalled() {
+        let s = sts(3, 3, true);
+        // A lost primary: stalled only when no automatic failover will act.
+        let lost = |auto_failover: bool| {
+            let mut db = sample();
+            db.spec.high_availability = Some(devctl_api::database_cluster::HighAvailabilitySpec {
+                enabled: true,
+                auto_failover,
+                failover_timeout: "30s".into(),
+            });
+            let mut o = observed(Some(&s));
+            o.primary_lost = Some("the primary my-postgres-0 did not renew the lock".into());
+            condition(&compute(&db, &o, &now()).unwrap(), STALLED).clone()
+        };
+        assert_eq!(lost(false).status, TRUE);
+        assert_eq!(lost(false).reason, PRIMARY_UNAVAILABLE);
+        assert_eq!(lost(true).status, FALSE);
     }
 
     #[test]

@@ -20,11 +20,10 @@ const DEFAULT_MEMORY_REQUEST: &str = "512Mi";
 /// the same defaults into admitted objects).
 pub fn effective_resources(spec: &DatabaseClusterSpec) -> ResourceRequirements {
     let mut resources = spec.resources.clone().unwrap_or_default();
+    let missing = devctl_api::database_cluster::admission::missing_requests(spec);
     let requests = resources.requests.get_or_insert_with(Default::default);
-    for (key, value) in devctl_api::database_cluster::admission::default_requests(spec.engine) {
-        requests
-            .entry(key.into())
-            .or_insert_with(|| Quantity(value.into()));
+    for (key, value) in missing {
+        requests.insert(key.into(), Quantity(value));
     }
     resources
 }

@@ -11,6 +11,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::resources::selector;
 
 pub const AVAILABLE: &str = "Available";
+pub const CREATING: &str = "Creating";
+pub const SCALING: &str = "Scaling";
+pub const UPGRADING: &str = "Upgrading";
+pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
 
 fn deployment_condition<'a>(
     deployment: &'a Deployment,
@@ -63,6 +67,56 @@ fn rolled_out(app: &WebApp, observed: &Observed<'_>) -> bool {
         && status.ready_replicas.unwrap_or(0) == want
 }
 
+/// The Deployment's controller stopped the rollout (`Progressing=False`,
+/// `ProgressDeadlineExceeded`): its message.
+fn deadline_exceeded(deployment: Option<&Deployment>) -> Option<String> {
+    let condition = deployment_condition(deployment?, conditions::PROGRESSING)?;
+    (condition.status.as_deref() == Some(FALSE)
+        && condition.reason.as_deref() == Some(PROGRESS_DEADLINE_EXCEEDED))
+    .then(|| condition.message.clone().unwrap_or_default())
+}
+
+/// Why the declared state is not reached yet, as kstatus readers and `kubectl wait` show it:
+/// the Deployment is being made, its pods are being replaced by the new template
+/// (`Upgrading`), or their number is changing (`Scaling`). A rollout the cache has not seen
+/// yet (`applied_now`) is told from the spec against the Deployment as it was.
+fn rollout_reason(app: &WebApp, observed: &Observed<'_>) -> &'static str {
+    let Some(deployment) = observed.deployment else {
+        return CREATING;
+    };
+    let image = deployment
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|p| p.containers.first())
+        .and_then(|c| c.image.as_deref());
+    if image != Some(app.spec.image.as_str()) {
+        return UPGRADING;
+    }
+    let Some(status) = deployment.status.as_ref() else {
+        return CREATING;
+    };
+    let spec_replicas = deployment.spec.replicas;
+    let new_template_rolling = !observed.applied_now
+        && status.observed_generation >= deployment.metadata.generation
+        && status.updated_replicas.unwrap_or(0) < status.replicas.unwrap_or(0);
+    if new_template_rolling {
+        return UPGRADING;
+    }
+    if spec_replicas != Some(app.spec.replicas) || status.replicas.unwrap_or(0) != app.spec.replicas
+    {
+        return SCALING;
+    }
+    if status.ready_replicas.is_none()
+        && status.available_replicas.is_none()
+        && status.replicas.unwrap_or(0) == 0
+    {
+        return CREATING;
+    }
+    SCALING
+}
+
 pub fn compute(app: &WebApp, observed: &Observed<'_>, now: &Time) -> WebAppStatus {
     let previous = app.status.clone().unwrap_or_default();
     let want = app.spec.replicas;
@@ -96,6 +150,7 @@ pub fn compute(app: &WebApp, observed: &Observed<'_>, now: &Time) -> WebAppStatu
     };
     let progress = format!("{ready}/{want} pods ready, {updated} up to date");
     let mut desired = vec![available_condition];
+    let stalled_message: String;
     let (in_progress, stalled) = match &observed.failure {
         Some(failure) => {
             desired.push(Desired::new(
@@ -130,21 +185,46 @@ pub fn compute(app: &WebApp, observed: &Observed<'_>, now: &Time) -> WebAppStatu
             ));
             (None, None)
         }
-        None => {
-            desired.push(Desired::new(
-                conditions::READY,
-                FALSE,
-                "RollingOut",
-                progress.clone(),
-            ));
-            desired.push(Desired::new(
-                conditions::PROGRESSING,
-                TRUE,
-                "RollingOut",
-                progress.clone(),
-            ));
-            (Some(("RollingOut", progress.as_str())), None)
-        }
+        None => match deadline_exceeded(deployment) {
+            // The Deployment's controller gave up on the rollout: it needs a human (a bad
+            // image, a quota), whatever is retried here.
+            Some(message) => {
+                let message = format!("the rollout stopped: {message}");
+                desired.push(Desired::new(
+                    conditions::READY,
+                    FALSE,
+                    PROGRESS_DEADLINE_EXCEEDED,
+                    message.clone(),
+                ));
+                desired.push(Desired::new(
+                    conditions::PROGRESSING,
+                    FALSE,
+                    PROGRESS_DEADLINE_EXCEEDED,
+                    message.clone(),
+                ));
+                stalled_message = message;
+                (
+                    None,
+                    Some((PROGRESS_DEADLINE_EXCEEDED, stalled_message.as_str())),
+                )
+            }
+            None => {
+                let reason = rollout_reason(app, observed);
+                desired.push(Desired::new(
+                    conditions::READY,
+                    FALSE,
+                    reason,
+                    progress.clone(),
+                ));
+                desired.push(Desired::new(
+                    conditions::PROGRESSING,
+                    TRUE,
+                    reason,
+                    progress.clone(),
+                ));
+                (Some((reason, progress.as_str())), None)
+            }
+        },
     };
     desired.extend(conditions::kstatus(in_progress, stalled));
 
@@ -234,7 +314,82 @@ mod tests {
             "False",
             "the cached Deployment runs the old image"
         );
-        assert_eq!(find("Reconciling").reason, "RollingOut");
+        assert_eq!(find("Reconciling").reason, "Upgrading");
+        assert_eq!(find("Ready").reason, "Upgrading");
+    }
+
+    #[test]
+    fn a_replica_change_is_scaling_and_a_new_image_upgrading() {
+        let now = Time(Timestamp::from_second(10).unwrap());
+        let app = super::super::resources::sample();
+        let d = deployment(5);
+        let reasons = |app: &WebApp, observed: &Observed<'_>| {
+            let status = compute(app, observed, &now);
+            let find = |t: &str| conditions::find(&status.conditions, t).unwrap().clone();
+            (
+                find("Ready").reason,
+                find("Progressing").reason,
+                find("Reconciling").reason,
+            )
+        };
+        let scaling = |r: &str| (r.to_string(), r.to_string(), r.to_string());
+        let mut more = app.clone();
+        more.spec.replicas = 7;
+        // The status write of the reconcile that applies the change, and the later ones
+        // while the Deployment's controller works on it.
+        let mut fresh = observed(Some(&d));
+        fresh.applied_now = true;
+        assert_eq!(reasons(&more, &fresh), scaling("Scaling"));
+        let mut scaled = d.clone();
+        scaled.spec.replicas = Some(7);
+        assert_eq!(reasons(&more, &observed(Some(&scaled))), scaling("Scaling"));
+        let mut new_image = app.clone();
+        new_image.spec.image = "myregistry/myapp:v2.2.0".into();
+        assert_eq!(reasons(&new_image, &fresh), scaling("Upgrading"));
+        let mut rolling = d.clone();
+        rolling.spec.template.spec.as_mut().unwrap().containers[0].image =
+            Some("myregistry/myapp:v2.2.0".into());
+        rolling.status.as_mut().unwrap().updated_replicas = Some(2);
+        assert_eq!(
+            reasons(&new_image, &observed(Some(&rolling))),
+            scaling("Upgrading")
+        );
+        assert_eq!(reasons(&app, &observed(None)), scaling("Creating"));
+    }
+
+    #[test]
+    fn a_rollout_past_its_deadline_is_stalled() {
+        let now = Time(Timestamp::from_second(10).unwrap());
+        let mut d = deployment(2);
+        d.status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()
+            .push(
+                serde_json::from_value(json!({
+                    "type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+                    "message": "ReplicaSet \"x\" has timed out progressing."
+                }))
+                .unwrap(),
+            );
+        let status = compute(
+            &super::super::resources::sample(),
+            &observed(Some(&d)),
+            &now,
+        );
+        let find = |t: &str| conditions::find(&status.conditions, t).unwrap().clone();
+        assert_eq!(
+            (
+                find("Stalled").status.as_str(),
+                find("Stalled").reason.as_str()
+            ),
+            ("True", "ProgressDeadlineExceeded")
+        );
+        assert!(find("Stalled").message.contains("timed out progressing"));
+        assert_eq!(find("Reconciling").status, "False");
+        assert_eq!(find("Ready").status, "False");
     }
 
     #[test]

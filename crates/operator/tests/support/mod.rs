@@ -251,37 +251,10 @@ pub fn assert_rejected<T: std::fmt::Debug>(result: Result<T, kube::Error>, expec
 /// Binds `user` to a ClusterRole named after it with `rules` (normally the generated
 /// `manifests::RULES`): the operator under test gets exactly the rights an install grants.
 pub async fn bind_rules(cluster: &Cluster, user: &str, rules: &[devctl_operator::manifests::Rule]) {
-    use kube::api::{DynamicObject, Patch, PatchParams};
-    use kube::core::{ApiResource, GroupVersionKind};
-    let client = cluster.client().await.unwrap();
-    let mut role = devctl_operator::manifests::cluster_role(rules);
-    role["metadata"]["name"] = serde_json::json!(user);
-    let binding = serde_json::json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": { "name": user },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user },
-        "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }],
-    });
-    for (kind, plural, body) in [
-        ("ClusterRole", "clusterroles", &role),
-        ("ClusterRoleBinding", "clusterrolebindings", &binding),
-    ] {
-        let api = Api::<DynamicObject>::all_with(
-            client.clone(),
-            &ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", kind),
-                plural,
-            ),
-        );
-        api.patch(
-            user,
-            &PatchParams::apply("devctl-test").force(),
-            &Patch::Apply(body),
-        )
+    cluster
+        .client_with_rules(user, devctl_operator::manifests::cluster_role(rules))
         .await
         .unwrap();
-    }
 }
 
 /// The `devctl-operator` binary watching one namespace as a user bound to the generated

@@ -256,6 +256,30 @@ mod tests {
     }
 
     #[test]
+    fn a_mysql_cluster_asking_for_replicas_gets_no_replica_service_or_budget() {
+        let mut db = sample();
+        db.spec.engine = devctl_api::database_cluster::Engine::Mysql;
+        db.spec.version = "8.4".into();
+        let kinds_and_names: Vec<(&str, String)> = desired(&db, &inputs())
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.kind, c.name))
+            .collect();
+        assert!(
+            !kinds_and_names
+                .iter()
+                .any(|(kind, name)| *kind == "PodDisruptionBudget" || name.ends_with("-ro")),
+            "one instance runs: {kinds_and_names:?}"
+        );
+        let postgres: Vec<String> = desired(&sample(), &inputs())
+            .unwrap()
+            .into_iter()
+            .map(|c| c.name)
+            .collect();
+        assert!(postgres.iter().any(|n| n.ends_with("-ro")), "{postgres:?}");
+    }
+
+    #[test]
     fn equal_render_keys_render_equal_children_and_every_input_counts() {
         let db = sample();
         let base = inputs();

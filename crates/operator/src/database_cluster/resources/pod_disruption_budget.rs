@@ -10,7 +10,7 @@ use crate::children::Child;
 use crate::error::Result;
 
 pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Result<Option<Child>> {
-    if db.spec.replicas <= 1 {
+    if super::stateful_set::instances(db) <= 1 {
         return Ok(None);
     }
     let name = names.pod_disruption_budget();

@@ -55,7 +55,7 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
             json!({ "type": "ClusterIP", "selector": primary_selector, "ports": ports }),
         )?,
     ];
-    if db.spec.replicas > 1 {
+    if super::stateful_set::instances(db) > 1 {
         services.push(service(
             names.read_only_service(),
             "read-only-service",
