@@ -185,6 +185,21 @@ pub async fn report_failure(client: kube::Client, pod: &PodRef, status: Instance
     }
 }
 
+/// The API server refuses an event whose note is longer than 1 KiB.
+const NOTE_LIMIT: usize = 1024;
+
+/// `message` cut to the note limit at a character boundary.
+fn within_note_limit(message: &str) -> String {
+    if message.len() <= NOTE_LIMIT {
+        return message.to_string();
+    }
+    let mut end = NOTE_LIMIT - '…'.len_utf8();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &message[..end])
+}
+
 /// An `events.k8s.io/v1` Event, the API the agent's Role grants (core `v1` events are not).
 async fn create_event(
     client: kube::Client,
@@ -208,7 +223,7 @@ async fn create_event(
         }),
         reason: Some("AgentFailed".into()),
         action: Some("Report".into()),
-        note: Some(message.to_string()),
+        note: Some(within_note_limit(message)),
         type_: Some("Warning".into()),
         event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
         reporting_controller: Some("devctl.io/devctl-agent".into()),
@@ -216,4 +231,18 @@ async fn create_event(
         ..Event::default()
     };
     api.create(&PostParams::default(), &event).await.map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_failure_fits_an_event_note() {
+        let long = "é".repeat(700);
+        let note = within_note_limit(&long);
+        assert!(note.len() <= NOTE_LIMIT, "{}", note.len());
+        assert!(note.ends_with('…'));
+        assert_eq!(within_note_limit("short"), "short");
+    }
 }

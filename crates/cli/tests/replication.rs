@@ -14,7 +14,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
-use support::databases::{Env, READY_TIMEOUT, ready};
+use support::databases::{Env, READY_TIMEOUT, condition, ready};
 
 /// The pods an EndpointSlice of `service` points at.
 async fn endpoints(env: &Env, service: &str) -> BTreeSet<String> {
@@ -432,4 +432,93 @@ async fn a_switchover_loses_nothing_and_the_old_primary_streams_from_the_new_one
         .filter(|e| e.reason.as_deref() == Some("Promoted"))
         .collect();
     assert_eq!(promoted.len(), 1, "{promoted:#?}");
+
+    // Scaling to one instance would remove the primary (sw-1): refused, with the way out; sw-2
+    // goes, sw-0 and sw-1 keep running, and writes go on.
+    env.api::<DatabaseCluster>()
+        .patch(
+            "sw",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "replicas": 1 } })),
+        )
+        .await
+        .unwrap();
+    let db = env
+        .wait_db("sw", "the scale-down refused", |db| {
+            condition(db, "Stalled")
+                .is_some_and(|(status, reason, _)| status == "True" && reason == "ScaleDownRefused")
+        })
+        .await;
+    let (_, _, message) = condition(&db, "Stalled").unwrap();
+    assert!(
+        message.contains("sw-1") && message.contains("devctl db promote sw sw-0"),
+        "{message}"
+    );
+    assert_eq!(condition(&db, "Ready").unwrap().0, "False");
+    devctl_testenv::eventually(
+        "sw-2 to go, sw-0 and sw-1 to stay",
+        READY_TIMEOUT,
+        || async {
+            let pods = env.api::<Pod>().list(&ListParams::default()).await.ok()?;
+            let names: BTreeSet<String> = pods
+                .items
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter_map(|p| p.metadata.name.clone())
+                .filter(|n| n.starts_with("sw-"))
+                .collect();
+            (names == set(&["sw-0", "sw-1"])).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    env.shell_ok("sw", "insert into t values (1002)").await;
+    assert!(
+        events_with_reason(&env, "ScaleDownRefused").await >= 1,
+        "a Warning event says why"
+    );
+
+    // Once the primary moves to an instance that stays, the scale-down proceeds.
+    let kubeconfig = env.kubeconfig.clone();
+    tokio::task::spawn_blocking(move || {
+        support::devctl_ok(
+            &kubeconfig,
+            &["db", "promote", "sw", "sw-0", "--wait", "--timeout", "150"],
+        )
+    })
+    .await
+    .unwrap();
+    let db = env.wait_ready_with("sw", 1).await;
+    devctl_testenv::eventually("only sw-0 to run", READY_TIMEOUT, || async {
+        let pods = env.api::<Pod>().list(&ListParams::default()).await.ok()?;
+        let names: BTreeSet<String> = pods
+            .items
+            .iter()
+            .filter_map(|p| p.metadata.name.clone())
+            .filter(|n| n.starts_with("sw-"))
+            .collect();
+        (names == set(&["sw-0"])).then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(db.status.unwrap().current_primary.as_deref(), Some("sw-0"));
+    assert_eq!(
+        env.instance_sql_ok("sw", "sw-0", "select count(*) from t")
+            .await,
+        "1002",
+        "no row lost"
+    );
+}
+
+async fn events_with_reason(env: &Env, reason: &str) -> usize {
+    let events = env
+        .api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    events
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .count()
 }

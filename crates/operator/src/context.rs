@@ -35,6 +35,34 @@ pub struct Settings {
     /// optional `path`, `region`, `ca.crt`, and `accessKeyId`, `secretAccessKey`
     /// (`--default-backup-secret`; docs/backup.md).
     pub default_backup_secret: Option<(String, String)>,
+    /// The reconcile slots of each controller, shared by its instances in every watched
+    /// namespace: `concurrency` bounds one controller, however many namespaces it watches.
+    pub workers: Workers,
+}
+
+/// One semaphore of `concurrency` permits per controller name, shared by every clone.
+#[derive(Debug, Clone, Default)]
+pub struct Workers(
+    Arc<std::sync::Mutex<std::collections::HashMap<&'static str, Arc<tokio::sync::Semaphore>>>>,
+);
+
+impl Workers {
+    /// Waits for a reconcile slot of `controller` (`limit` slots in all).
+    pub async fn slot(
+        &self,
+        controller: &'static str,
+        limit: u16,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let semaphore = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(controller)
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(usize::from(limit.max(1)))))
+            .clone();
+        // Never closed: an error cannot happen, and would only mean no bound.
+        semaphore.acquire_owned().await.ok()
+    }
 }
 
 /// The default of `--concurrency`, as controller-runtime users expect.
@@ -54,6 +82,7 @@ impl Default for Settings {
             child_event_window: DEFAULT_CHILD_EVENT_WINDOW,
             agent_image: crate::manifests::DEFAULT_IMAGE.into(),
             default_backup_secret: None,
+            workers: Workers::default(),
         }
     }
 }
@@ -88,5 +117,32 @@ impl Context {
             status_writes: StatusWrites::default(),
             settings,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn one_controller_in_two_namespaces_shares_its_slots() {
+        // Two scopes' copies of the settings, as `Operator::controllers` hands them out.
+        let a = Settings::default();
+        let b = a.clone();
+        let first = a.workers.slot("databasecluster", 1).await;
+        let second = b.workers.slot("databasecluster", 1);
+        tokio::pin!(second);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut second)
+                .await
+                .is_err(),
+            "the second namespace waits for the one slot"
+        );
+        assert!(
+            b.workers.slot("webapp", 1).await.is_some(),
+            "another controller has its own slots"
+        );
+        drop(first);
+        assert!(second.await.is_some());
     }
 }

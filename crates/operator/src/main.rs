@@ -236,6 +236,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 None => (args.leader_election_namespace.clone(), s.to_string()),
             }
         }),
+        workers: Default::default(),
     };
     let (server_stop, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = if args.metrics_bind_address == "off" {

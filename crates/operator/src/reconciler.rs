@@ -153,7 +153,8 @@ where
 }
 
 /// The predicate of every primary watch: reconcile only when something a user or the
-/// finalizer helper changed — the spec (generation), deletion, finalizers or annotations.
+/// finalizer helper changed — the spec (generation), deletion, finalizers, annotations or
+/// labels.
 /// The operator's own status writes change none of these, so they do not trigger another
 /// reconcile; deletions still do.
 pub fn relevant_change<K: Resource>(object: &K) -> Option<u64> {
@@ -171,6 +172,8 @@ pub fn relevant_change<K: Resource>(object: &K) -> Option<u64> {
         .filter(|f| f.as_str() != devctl_api::database_cluster::FINALIZER)
         .for_each(|f| f.hash(&mut hasher));
     meta.annotations.hash(&mut hasher);
+    // Labels too: `kubectl label` is a way users force a reconcile, as annotating is.
+    meta.labels.hash(&mut hasher);
     Some(hasher.finish())
 }
 
@@ -437,6 +440,11 @@ where
                 let work = reconcile(object, ctx.clone());
                 async move {
                     ctx.caches.wait_settled(reads).await;
+                    let _slot = ctx
+                        .settings
+                        .workers
+                        .slot(name, ctx.settings.concurrency)
+                        .await;
                     ctx.settings.metrics.queue_start(name, &object_key);
                     tracing::debug!(object = %object_key, "reconcile starts");
                     let _in_flight = ctx.settings.metrics.start_reconcile(name);
@@ -646,6 +654,17 @@ mod tests {
         // A status write: a new version, the same generation.
         assert!(!changes.is_news(&object("db", "u1", 1, "11")));
         assert!(changes.is_news(&object("db", "u1", 2, "12")), "a new spec");
+        let mut labelled = object("db", "u1", 2, "12");
+        labelled
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("force".into(), "1".into());
+        assert!(
+            changes.is_news(&labelled),
+            "kubectl label forces a reconcile"
+        );
+        assert!(!changes.is_news(&labelled), "once");
         // Deleted and created again under the same name with the same spec.
         changes.follow(&Event::Delete(object("db", "u1", 2, "13")));
         assert!(changes.is_news(&object("db", "u2", 1, "14")));

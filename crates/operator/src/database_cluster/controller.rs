@@ -198,7 +198,13 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     // cause clears `Degraded` without waiting for the health requeue.
     let recheck = (store.restore_problem.is_some() || store.destination_problem.is_some())
         .then_some(CONFIGURATION_RECHECK);
-    let timer = [step.timer, scheduled.wait, recheck]
+    // The primary moved in this reconcile while a scale-down waits for that: the children
+    // were rendered from the status before the move, and the status write's echo wakes
+    // nobody — look again at once.
+    let primary_moved = (resources::stateful_set::scale_down_refused(&db).is_some()
+        && primary.current != recorded_primary(&db, &names).current)
+        .then_some(Duration::ZERO);
+    let timer = [step.timer, scheduled.wait, recheck, primary_moved]
         .into_iter()
         .flatten()
         .min()
@@ -226,6 +232,7 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
                 target_image: &target_image,
                 version_refused,
                 replication_refused: resources::stateful_set::replication_refused(&db),
+                scale_down_refused: resources::stateful_set::scale_down_refused(&db),
                 volumes_pending,
                 credentials_regenerated,
                 stateful_set_applied: applied(outcome, StatefulSet::KIND),
@@ -732,7 +739,13 @@ fn observe_instances(
         .ok()
         .and_then(|secrets| secrets.meta(&names.namespace, &names.secret()))
         .and_then(|live| live.resource_version);
-    instances::observe(pods, db.spec.replicas, credentials_version.as_deref())
+    // The instances the cluster runs (a refused scale-down keeps some past spec.replicas),
+    // as the pod replacements count them.
+    instances::observe(
+        pods,
+        resources::stateful_set::instances(db),
+        credentials_version.as_deref(),
+    )
 }
 
 /// What one convergence did.
@@ -1082,13 +1095,21 @@ async fn publish_events(
         .await;
     }
     // Once per refusal: only when the condition is not already saying so.
-    let already_refused = db
-        .status
-        .as_ref()
-        .and_then(|s| devctl_api::conditions::find(&s.conditions, devctl_api::conditions::DEGRADED))
-        .is_some_and(|c| c.reason == "VersionChangeRefused");
+    // Each refusal is published when it first shows, not on every reconcile while it stands.
+    // (`Degraded` may show another reason meanwhile; `Stalled` shows the refusal.)
+    let degraded_for = |reason: &str| {
+        db.status.as_ref().is_some_and(|s| {
+            [
+                devctl_api::conditions::DEGRADED,
+                devctl_api::conditions::STALLED,
+            ]
+            .into_iter()
+            .filter_map(|t| devctl_api::conditions::find(&s.conditions, t))
+            .any(|c| c.reason == reason)
+        })
+    };
     if let Some(message) = version_refused
-        && !already_refused
+        && !degraded_for("VersionChangeRefused")
     {
         publish(
             ctx,
@@ -1100,23 +1121,22 @@ async fn publish_events(
         )
         .await;
     }
-    let already_unsupported = db
-        .status
-        .as_ref()
-        .and_then(|s| devctl_api::conditions::find(&s.conditions, devctl_api::conditions::DEGRADED))
-        .is_some_and(|c| c.reason == status::REPLICATION_UNSUPPORTED);
-    if let Some(message) = resources::stateful_set::replication_refused(db)
-        && !already_unsupported
-    {
-        publish(
-            ctx,
-            db,
-            EventType::Warning,
+    let refusals = [
+        (
             status::REPLICATION_UNSUPPORTED,
-            "Scale",
-            message,
-        )
-        .await;
+            resources::stateful_set::replication_refused(db),
+        ),
+        (
+            status::SCALE_DOWN_REFUSED,
+            resources::stateful_set::scale_down_refused(db),
+        ),
+    ];
+    for (reason, message) in refusals {
+        if let Some(message) = message
+            && !degraded_for(reason)
+        {
+            publish(ctx, db, EventType::Warning, reason, "Scale", message).await;
+        }
     }
     if let Some(name) = regenerated_secret {
         publish(

@@ -82,7 +82,8 @@ pub fn ordinal(pod_name: &str) -> Option<i32> {
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Instances {
     pub summaries: Vec<InstanceSummary>,
-    /// Instances within `spec.replicas` that are ready.
+    /// Instances the cluster runs (`instances(db)`: `spec.replicas` but for a refused change)
+    /// that are ready.
     pub ready: i32,
     /// Every ready instance reports roles in line with the credentials Secret at
     /// `resourceVersion` `credentials_version` (and at least one instance is ready).

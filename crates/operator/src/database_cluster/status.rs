@@ -24,6 +24,8 @@ pub struct Observed<'a> {
     pub version_refused: Option<String>,
     /// Why `spec.replicas` is not carried out (MySQL replication).
     pub replication_refused: Option<String>,
+    /// Why a scale-down is not carried out (it would remove the primary).
+    pub scale_down_refused: Option<String>,
     /// Volumes not yet at the requested size (`resized`/`total`), when a resize is under way.
     pub volumes_pending: Option<(usize, usize)>,
     /// The credentials Secret was recreated with a new password while the data existed.
@@ -77,8 +79,29 @@ pub const INSTANCES_UNAVAILABLE: &str = "InstancesUnavailable";
 /// Reason of `Progressing` (and `Ready` false) while a failover is under way.
 pub const FAILING_OVER: &str = "FailingOver";
 
+/// Reason of `Degraded`/`Stalled` while a scale-down would remove the primary.
+pub const SCALE_DOWN_REFUSED: &str = "ScaleDownRefused";
+
 /// Reason of `Degraded`/`Stalled` while a MySQL cluster asks for more than one instance.
 pub const REPLICATION_UNSUPPORTED: &str = "ReplicationUnsupported";
+
+/// The image of the StatefulSet's pod template, as the cache shows it.
+fn stateful_set_image<'a>(observed: &Observed<'a>) -> Option<&'a str> {
+    super::resources::stateful_set::image_of(observed.stateful_set?)
+}
+
+/// A new pod template is being rolled out (`spec.image`, resources): the StatefulSet runs
+/// another image than the target, or its controller has not brought every pod to the update
+/// revision yet.
+fn template_rolling(observed: &Observed<'_>) -> bool {
+    let Some(sts) = observed.stateful_set else {
+        return false;
+    };
+    let revisions_differ = sts.status.as_ref().is_some_and(|st| {
+        st.update_revision.is_some() && st.current_revision != st.update_revision
+    });
+    stateful_set_image(observed) != Some(observed.target_image) || revisions_differ
+}
 
 /// Whether the StatefulSet runs the declared state: its own spec has the declared replicas
 /// and image, and its controller has rolled that out to every pod (created at the update
@@ -91,14 +114,7 @@ fn rollout_complete(observed: &Observed<'_>, replicas: i32) -> bool {
         return false;
     };
     let spec_matches = sts.spec.replicas == Some(replicas)
-        && sts
-            .spec
-            .template
-            .spec
-            .as_ref()
-            .and_then(|p| p.containers.first())
-            .and_then(|c| c.image.as_deref())
-            == Some(observed.target_image);
+        && stateful_set_image(observed) == Some(observed.target_image);
     if observed.stateful_set_applied || !spec_matches {
         return false;
     }
@@ -222,6 +238,10 @@ pub fn compute(
         .is_some_and(|v| v != observed.target_version)
         && !complete;
 
+    // A change's reason stays until it is done (pods pass through states that would read
+    // otherwise, as one is replaced).
+    let previous_ready_reason =
+        conditions::find(&previous.conditions, READY).map(|c| c.reason.as_str());
     let switching_to = observed.primary.target.as_deref();
     let failing_over = observed.primary.failed.as_deref();
     let complete = complete && switching_to.is_none() && failing_over.is_none();
@@ -276,6 +296,19 @@ pub fn compute(
             "Creating",
             format!("{ready}/{want} instances ready{instance_problem}"),
         )
+    } else if template_rolling(observed)
+        || (previous_ready_reason == Some("Upgrading") && replicas == want)
+    {
+        // The same version with a new pod template (`spec.image`, resources): the pods are
+        // replaced one at a time, as in a version upgrade.
+        (
+            Phase::Upgrading,
+            "Upgrading",
+            format!(
+                "rolling instances to the new pod template ({}/{want} updated, {ready}/{want} ready){instance_problem}",
+                observed.updated_pods
+            ),
+        )
     } else {
         (
             Phase::Running,
@@ -310,25 +343,17 @@ pub fn compute(
         .or(observed
             .replication_refused
             .as_ref()
-            .map(|m| (REPLICATION_UNSUPPORTED, m)));
+            .map(|m| (REPLICATION_UNSUPPORTED, m)))
+        .or(observed
+            .scale_down_refused
+            .as_ref()
+            .map(|m| (SCALE_DOWN_REFUSED, m)));
     // What keeps the declared state from being reached without a human.
-    // A lost primary without automatic failover waits for `devctl db promote` (or for the
-    // primary to come back): nothing the operator does on its own moves it on.
-    let auto_failover_off = db
-        .spec
-        .high_availability
-        .as_ref()
-        .is_some_and(|ha| ha.enabled && !ha.auto_failover);
-    let waits_for_a_human = observed
-        .primary_lost
-        .as_deref()
-        .filter(|_| auto_failover_off)
-        .map(|lost| (PRIMARY_UNAVAILABLE, lost));
     let stalled: Option<(&str, &str)> = match (&observed.failure, refused) {
         (Some(failure), _) if failure.permanent => Some((failure.reason, &failure.message)),
         (Some(_), _) => None,
         (None, Some((reason, message))) => Some((reason, message)),
-        (None, None) => waits_for_a_human,
+        (None, None) => None,
     };
 
     let mut desired = Vec::new();
@@ -434,9 +459,18 @@ pub fn compute(
         None => progressing.as_ref().map(|(r, m)| (*r, m.as_str())),
     };
     desired.extend(conditions::kstatus(in_progress, stalled));
-    desired.push(match &progressing {
-        Some((reason, message)) => Desired::new(PROGRESSING, TRUE, *reason, message.clone()),
-        None => Desired::new(
+    desired.push(match (&observed.failure, &progressing) {
+        // Retried: still under way, and `Reconciling` says the same reason.
+        (Some(failure), _) if !failure.permanent => {
+            Desired::new(PROGRESSING, TRUE, failure.reason, failure.message.clone())
+        }
+        (Some(failure), _) => {
+            Desired::new(PROGRESSING, FALSE, failure.reason, failure.message.clone())
+        }
+        (None, Some((reason, message))) => {
+            Desired::new(PROGRESSING, TRUE, *reason, message.clone())
+        }
+        (None, None) => Desired::new(
             PROGRESSING,
             FALSE,
             "Converged",
@@ -517,6 +551,7 @@ mod tests {
             target_image: "postgres:16.2",
             version_refused: None,
             replication_refused: None,
+            scale_down_refused: None,
             volumes_pending: None,
             credentials_regenerated: false,
             stateful_set_applied: false,
@@ -824,6 +859,15 @@ mod tests {
         assert_eq!(condition(&status, RECONCILING).status, TRUE);
         assert_eq!(status.current_version.as_deref(), Some("16.2"));
 
+        // Another image of the same version (`spec.image`): the pods are replaced, an upgrade.
+        let mut reimaged = sample();
+        reimaged.status = compute(&reimaged, &observed(Some(&s)), &now());
+        let mut o = observed(Some(&s));
+        o.target_image = "registry.example/postgres:16.2-patched";
+        let status = compute(&reimaged, &o, &now()).unwrap();
+        assert_eq!(condition(&status, READY).reason, "Upgrading");
+        assert_eq!(condition(&status, RECONCILING).reason, "Upgrading");
+
         let mut fresh = observed(Some(&s));
         fresh.stateful_set_applied = true;
         let status = compute(&sample(), &fresh, &now()).unwrap();
@@ -848,23 +892,17 @@ mod tests {
     }
 
     #[test]
-    fn a_lost_primary_without_automatic_failover_is_stalled() {
-        let s = sts(3, 3, true);
-        // A lost primary: stalled only when no automatic failover will act.
-        let lost = |auto_failover: bool| {
-            let mut db = sample();
-            db.spec.high_availability = Some(devctl_api::database_cluster::HighAvailabilitySpec {
-                enabled: true,
-                auto_failover,
-                failover_timeout: "30s".into(),
-            });
-            let mut o = observed(Some(&s));
-            o.primary_lost = Some("the primary my-postgres-0 did not renew the lock".into());
-            condition(&compute(&db, &o, &now()).unwrap(), STALLED).clone()
-        };
-        assert_eq!(lost(false).status, TRUE);
-        assert_eq!(lost(false).reason, PRIMARY_UNAVAILABLE);
-        assert_eq!(lost(true).status, FALSE);
+    fn a_refused_scale_down_is_stalled_with_its_reason() {
+        let s = sts(5, 5, true);
+        let mut o = observed(Some(&s));
+        o.scale_down_refused =
+            Some("spec.replicas 3: scaling down would remove the primary my-postgres-4".into());
+        let status = compute(&sample(), &o, &now()).unwrap();
+        for type_ in [STALLED, DEGRADED] {
+            assert_eq!(condition(&status, type_).status, TRUE);
+            assert_eq!(condition(&status, type_).reason, SCALE_DOWN_REFUSED);
+        }
+        assert_eq!(condition(&status, READY).status, FALSE);
     }
 
     #[test]
@@ -878,6 +916,25 @@ mod tests {
         let status = compute(&sample(), &o, &now()).unwrap();
         assert_eq!(condition(&status, STALLED).status, FALSE);
         assert_eq!(condition(&status, RECONCILING).status, TRUE);
+        // `Progressing` and `Reconciling` say the same, also on a converged cluster.
+        let s = sts(3, 3, true);
+        let mut o = observed(Some(&s));
+        o.failure = Some(Failure {
+            reason: "ApiError",
+            message: "apply Service my-postgres-rw: timeout".into(),
+            permanent: false,
+        });
+        let status = compute(&sample(), &o, &now()).unwrap();
+        for type_ in [PROGRESSING, RECONCILING] {
+            assert_eq!(
+                (
+                    condition(&status, type_).status.as_str(),
+                    condition(&status, type_).reason.as_str()
+                ),
+                ("True", "ApiError"),
+                "{type_}"
+            );
+        }
     }
 
     #[test]

@@ -69,8 +69,18 @@ fn rolled_out(app: &WebApp, observed: &Observed<'_>) -> bool {
 
 /// The Deployment's controller stopped the rollout (`Progressing=False`,
 /// `ProgressDeadlineExceeded`): its message.
-fn deadline_exceeded(deployment: Option<&Deployment>) -> Option<String> {
-    let condition = deployment_condition(deployment?, conditions::PROGRESSING)?;
+/// Only a Deployment whose controller has seen its current spec counts: the reconcile that
+/// applies a fix still caches the verdict on the spec before it.
+fn deadline_exceeded(observed: &Observed<'_>) -> Option<String> {
+    let deployment = observed.deployment?;
+    let seen = deployment
+        .status
+        .as_ref()
+        .is_some_and(|s| s.observed_generation >= deployment.metadata.generation);
+    if observed.applied_now || !seen {
+        return None;
+    }
+    let condition = deployment_condition(deployment, conditions::PROGRESSING)?;
     (condition.status.as_deref() == Some(FALSE)
         && condition.reason.as_deref() == Some(PROGRESS_DEADLINE_EXCEEDED))
     .then(|| condition.message.clone().unwrap_or_default())
@@ -79,10 +89,26 @@ fn deadline_exceeded(deployment: Option<&Deployment>) -> Option<String> {
 /// Why the declared state is not reached yet, as kstatus readers and `kubectl wait` show it:
 /// the Deployment is being made, its pods are being replaced by the new template
 /// (`Upgrading`), or their number is changing (`Scaling`). A rollout the cache has not seen
-/// yet (`applied_now`) is told from the spec against the Deployment as it was.
-fn rollout_reason(app: &WebApp, observed: &Observed<'_>) -> &'static str {
+/// yet (`applied_now`) is told from the spec against the Deployment as it was. Once a
+/// change's reason is shown it stays until the change is done (the Deployment's own counts
+/// pass through states that would read otherwise).
+fn rollout_reason(app: &WebApp, observed: &Observed<'_>, previous: Option<&str>) -> &'static str {
+    let known = |reason: &str| {
+        [CREATING, SCALING, UPGRADING]
+            .into_iter()
+            .find(|r| *r == reason)
+    };
+    match (fresh_reason(app, observed), previous.and_then(known)) {
+        (Some(reason), _) => reason,
+        (None, Some(previous)) => previous,
+        (None, None) => SCALING,
+    }
+}
+
+/// What the Deployment shows of the change under way, when it shows it.
+fn fresh_reason(app: &WebApp, observed: &Observed<'_>) -> Option<&'static str> {
     let Some(deployment) = observed.deployment else {
-        return CREATING;
+        return Some(CREATING);
     };
     let image = deployment
         .spec
@@ -92,29 +118,19 @@ fn rollout_reason(app: &WebApp, observed: &Observed<'_>) -> &'static str {
         .and_then(|p| p.containers.first())
         .and_then(|c| c.image.as_deref());
     if image != Some(app.spec.image.as_str()) {
-        return UPGRADING;
+        return Some(UPGRADING);
     }
-    let Some(status) = deployment.status.as_ref() else {
-        return CREATING;
-    };
-    let spec_replicas = deployment.spec.replicas;
+    let status = deployment.status.as_ref()?;
     let new_template_rolling = !observed.applied_now
         && status.observed_generation >= deployment.metadata.generation
         && status.updated_replicas.unwrap_or(0) < status.replicas.unwrap_or(0);
     if new_template_rolling {
-        return UPGRADING;
+        return Some(UPGRADING);
     }
-    if spec_replicas != Some(app.spec.replicas) || status.replicas.unwrap_or(0) != app.spec.replicas
-    {
-        return SCALING;
+    if deployment.spec.replicas != Some(app.spec.replicas) {
+        return Some(SCALING);
     }
-    if status.ready_replicas.is_none()
-        && status.available_replicas.is_none()
-        && status.replicas.unwrap_or(0) == 0
-    {
-        return CREATING;
-    }
-    SCALING
+    None
 }
 
 pub fn compute(app: &WebApp, observed: &Observed<'_>, now: &Time) -> WebAppStatus {
@@ -159,9 +175,10 @@ pub fn compute(app: &WebApp, observed: &Observed<'_>, now: &Time) -> WebAppStatu
                 failure.reason,
                 failure.message.clone(),
             ));
+            // A retried error is still under way (as `Reconciling` says); a permanent one is not.
             desired.push(Desired::new(
                 conditions::PROGRESSING,
-                FALSE,
+                if failure.permanent { FALSE } else { TRUE },
                 failure.reason,
                 failure.message.clone(),
             ));
@@ -185,7 +202,7 @@ pub fn compute(app: &WebApp, observed: &Observed<'_>, now: &Time) -> WebAppStatu
             ));
             (None, None)
         }
-        None => match deadline_exceeded(deployment) {
+        None => match deadline_exceeded(observed) {
             // The Deployment's controller gave up on the rollout: it needs a human (a bad
             // image, a quota), whatever is retried here.
             Some(message) => {
@@ -209,7 +226,9 @@ pub fn compute(app: &WebApp, observed: &Observed<'_>, now: &Time) -> WebAppStatu
                 )
             }
             None => {
-                let reason = rollout_reason(app, observed);
+                let previous_reason = conditions::find(&previous.conditions, conditions::READY)
+                    .map(|c| c.reason.as_str());
+                let reason = rollout_reason(app, observed, previous_reason);
                 desired.push(Desired::new(
                     conditions::READY,
                     FALSE,
@@ -390,6 +409,14 @@ mod tests {
         assert!(find("Stalled").message.contains("timed out progressing"));
         assert_eq!(find("Reconciling").status, "False");
         assert_eq!(find("Ready").status, "False");
+        // The reconcile that applies a fix still caches the old verdict: in progress, not
+        // failed, from the write that records the new generation.
+        let mut fixing = observed(Some(&d));
+        fixing.applied_now = true;
+        let status = compute(&super::super::resources::sample(), &fixing, &now);
+        let find = |t: &str| conditions::find(&status.conditions, t).unwrap().clone();
+        assert_eq!(find("Stalled").status, "False");
+        assert_eq!(find("Reconciling").status, "True");
     }
 
     #[test]

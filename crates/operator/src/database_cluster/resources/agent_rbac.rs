@@ -19,9 +19,10 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use crate::children::Child;
 use crate::error::Result;
 
-/// The pods an agent may patch: every instance of the cluster, by name.
+/// The pods an agent may patch: every instance the cluster runs, by name (also those a
+/// refused scale-down keeps: their agents report until the primary has moved off them).
 fn pod_names(db: &DatabaseCluster, names: &Names) -> Vec<String> {
-    (0..db.spec.replicas.max(1))
+    (0..super::stateful_set::instances(db).max(1))
         .map(|ordinal| format!("{}-{ordinal}", names.stateful_set()))
         .collect()
 }
@@ -117,6 +118,18 @@ mod tests {
         assert_eq!(
             role["rules"][2]["resourceNames"],
             json!(["my-postgres-0", "my-postgres-1", "my-postgres-2"])
+        );
+        // A scale-down refused while the primary is my-postgres-2: it still reports.
+        let mut kept = sample();
+        kept.spec.replicas = 1;
+        kept.status = Some(devctl_api::database_cluster::DatabaseClusterStatus {
+            current_primary: Some("my-postgres-2".into()),
+            ..Default::default()
+        });
+        let kept_role = &desired(&kept, &names, &inputs()).unwrap()[1].body;
+        assert_eq!(
+            kept_role["rules"][2]["resourceNames"],
+            role["rules"][2]["resourceNames"]
         );
         assert_eq!(
             role["rules"][3],

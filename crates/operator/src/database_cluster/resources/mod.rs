@@ -84,7 +84,8 @@ impl Inputs<'_> {
     /// A key of everything [`desired`] reads but the passwords, with the hashes of `more`
     /// children rendered alongside: equal keys render children with equal hashes (a
     /// Secret's hash does not depend on its password). [`desired`] reads of the cluster
-    /// only its spec, name, namespace and uid.
+    /// only its spec, name, namespace, uid and — for the instances to run — its recorded
+    /// primary.
     pub fn render_key(&self, db: &DatabaseCluster, more: &[Child]) -> u64 {
         use std::hash::{Hash, Hasher};
         // Every field by name: one added to `Inputs` does not compile here until the key
@@ -109,6 +110,9 @@ impl Inputs<'_> {
         // size it renders is what counts, not where it came from.
         let claim_size = existing_claim_size.unwrap_or(db.spec.storage.size.as_str());
         (version, claim_size, cluster_domain, agent_image).hash(&mut hasher);
+        // The instances to run also follow the status (a scale-down waits for the primary to
+        // move off the ordinals it would remove).
+        stateful_set::instances(db).hash(&mut hasher);
         for child in more {
             (child.kind, &child.name, &child.hash).hash(&mut hasher);
         }

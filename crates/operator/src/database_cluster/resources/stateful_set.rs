@@ -134,10 +134,58 @@ pub fn replication_refused(db: &DatabaseCluster) -> Option<String> {
     })
 }
 
-/// The instances to run: `spec.replicas`, or 1 while replication is refused.
+/// The ordinal of the recorded primary (`status.currentPrimary`) when `spec.replicas` would
+/// remove it: a StatefulSet scales down from its highest ordinal, and after a failover or a
+/// switchover the primary may be there.
+fn primary_beyond_replicas(db: &DatabaseCluster) -> Option<(&str, i32)> {
+    let status = db.status.as_ref()?;
+    let name = db.metadata.name.as_deref()?;
+    // The primary, and the pod becoming it (a switchover or an elected failover target): a
+    // scale-down must not remove the one taking over either. Only this cluster's own pod
+    // names within the schema's bound count, whatever the status says.
+    let ordinal_of = |pod: &str| {
+        pod.strip_prefix(name)?
+            .strip_prefix('-')?
+            .parse::<i32>()
+            .ok()
+            .filter(|o| (0..MAX_INSTANCES).contains(o))
+    };
+    let target = status
+        .target_primary
+        .as_deref()
+        .filter(|t| *t != devctl_api::instance::TARGET_PENDING);
+    [status.current_primary.as_deref(), target]
+        .into_iter()
+        .flatten()
+        .filter_map(|pod| Some((pod, ordinal_of(pod)?)))
+        .filter(|(_, ordinal)| *ordinal >= db.spec.replicas)
+        .max_by_key(|(_, ordinal)| *ordinal)
+        .filter(|_| replication_refused(db).is_none())
+}
+
+/// The most instances a cluster runs (`spec.replicas`' schema maximum).
+const MAX_INSTANCES: i32 = 7;
+
+/// Why a scale-down is not carried out, if it is not: it would remove the primary. The
+/// instances up to the primary keep running (nothing is lost, writes go on) until a human
+/// moves the primary to an instance that stays.
+pub fn scale_down_refused(db: &DatabaseCluster) -> Option<String> {
+    let (primary, ordinal) = primary_beyond_replicas(db)?;
+    let name = db.metadata.name.as_deref().unwrap_or_default();
+    Some(format!(
+        "spec.replicas {}: scaling down would remove the primary {primary}; running {} instances until the primary is one that stays: `devctl db promote {name} {name}-0`, then the scale-down proceeds",
+        db.spec.replicas,
+        ordinal + 1
+    ))
+}
+
+/// The instances to run: `spec.replicas`; 1 while replication is refused; up to the primary
+/// while a scale-down would remove it.
 pub fn instances(db: &DatabaseCluster) -> i32 {
     if replication_refused(db).is_some() {
         1
+    } else if let Some((_, ordinal)) = primary_beyond_replicas(db) {
+        ordinal + 1
     } else {
         db.spec.replicas
     }
@@ -264,6 +312,43 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
 mod tests {
     use super::super::test_support::*;
     use super::*;
+
+    #[test]
+    fn a_scale_down_that_would_remove_the_primary_keeps_it_and_says_how_to_proceed() {
+        let with_primary = |replicas: i32, primary: &str| {
+            let mut db = sample();
+            db.spec.replicas = replicas;
+            db.status = Some(devctl_api::database_cluster::DatabaseClusterStatus {
+                current_primary: Some(primary.into()),
+                ..Default::default()
+            });
+            db
+        };
+        let db = with_primary(3, "my-postgres-4");
+        assert_eq!(instances(&db), 5);
+        let message = scale_down_refused(&db).unwrap();
+        assert!(message.contains("spec.replicas 3"), "{message}");
+        assert!(
+            message.contains("devctl db promote my-postgres my-postgres-0"),
+            "{message}"
+        );
+        let names = Names::of(&db).unwrap();
+        let sts = desired(&db, &names, &inputs()).unwrap();
+        assert_eq!(sts.body["spec"]["replicas"], 5);
+        // Once the primary is an instance that stays, the scale-down goes ahead.
+        let moved = with_primary(3, "my-postgres-0");
+        assert_eq!((instances(&moved), scale_down_refused(&moved)), (3, None));
+        assert_eq!(instances(&with_primary(5, "my-postgres-4")), 5);
+        // A switchover under way to a high ordinal keeps it too.
+        let mut switching = with_primary(3, "my-postgres-0");
+        switching.status.as_mut().unwrap().target_primary = Some("my-postgres-5".into());
+        assert_eq!(instances(&switching), 6);
+        switching.status.as_mut().unwrap().target_primary = Some("pending".into());
+        assert_eq!(instances(&switching), 3);
+        // Only this cluster's pods within the schema's bound count.
+        assert_eq!(instances(&with_primary(3, "other-6")), 3);
+        assert_eq!(instances(&with_primary(3, "my-postgres-999")), 3);
+    }
 
     #[test]
     fn statefulset_passes_restricted_and_wires_config_and_secret() {
