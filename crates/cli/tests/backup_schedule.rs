@@ -9,7 +9,6 @@ use devctl_api::database_backup::{BackupPhase, DatabaseBackup};
 use devctl_api::database_cluster::DatabaseCluster;
 use devctl_testenv::s3::S3Server;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::api::events::v1::Event;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::databases::{Env, ready};
@@ -59,14 +58,7 @@ fn completed(b: &DatabaseBackup) -> bool {
 }
 
 async fn events(env: &Env, reason: &str) -> usize {
-    env.api::<Event>()
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .count()
+    env.events(reason).await.len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

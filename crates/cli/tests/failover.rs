@@ -12,7 +12,6 @@ use std::time::{Duration, Instant, SystemTime};
 use devctl_api::database_cluster::DatabaseCluster;
 use devctl_testenv::workload::{self, Ack};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::ListParams;
 use serde_json::json;
 use support::databases::{Env, READY_TIMEOUT, ready};
 
@@ -119,22 +118,11 @@ impl Writer {
 /// announce).
 async fn wait_events(env: &Env, reason: &str) -> Vec<Event> {
     devctl_testenv::eventually(&format!("a {reason} event"), READY_TIMEOUT, || async {
-        let found = events(env, reason).await;
+        let found = env.events(reason).await;
         (!found.is_empty()).then_some(found)
     })
     .await
     .unwrap()
-}
-
-async fn events(env: &Env, reason: &str) -> Vec<Event> {
-    env.api::<Event>()
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .collect()
 }
 
 /// Waits until `status.currentPrimary` is another pod than `old` and Ready again.
@@ -535,7 +523,8 @@ async fn without_auto_failover_a_lost_primary_is_reported_and_promote_fails_over
                 == Some("16.3")
     })
     .await;
-    let mut replaced: Vec<(Option<String>, String)> = events(&env, "ReplacingInstance")
+    let mut replaced: Vec<(Option<String>, String)> = env
+        .events("ReplacingInstance")
         .await
         .iter()
         .map(|e| {
@@ -554,7 +543,7 @@ async fn without_auto_failover_a_lost_primary_is_reported_and_promote_fails_over
         last.contains("pod fm-2 "),
         "the primary fm-2 was not last: {replaced:#?}"
     );
-    let promoted = events(&env, "Promoted").await;
+    let promoted = env.events("Promoted").await;
     assert_eq!(
         promoted.len(),
         1,

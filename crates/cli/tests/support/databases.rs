@@ -202,6 +202,18 @@ impl Env {
         }
     }
 
+    /// The events of the test's namespace with `reason`.
+    pub async fn events(&self, reason: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
+        self.api::<k8s_openapi::api::events::v1::Event>()
+            .list(&kube::api::ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .collect()
+    }
+
     pub async fn wait_ready(&self, name: &str) -> DatabaseCluster {
         self.wait_db(name, "Ready", ready).await
     }

@@ -73,6 +73,12 @@ impl<K> ChildKind for K where
 {
 }
 
+/// The image of a pod template's first container (the workload's own: devctl puts its
+/// database or app container first).
+pub fn template_image(template: &k8s_openapi::api::core::v1::PodTemplateSpec) -> Option<&str> {
+    template.spec.as_ref()?.containers.first()?.image.as_deref()
+}
+
 /// A child as the reconciler wants it: the full server-side apply body, checked against its
 /// k8s-openapi type, with its hash annotation.
 #[derive(Debug, Clone, PartialEq)]

@@ -39,6 +39,11 @@ pub struct Observed<'a> {
     pub failure: Option<Failure>,
 }
 
+/// The image of the Deployment's pod template (the app's container).
+fn template_image(deployment: &Deployment) -> Option<&str> {
+    crate::children::template_image(&deployment.spec.template)
+}
+
 /// Whether the Deployment runs `app`'s spec: its own spec matches (image, replicas) and its
 /// controller has rolled it out to every pod.
 fn rolled_out(app: &WebApp, observed: &Observed<'_>) -> bool {
@@ -47,14 +52,7 @@ fn rolled_out(app: &WebApp, observed: &Observed<'_>) -> bool {
     };
     let want = app.spec.replicas;
     let spec_matches = deployment.spec.replicas == Some(want)
-        && deployment
-            .spec
-            .template
-            .spec
-            .as_ref()
-            .and_then(|p| p.containers.first())
-            .and_then(|c| c.image.as_deref())
-            == Some(app.spec.image.as_str());
+        && template_image(deployment) == Some(app.spec.image.as_str());
     let Some(status) = deployment.status.as_ref() else {
         return false;
     };
@@ -110,14 +108,7 @@ fn fresh_reason(app: &WebApp, observed: &Observed<'_>) -> Option<&'static str> {
     let Some(deployment) = observed.deployment else {
         return Some(CREATING);
     };
-    let image = deployment
-        .spec
-        .template
-        .spec
-        .as_ref()
-        .and_then(|p| p.containers.first())
-        .and_then(|c| c.image.as_deref());
-    if image != Some(app.spec.image.as_str()) {
+    if template_image(deployment) != Some(app.spec.image.as_str()) {
         return Some(UPGRADING);
     }
     let status = deployment.status.as_ref()?;
@@ -131,6 +122,17 @@ fn fresh_reason(app: &WebApp, observed: &Observed<'_>) -> Option<&'static str> {
         return Some(SCALING);
     }
     None
+}
+
+/// Where a WebApp stands against its spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// The declared state is reached.
+    Done,
+    /// Being rolled out, or retried after an error.
+    InProgress,
+    /// Only a human moves it on.
+    Stalled,
 }
 
 pub fn compute(app: &WebApp, observed: &Observed<'_>, now: &Time) -> WebAppStatus {
@@ -165,87 +167,66 @@ pub fn compute(app: &WebApp, observed: &Observed<'_>, now: &Time) -> WebAppStatu
         ),
     };
     let progress = format!("{ready}/{want} pods ready, {updated} up to date");
-    let mut desired = vec![available_condition];
-    let stalled_message: String;
-    let (in_progress, stalled) = match &observed.failure {
-        Some(failure) => {
-            desired.push(Desired::new(
-                conditions::READY,
-                FALSE,
-                failure.reason,
-                failure.message.clone(),
-            ));
-            // A retried error is still under way (as `Reconciling` says); a permanent one is not.
-            desired.push(Desired::new(
-                conditions::PROGRESSING,
-                if failure.permanent { FALSE } else { TRUE },
-                failure.reason,
-                failure.message.clone(),
-            ));
-            match failure.permanent {
-                true => (None, Some((failure.reason, failure.message.as_str()))),
-                false => (Some((failure.reason, failure.message.as_str())), None),
-            }
+    // Where the WebApp stands; `Ready`, `Progressing` and kstatus's pair all follow from it.
+    let (reason, message, state) = match &observed.failure {
+        Some(failure) if failure.permanent => {
+            (failure.reason, failure.message.clone(), State::Stalled)
         }
-        None if rolled_out => {
-            desired.push(Desired::new(
-                conditions::READY,
-                TRUE,
-                "Ready",
-                progress.clone(),
-            ));
+        // A retried error is still under way (as `Reconciling` says).
+        Some(failure) => (failure.reason, failure.message.clone(), State::InProgress),
+        None if rolled_out => ("Ready", progress, State::Done),
+        None => match deadline_exceeded(observed) {
+            // The Deployment's controller gave up on the rollout: it needs a human (a bad
+            // image, a quota), whatever is retried here.
+            Some(why) => (
+                PROGRESS_DEADLINE_EXCEEDED,
+                format!("the rollout stopped: {why}"),
+                State::Stalled,
+            ),
+            None => {
+                let previous_reason = conditions::find(&previous.conditions, conditions::READY)
+                    .map(|c| c.reason.as_str());
+                (
+                    rollout_reason(app, observed, previous_reason),
+                    progress,
+                    State::InProgress,
+                )
+            }
+        },
+    };
+    let mut desired = vec![available_condition];
+    match state {
+        State::Done => {
+            desired.push(Desired::new(conditions::READY, TRUE, reason, message));
             desired.push(Desired::new(
                 conditions::PROGRESSING,
                 FALSE,
                 "Converged",
                 "every child matches the spec",
             ));
-            (None, None)
+            desired.extend(conditions::kstatus(None, None));
         }
-        None => match deadline_exceeded(observed) {
-            // The Deployment's controller gave up on the rollout: it needs a human (a bad
-            // image, a quota), whatever is retried here.
-            Some(message) => {
-                let message = format!("the rollout stopped: {message}");
-                desired.push(Desired::new(
-                    conditions::READY,
-                    FALSE,
-                    PROGRESS_DEADLINE_EXCEEDED,
-                    message.clone(),
-                ));
-                desired.push(Desired::new(
-                    conditions::PROGRESSING,
-                    FALSE,
-                    PROGRESS_DEADLINE_EXCEEDED,
-                    message.clone(),
-                ));
-                stalled_message = message;
-                (
-                    None,
-                    Some((PROGRESS_DEADLINE_EXCEEDED, stalled_message.as_str())),
-                )
-            }
-            None => {
-                let previous_reason = conditions::find(&previous.conditions, conditions::READY)
-                    .map(|c| c.reason.as_str());
-                let reason = rollout_reason(app, observed, previous_reason);
-                desired.push(Desired::new(
-                    conditions::READY,
-                    FALSE,
-                    reason,
-                    progress.clone(),
-                ));
-                desired.push(Desired::new(
-                    conditions::PROGRESSING,
-                    TRUE,
-                    reason,
-                    progress.clone(),
-                ));
-                (Some((reason, progress.as_str())), None)
-            }
-        },
-    };
-    desired.extend(conditions::kstatus(in_progress, stalled));
+        State::InProgress | State::Stalled => {
+            let under_way = state == State::InProgress;
+            desired.push(Desired::new(
+                conditions::READY,
+                FALSE,
+                reason,
+                message.clone(),
+            ));
+            desired.push(Desired::new(
+                conditions::PROGRESSING,
+                if under_way { TRUE } else { FALSE },
+                reason,
+                message.clone(),
+            ));
+            let pair = Some((reason, message.as_str()));
+            desired.extend(match under_way {
+                true => conditions::kstatus(pair, None),
+                false => conditions::kstatus(None, pair),
+            });
+        }
+    }
 
     WebAppStatus {
         replicas,

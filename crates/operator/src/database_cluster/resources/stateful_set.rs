@@ -28,14 +28,7 @@ fn claim_labels(db: &DatabaseCluster) -> std::collections::BTreeMap<String, Stri
 
 /// The image the StatefulSet's database container runs.
 pub fn image_of(sts: &k8s_openapi::api::apps::v1::StatefulSet) -> Option<&str> {
-    sts.spec
-        .template
-        .spec
-        .as_ref()?
-        .containers
-        .first()?
-        .image
-        .as_deref()
+    crate::children::template_image(&sts.spec.template)
 }
 
 /// The image for `version`: `spec.image` when set, else the engine's official image.
