@@ -7,7 +7,7 @@ mod support;
 use devctl_api::database_cluster::DatabaseCluster;
 use devctl_api::instance::InstanceStatus;
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::wait::await_condition;
@@ -250,6 +250,21 @@ async fn a_deleted_pod_comes_back_on_its_data_and_rbac_goes_with_the_cluster() {
             .is_none(),
         "still there after db delete --wait: {deleted}"
     );
+    assert!(
+        deleted.contains("deleted (its volumes are deleted with it)"),
+        "{deleted}"
+    );
+    // Its data goes with it: a cluster made again under this name starts empty.
+    devctl_testenv::eventually("the data claim to be deleted", READY_TIMEOUT, || async {
+        let claim = env
+            .api::<PersistentVolumeClaim>()
+            .get_opt("data-keep-0")
+            .await
+            .ok()?;
+        claim.is_none().then_some(())
+    })
+    .await
+    .unwrap();
     devctl_testenv::eventually("the agent RBAC to be collected", READY_TIMEOUT, || async {
         let sa = env
             .api::<ServiceAccount>()

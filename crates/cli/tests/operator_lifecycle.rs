@@ -8,6 +8,7 @@ mod support;
 use devctl_api::database_cluster::DatabaseCluster;
 use devctl_operator::manifests::{self, InstallOptions, NAMESPACE};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 use support::*;
 
@@ -225,6 +226,43 @@ async fn install_run_drive_and_uninstall() {
         message.contains(&format!("databasecluster {ns}/orders"))
             && message.contains(&format!("webapp {ns}/my-service")),
         "{message}"
+    );
+
+    // `db delete --keep-volumes`: the cluster goes through its finalizer, its data stays.
+    let deleted = devctl_ok(
+        &kubeconfig,
+        &[
+            "db",
+            "delete",
+            "orders",
+            "-n",
+            ns,
+            "--keep-volumes",
+            "--wait",
+            "--timeout",
+            "60",
+        ],
+    );
+    assert!(
+        deleted.contains(&format!(
+            "databasecluster {ns}/orders deleted (its volumes are kept)"
+        )),
+        "{deleted}"
+    );
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client().await.unwrap(), ns);
+    let kept: Vec<String> = claims
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|c| c.metadata.deletion_timestamp.is_none())
+        .map(|c| c.metadata.name.unwrap_or_default())
+        .collect();
+    assert_eq!(
+        kept,
+        ["data-orders-0", "data-orders-1", "data-orders-2"],
+        "the claims are kept"
     );
 
     // With --delete-resources the operator (still running) finalizes them, then everything goes.

@@ -110,7 +110,7 @@ pub const RULES: &[Rule] = &[
     Rule {
         group: "",
         resources: &["persistentvolumeclaims"],
-        verbs: &["get", "list", "watch", "patch"],
+        verbs: &["get", "list", "watch", "patch", "delete"],
     },
     Rule {
         group: "",

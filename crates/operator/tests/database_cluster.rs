@@ -2,7 +2,7 @@
 
 mod support;
 
-use devctl_api::database_cluster::{DatabaseCluster, Phase};
+use devctl_api::database_cluster::{DatabaseCluster, KEEP_VOLUMES_ANNOTATION, Phase};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
 use k8s_openapi::api::events::v1::Event;
@@ -466,33 +466,87 @@ async fn invalid_specs_are_rejected_with_field_messages() {
 }
 
 #[tokio::test]
-async fn deleting_runs_the_finalizer_and_removes_children() {
+async fn deleting_runs_the_finalizer_and_removes_children_and_volumes_unless_kept() {
     let env = start("delete").await;
     let dbs = env.dbs();
-    dbs.create(&PostParams::default(), &database("doomed", 1))
+    dbs.create(&PostParams::default(), &database("doomed", 2))
         .await
         .unwrap();
-    let db = env
-        .wait_db("doomed", "Ready with 1", |db| is_ready(db, 1))
-        .await;
-    let uid = db.metadata.uid.clone().unwrap();
-    dbs.delete("doomed", &DeleteParams::default())
-        .await
-        .unwrap();
-    wait_gone(&dbs, "doomed", &uid).await;
+    let mut kept = database("kept", 1);
+    kept.metadata.annotations = Some(
+        [(KEEP_VOLUMES_ANNOTATION.to_string(), "true".to_string())]
+            .into_iter()
+            .collect(),
+    );
+    dbs.create(&PostParams::default(), &kept).await.unwrap();
+    let mut uids = Vec::new();
+    for (name, replicas) in [("doomed", 2), ("kept", 1)] {
+        let db = env
+            .wait_db(name, "Ready", |db| is_ready(db, replicas))
+            .await;
+        uids.push((name, db.metadata.uid.clone().unwrap()));
+    }
+    let claims = env.api::<PersistentVolumeClaim>();
+    let kept_claim = claims.get("data-kept-0").await.unwrap();
+    for (name, uid) in &uids {
+        dbs.delete(name, &DeleteParams::default()).await.unwrap();
+        wait_gone(&dbs, name, uid).await;
+    }
     let sts_api = env.api::<StatefulSet>();
-    devctl_testenv::eventually("children to be garbage-collected", TIMEOUT, || async {
-        let sts = sts_api.get_opt("doomed").await.ok()?;
-        let cm = env.api::<ConfigMap>().get_opt("doomed-config").await.ok()?;
-        let secret = env
-            .api::<Secret>()
-            .get_opt("doomed-credentials")
-            .await
-            .ok()?;
-        (sts.is_none() && cm.is_none() && secret.is_none()).then_some(())
-    })
+    devctl_testenv::eventually(
+        "children and doomed's volume claims to go",
+        TIMEOUT,
+        || async {
+            let sts = sts_api.get_opt("doomed").await.ok()?;
+            let cm = env.api::<ConfigMap>().get_opt("doomed-config").await.ok()?;
+            let secret = env
+                .api::<Secret>()
+                .get_opt("doomed-credentials")
+                .await
+                .ok()?;
+            let kept_sts = sts_api.get_opt("kept").await.ok()?;
+            let data0 = claims.get_opt("data-doomed-0").await.ok()?;
+            let data1 = claims.get_opt("data-doomed-1").await.ok()?;
+            [
+                sts.is_none(),
+                cm.is_none(),
+                secret.is_none(),
+                kept_sts.is_none(),
+            ]
+            .into_iter()
+            .chain([data0.is_none(), data1.is_none()])
+            .all(|gone| gone)
+            .then_some(())
+        },
+    )
     .await
     .unwrap();
+    // The annotated cluster's claim is the same claim, not deleted and not made anew.
+    let still = claims.get("data-kept-0").await.unwrap();
+    assert_eq!(still.metadata.uid, kept_claim.metadata.uid);
+    assert!(still.metadata.deletion_timestamp.is_none());
+
+    let env = &env;
+    let notes = |name: &'static str| async move {
+        support::operator_events_about(&env.client, &env.namespace, name)
+            .await
+            .into_iter()
+            .filter(|(reason, _, _)| reason == "Deleting")
+            .map(|(_, note, _)| note)
+            .collect::<Vec<_>>()
+    };
+    let doomed = notes("doomed").await;
+    assert!(
+        doomed
+            .iter()
+            .any(|n| n.contains("its 2 volume claims deleted")),
+        "{doomed:?}"
+    );
+    let kept = notes("kept").await;
+    assert!(
+        kept.iter().any(|n| n.contains("its volumes are kept")),
+        "{kept:?}"
+    );
 }
 
 #[tokio::test]

@@ -18,6 +18,18 @@ pub use v1beta1::{
 /// The finalizer the operator puts on every DatabaseCluster.
 pub const FINALIZER: &str = "db.devctl.io/finalizer";
 
+/// Annotation on a DatabaseCluster: `"true"` keeps its PersistentVolumeClaims (its data) when
+/// the cluster is deleted; without it the operator deletes them with the cluster
+/// (`devctl db delete --keep-volumes` sets it before deleting).
+pub const KEEP_VOLUMES_ANNOTATION: &str = "db.devctl.io/keep-volumes";
+
+/// Whether `annotations` ask to keep the volumes ([`KEEP_VOLUMES_ANNOTATION`] is `"true"`).
+pub fn keeps_volumes(annotations: &std::collections::BTreeMap<String, String>) -> bool {
+    annotations
+        .get(KEEP_VOLUMES_ANNOTATION)
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+}
+
 /// Where the API server sends conversion requests in an installed operator: the webhook
 /// Service in the operator's namespace. The operator replaces the client configuration with
 /// its URL when it runs with `--webhook-url`, and injects the CA either way.

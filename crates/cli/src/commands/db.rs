@@ -5,7 +5,9 @@ use std::time::Duration;
 use clap::Subcommand;
 use devctl_api::conditions;
 use devctl_api::database_backup::{BackupPhase, DatabaseBackup};
-use devctl_api::database_cluster::{DatabaseCluster, Engine};
+use devctl_api::database_cluster::{
+    DatabaseCluster, Engine, KEEP_VOLUMES_ANNOTATION, keeps_volumes,
+};
 use devctl_api::instance::SWITCHOVER_ANNOTATION;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
@@ -117,9 +119,13 @@ pub enum DbCommand {
         #[arg(long)]
         show_password: bool,
     },
-    /// Delete a database cluster (its volumes are kept).
+    /// Delete a database cluster with its volumes (--keep-volumes keeps its data).
     Delete {
         name: String,
+        /// Keep the cluster's PersistentVolumeClaims (its data) after it is gone: sets the
+        /// db.devctl.io/keep-volumes annotation before deleting.
+        #[arg(long)]
+        keep_volumes: bool,
         /// Wait until it is gone.
         #[arg(long)]
         wait: bool,
@@ -269,10 +275,25 @@ pub async fn run(global: &GlobalArgs, command: DbCommand) -> anyhow::Result<()> 
         }
         DbCommand::Delete {
             name,
+            keep_volumes,
             wait,
             timeout,
         } => {
-            api.delete(&name, &DeleteParams::default())
+            if keep_volumes {
+                let patch =
+                    json!({ "metadata": { "annotations": { KEEP_VOLUMES_ANNOTATION: "true" } } });
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(|e| {
+                        cluster::explain(
+                            e,
+                            &format!("marking databasecluster {name} to keep its volumes"),
+                            &connection.server,
+                        )
+                    })?;
+            }
+            let deleted = api
+                .delete(&name, &DeleteParams::default())
                 .await
                 .map_err(|e| {
                     cluster::explain(
@@ -281,7 +302,17 @@ pub async fn run(global: &GlobalArgs, command: DbCommand) -> anyhow::Result<()> 
                         &connection.server,
                     )
                 })?;
-            println!("databasecluster {}/{name} deleted", connection.namespace);
+            // The object as the deletion left it: still there while the operator's finalizer
+            // cleans up, which is what deletes the volumes (or keeps them, as annotated).
+            let volumes = match deleted.left() {
+                Some(db) if keeps_volumes(db.annotations()) => " (its volumes are kept)",
+                Some(db) if !db.finalizers().is_empty() => " (its volumes are deleted with it)",
+                _ => "",
+            };
+            println!(
+                "databasecluster {}/{name} deleted{volumes}",
+                connection.namespace
+            );
             if wait {
                 wait::until_deleted(&api, &name, Duration::from_secs(timeout)).await?;
             }

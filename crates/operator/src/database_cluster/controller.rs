@@ -992,16 +992,8 @@ async fn credentials(
     })
 }
 
-/// Grows claims smaller than `spec.storage.size` in place (claim templates are immutable).
-/// Returns `(expanded, total)` while some volume has not reached the size yet.
-async fn expand_volumes(
-    db: &DatabaseCluster,
-    ctx: &Context,
-    names: &Names,
-) -> Result<Option<(usize, usize)>> {
-    let Some(want) = quantity::to_bytes(&db.spec.storage.size) else {
-        return Ok(None);
-    };
+/// This cluster's data claims (`data-<statefulset>-<ordinal>`, made by its StatefulSet).
+fn data_claims(ctx: &Context, names: &Names) -> Vec<Arc<PersistentVolumeClaim>> {
     let prefix = format!(
         "{}-{}-",
         resources::stateful_set::DATA_VOLUME,
@@ -1016,6 +1008,55 @@ async fn expand_volumes(
             .as_deref()
             .is_some_and(|n| n.starts_with(&prefix))
     });
+    claims
+}
+
+/// Deletes the cluster's data claims when the cluster goes: StatefulSets never delete them,
+/// and a cluster created again under the same name must not start on the old data. Not a
+/// retention policy on the StatefulSet, which would also delete the data when someone
+/// deletes only the StatefulSet (it is restored, the data must survive that). Each delete is
+/// bound to the claim's uid, so a claim made anew meanwhile is never taken for the old one.
+/// Returns how many claims were deleted (or were going already).
+async fn delete_volumes(ctx: &Context, names: &Names) -> Result<usize> {
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let claims = data_claims(ctx, names);
+    for claim in &claims {
+        let name = claim.name_any();
+        let params = kube::api::DeleteParams {
+            preconditions: claim.uid().map(|uid| kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match api.delete(&name, &params).await {
+            Ok(_) => {}
+            // Gone already, or replaced by a claim that is not the one the cache showed.
+            Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => {}
+            Err(source) => {
+                return Err(Error::Child {
+                    action: "deleting",
+                    kind: "PersistentVolumeClaim",
+                    name,
+                    source,
+                });
+            }
+        }
+    }
+    Ok(claims.len())
+}
+
+/// Grows claims smaller than `spec.storage.size` in place (claim templates are immutable).
+/// Returns `(expanded, total)` while some volume has not reached the size yet.
+async fn expand_volumes(
+    db: &DatabaseCluster,
+    ctx: &Context,
+    names: &Names,
+) -> Result<Option<(usize, usize)>> {
+    let Some(want) = quantity::to_bytes(&db.spec.storage.size) else {
+        return Ok(None);
+    };
+    let claims = data_claims(ctx, names);
     let bytes = |q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
         q.and_then(|q| quantity::to_bytes(&q.0)).unwrap_or(0)
     };
@@ -1153,8 +1194,9 @@ async fn publish_events(
     }
 }
 
-/// Bounded cleanup before the finalizer is removed. Children go away through garbage
-/// collection (controller owner references); the backup issue adds a final backup here.
+/// Bounded cleanup before the finalizer is removed (the final backup, when one is due, has run
+/// before it): the data claims are deleted unless the cluster asks to keep them; the other
+/// children go away through garbage collection (controller owner references).
 /// Longest a cleanup may take before it counts as failed (and is retried with backoff), so a
 /// hung step can never hold the finalizer — and the namespace — forever unnoticed.
 pub const CLEANUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
@@ -1166,6 +1208,18 @@ async fn cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
 }
 
 async fn run_cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
+    let names = Names::of(&db)?;
+    let volumes = if database_cluster::keeps_volumes(db.annotations()) {
+        format!(
+            "its volumes are kept ({}: \"true\")",
+            database_cluster::KEEP_VOLUMES_ANNOTATION
+        )
+    } else {
+        match delete_volumes(ctx, &names).await? {
+            1 => "its volume claim deleted".to_string(),
+            deleted => format!("its {deleted} volume claims deleted"),
+        }
+    };
     if db.status.as_ref().and_then(|s| s.phase) != Some(Phase::Deleting) {
         // The whole status: with server-side apply, fields left out would be removed.
         let mut status = db.status.clone().unwrap_or_default();
@@ -1177,7 +1231,7 @@ async fn run_cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> 
             EventType::Normal,
             "Deleting",
             "Delete",
-            "Deleting the cluster; its children are garbage-collected".into(),
+            format!("Deleting the cluster; its children are garbage-collected, {volumes}"),
         )
         .await;
     }
