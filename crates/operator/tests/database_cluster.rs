@@ -550,6 +550,70 @@ async fn deleting_runs_the_finalizer_and_removes_children_and_volumes_unless_kep
 }
 
 #[tokio::test]
+async fn a_pod_no_node_can_hold_is_reported_and_replaced_once_the_spec_is_fixed() {
+    let env = start("unschedulable").await;
+    let dbs = env.dbs();
+    let mut greedy = database("greedy", 1);
+    // The simulated nodes have 32 CPUs each.
+    greedy.spec.resources =
+        serde_json::from_value(json!({ "requests": { "cpu": "64", "memory": "1Gi" } })).unwrap();
+    dbs.create(&PostParams::default(), &greedy).await.unwrap();
+    let stuck = env
+        .wait_db(
+            "greedy",
+            "an instance message naming the scheduler's reason",
+            |db| {
+                db.status.as_ref().is_some_and(|s| {
+                    s.instances.iter().any(|i| {
+                        i.message.as_deref().is_some_and(|m| {
+                            m.starts_with("the pod cannot be scheduled: ")
+                                && m.contains("Insufficient cpu")
+                        })
+                    })
+                })
+            },
+        )
+        .await;
+    let ready = devctl_api::conditions::find(&stuck.status.as_ref().unwrap().conditions, "Ready")
+        .unwrap()
+        .clone();
+    assert_eq!(ready.status, "False");
+    assert!(
+        ready
+            .message
+            .contains("greedy-0: the pod cannot be scheduled"),
+        "{ready:?}"
+    );
+    let old_uid = env
+        .api::<k8s_openapi::api::core::v1::Pod>()
+        .get("greedy-0")
+        .await
+        .unwrap()
+        .metadata
+        .uid;
+
+    // The StatefulSet replaces pods only when told (OnDelete): the operator replaces the
+    // pending pod, which serves nothing, without waiting for it to become ready first.
+    dbs.patch(
+        "greedy",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "resources": { "requests": { "cpu": "250m" } } } })),
+    )
+    .await
+    .unwrap();
+    env.wait_db("greedy", "Ready with 1 on the fixed template", |db| {
+        is_ready(db, 1)
+    })
+    .await;
+    let pod = env
+        .api::<k8s_openapi::api::core::v1::Pod>()
+        .get("greedy-0")
+        .await
+        .unwrap();
+    assert_ne!(pod.metadata.uid, old_uid, "the pending pod was replaced");
+}
+
+#[tokio::test]
 async fn minor_upgrades_roll_and_downgrades_are_refused() {
     let env = start("upgrade").await;
     let dbs = env.dbs();

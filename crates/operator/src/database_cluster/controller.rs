@@ -672,7 +672,15 @@ async fn manage_pods(
             }
         }
     };
-    for action in pods::plan(pods, sts.as_deref(), primary, replicas, instances.ready) {
+    let serving = |pod: &str| instances.summaries.iter().any(|i| i.name == pod && i.ready);
+    for action in pods::plan(
+        pods,
+        sts.as_deref(),
+        primary,
+        replicas,
+        instances.ready,
+        serving,
+    ) {
         match action {
             PodAction::Label { pod, role } => {
                 let mut metadata = json!({ "labels": { ROLE_LABEL: role } });

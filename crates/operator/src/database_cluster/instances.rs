@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use devctl_api::database_cluster::InstanceSummary;
 use devctl_api::instance::{InstanceStatus, ROLE_PRIMARY, ROLE_REPLICA, STATUS_ANNOTATION};
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodCondition, PodStatus,
+    ContainerState, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, Pod,
+    PodCondition, PodStatus,
 };
 use kube::{Resource, ResourceExt};
 
@@ -41,20 +42,29 @@ pub fn trim_pod(pod: &mut Pod) {
         pod.status = Some(PodStatus {
             conditions: status.conditions.map(|c| {
                 c.into_iter()
-                    .filter(|c| c.type_ == "Ready")
-                    .map(|c| PodCondition {
-                        type_: c.type_,
-                        status: c.status,
-                        ..PodCondition::default()
+                    .filter_map(|c| match c.type_.as_str() {
+                        "Ready" => Some(PodCondition {
+                            type_: c.type_,
+                            status: c.status,
+                            ..PodCondition::default()
+                        }),
+                        // Why the scheduler cannot place it, only while it cannot.
+                        "PodScheduled" if c.status == "False" => Some(PodCondition {
+                            type_: c.type_,
+                            status: c.status,
+                            reason: c.reason,
+                            message: c.message,
+                            ..PodCondition::default()
+                        }),
+                        _ => None,
                     })
                     .collect()
             }),
             container_statuses: status.container_statuses.map(|statuses| {
                 statuses
                     .into_iter()
-                    .map(|s| ContainerStatus {
-                        name: s.name,
-                        last_state: s.last_state.map(|last| ContainerState {
+                    .map(|mut s| ContainerStatus {
+                        last_state: s.last_state.take().map(|last| ContainerState {
                             terminated: last.terminated.map(|t| ContainerStateTerminated {
                                 exit_code: t.exit_code,
                                 message: t.message,
@@ -62,15 +72,119 @@ pub fn trim_pod(pod: &mut Pod) {
                             }),
                             ..ContainerState::default()
                         }),
-                        ..ContainerStatus::default()
+                        ..blocked_only(s)
                     })
                     .collect()
+            }),
+            init_container_statuses: status.init_container_statuses.and_then(|statuses| {
+                let blocked: Vec<ContainerStatus> = statuses
+                    .into_iter()
+                    .map(blocked_only)
+                    .filter(|s| s.state.is_some())
+                    .collect();
+                (!blocked.is_empty()).then_some(blocked)
             }),
             pod_ip: status.pod_ip,
             phase: status.phase,
             ..PodStatus::default()
         });
     }
+}
+
+/// Waiting reasons that mean a container cannot start without a change (a pull that keeps
+/// failing, a bad image name, a missing Secret or ConfigMap key, a crash loop), as opposed to
+/// the passing `ContainerCreating`/`PodInitializing`.
+const BLOCKED_REASONS: &[&str] = &[
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "CrashLoopBackOff",
+];
+
+/// A container status reduced to its name and, while it cannot start, its image and why —
+/// made stable, so the kubelet's retries do not look like news: a failing pull alternates
+/// between `ErrImagePull` and `ImagePullBackOff` (kept as the latter, without the
+/// message), and a crash loop's message counts its back-off (the last exit says why).
+fn blocked_only(status: ContainerStatus) -> ContainerStatus {
+    let waiting = status
+        .state
+        .and_then(|s| s.waiting)
+        .filter(|w| {
+            w.reason
+                .as_deref()
+                .is_some_and(|r| BLOCKED_REASONS.contains(&r))
+        })
+        .map(|w| match w.reason.as_deref() {
+            Some("ErrImagePull" | "ImagePullBackOff") => ContainerStateWaiting {
+                reason: Some("ImagePullBackOff".into()),
+                message: None,
+            },
+            Some("CrashLoopBackOff") => ContainerStateWaiting {
+                reason: w.reason,
+                message: None,
+            },
+            _ => w,
+        });
+    ContainerStatus {
+        name: status.name,
+        image: if waiting.is_some() {
+            status.image
+        } else {
+            String::new()
+        },
+        state: waiting.map(|w| ContainerState {
+            waiting: Some(w),
+            ..ContainerState::default()
+        }),
+        ..ContainerStatus::default()
+    }
+}
+
+/// Why a pod cannot run its instance, when Kubernetes says so: the scheduler cannot place it,
+/// or one of its containers (the agent's copy step first) cannot start.
+fn blocker(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    if let Some(unscheduled) = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+    {
+        let why = unscheduled
+            .message
+            .as_deref()
+            .or(unscheduled.reason.as_deref())
+            .unwrap_or("no reason given");
+        return Some(format!("the pod cannot be scheduled: {why}"));
+    }
+    let containers = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten());
+    containers.into_iter().find_map(|c| {
+        let waiting = c.state.as_ref()?.waiting.as_ref()?;
+        let reason = waiting.reason.as_deref()?;
+        Some(match reason {
+            "ImagePullBackOff" => format!(
+                "container {} cannot pull its image {} ({reason})",
+                c.name, c.image
+            ),
+            "CrashLoopBackOff" => format!(
+                "container {} keeps failing ({reason}): {}",
+                c.name,
+                termination_message(pod).unwrap_or_else(|| "no exit reported".into())
+            ),
+            _ => match waiting.message.as_deref() {
+                Some(message) => format!("container {} cannot start ({reason}): {message}", c.name),
+                None => format!("container {} cannot start ({reason})", c.name),
+            },
+        })
+    })
 }
 
 /// The ordinal of a StatefulSet pod (`<name>-<ordinal>`).
@@ -173,10 +287,15 @@ pub fn observe(pods: &[&Pod], replicas: i32, credentials_version: Option<&str>) 
                     .collect::<Vec<_>>()
                     .join(", ")
             )),
-            Some(_) if !pod_ready(pod) => Some("the pod is not Ready".into()),
+            Some(_) if !pod_ready(pod) => Some(
+                blocker(pod)
+                    .map(|why| format!("the pod is not Ready: {why}"))
+                    .unwrap_or_else(|| "the pod is not Ready".into()),
+            ),
             Some(_) => None,
             None => Some(
-                termination_message(pod)
+                blocker(pod)
+                    .or_else(|| termination_message(pod))
                     .unwrap_or_else(|| "waiting for the agent's first report".to_string()),
             ),
         };
@@ -347,6 +466,98 @@ mod tests {
         assert_eq!(
             super::super::controller::labelled_owner(&p).unwrap().name,
             "db"
+        );
+    }
+
+    fn with_status(status: serde_json::Value) -> Pod {
+        let mut p = pod("db-0", false, None);
+        p.status = Some(serde_json::from_value(status).unwrap());
+        trim_pod(&mut p);
+        p
+    }
+
+    fn message_of(p: &Pod) -> String {
+        observe(&[p], 1, None).summaries[0]
+            .message
+            .clone()
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_pod_that_cannot_run_says_why_and_retries_are_no_news() {
+        let unschedulable = with_status(json!({
+            "phase": "Pending",
+            "conditions": [{ "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient cpu." }],
+        }));
+        assert_eq!(
+            message_of(&unschedulable),
+            "the pod cannot be scheduled: 0/3 nodes are available: 3 Insufficient cpu."
+        );
+
+        let pulling = |reason: &str, message: &str| {
+            with_status(json!({
+                "phase": "Pending",
+                "conditions": [{ "type": "PodScheduled", "status": "True" }],
+                "containerStatuses": [{ "name": "postgres", "image": "postgres:99", "imageID": "",
+                    "ready": false, "restartCount": 0,
+                    "state": { "waiting": { "reason": reason, "message": message } } }],
+            }))
+        };
+        let failed = pulling("ErrImagePull", "rpc error: manifest unknown");
+        let backing_off = pulling("ImagePullBackOff", "Back-off pulling image \"postgres:99\"");
+        // The kubelet's alternation between the two is the same cached pod.
+        assert_eq!(failed, backing_off);
+        assert_eq!(
+            message_of(&failed),
+            "container postgres cannot pull its image postgres:99 (ImagePullBackOff)"
+        );
+
+        // The agent's copy step (an init container) missing a Secret key.
+        let config = with_status(json!({
+            "phase": "Pending",
+            "initContainerStatuses": [{ "name": "agent", "image": "devctl:1", "imageID": "",
+                "ready": false, "restartCount": 0,
+                "state": { "waiting": { "reason": "CreateContainerConfigError",
+                    "message": "secret \"db-credentials\" not found" } } }],
+            "containerStatuses": [{ "name": "postgres", "image": "postgres:16.2", "imageID": "",
+                "ready": false, "restartCount": 0,
+                "state": { "waiting": { "reason": "PodInitializing" } } }],
+        }));
+        assert_eq!(
+            message_of(&config),
+            "container agent cannot start (CreateContainerConfigError): secret \"db-credentials\" not found"
+        );
+
+        let crashing = |backoff: &str| {
+            with_status(json!({
+                "phase": "Running",
+                "containerStatuses": [{ "name": "postgres", "image": "postgres:16.2", "imageID": "",
+                    "ready": false, "restartCount": 4,
+                    "state": { "waiting": { "reason": "CrashLoopBackOff",
+                        "message": format!("back-off {backoff} restarting failed container") } },
+                    "lastState": { "terminated": { "exitCode": 1, "message": "initdb: disk full" } } }],
+            }))
+        };
+        assert_eq!(crashing("10s"), crashing("40s"));
+        assert_eq!(
+            message_of(&crashing("10s")),
+            "container postgres keeps failing (CrashLoopBackOff): initdb: disk full"
+        );
+
+        // Passing states keep nothing beyond what was kept before.
+        let creating = with_status(json!({
+            "phase": "Pending",
+            "containerStatuses": [{ "name": "postgres", "image": "postgres:16.2", "imageID": "",
+                "ready": false, "restartCount": 0,
+                "state": { "waiting": { "reason": "ContainerCreating" } } }],
+        }));
+        let status = creating.status.as_ref().unwrap();
+        let kept = &status.container_statuses.as_ref().unwrap()[0];
+        assert!(kept.state.is_none() && kept.image.is_empty());
+        assert_eq!(
+            message_of(&creating),
+            "waiting for the agent's first report"
         );
     }
 }

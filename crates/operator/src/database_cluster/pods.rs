@@ -76,13 +76,18 @@ pub fn role_of(pod: &str, primary: &Primary) -> Option<&'static str> {
 }
 
 /// What to do to `pods` now (pure): every missing or wrong role label, and at most one pod
-/// replacement — only when every one of `replicas` instances is ready (`ready`).
+/// replacement. `ready` counts the ready instances of the `replicas` the cluster runs;
+/// `serving(pod)` says whether that pod's instance is ready. An outdated pod is replaced
+/// once every instance is ready — or at once when it is itself not serving: replacing it
+/// takes nothing away, and a pod stuck on a broken template (an image that cannot be
+/// pulled, requests no node can hold) is mended only by a new pod from the fixed one.
 pub fn plan(
     pods: &[&Pod],
     sts: Option<&StatefulSet>,
     primary: &Primary,
     replicas: i32,
     ready: i32,
+    serving: impl Fn(&str) -> bool,
 ) -> Vec<PodAction> {
     let mut actions: Vec<PodAction> = pods
         .iter()
@@ -109,7 +114,7 @@ pub fn plan(
     let anyone_leaving = pods.iter().any(|p| p.metadata.deletion_timestamp.is_some());
     // A pod deleted now could be the one the switchover or failover needs.
     let switching = primary.target.is_some() || primary.failed.is_some();
-    if !revision_current || !everyone_ready || anyone_leaving || switching {
+    if !revision_current || anyone_leaving || switching {
         return actions;
     }
     let mut outdated: Vec<&&Pod> = pods
@@ -124,7 +129,12 @@ pub fn plan(
             std::cmp::Reverse(ordinal(&name).unwrap_or(0)),
         )
     });
-    if let Some(pod) = outdated.first() {
+    let next = match outdated.iter().find(|p| !serving(&p.name_any())) {
+        Some(idle) => Some(idle),
+        None if everyone_ready => outdated.first(),
+        None => None,
+    };
+    if let Some(pod) = next {
         let name = pod.name_any();
         actions.push(PodAction::Replace {
             primary: name == primary.current,
@@ -187,7 +197,7 @@ mod tests {
     fn labels_follow_current_primary() {
         let pods = [pod("db-0", "a", None), pod("db-1", "a", Some("primary"))];
         let refs: Vec<&Pod> = pods.iter().collect();
-        let actions = plan(&refs, Some(&sts("a")), &primary("db-0"), 2, 2);
+        let actions = plan(&refs, Some(&sts("a")), &primary("db-0"), 2, 2, |_| true);
         assert_eq!(
             actions,
             [
@@ -213,7 +223,7 @@ mod tests {
         ];
         let refs: Vec<&Pod> = pods.iter().collect();
         assert_eq!(
-            plan(&refs, Some(&sts("a")), &switching, 2, 2),
+            plan(&refs, Some(&sts("a")), &switching, 2, 2, |_| true),
             [PodAction::Label {
                 pod: "db-1".into(),
                 role: None
@@ -233,7 +243,7 @@ mod tests {
         };
         let step = |pods: &[Pod]| {
             let refs: Vec<&Pod> = pods.iter().collect();
-            plan(&refs, Some(&sts("new")), &primary("db-0"), 3, 3)
+            plan(&refs, Some(&sts("new")), &primary("db-0"), 3, 3, |_| true)
         };
         let first = step(&mk(["old", "old", "old"]));
         assert!(
@@ -268,7 +278,7 @@ mod tests {
         for target in [devctl_api::instance::TARGET_PENDING, "db-2"] {
             // Nothing replaced although every revision is outdated and all pods are ready.
             assert_eq!(
-                plan(&refs, Some(&sts("new")), &failing(target), 3, 3),
+                plan(&refs, Some(&sts("new")), &failing(target), 3, 3, |_| true),
                 [PodAction::Label {
                     pod: "db-0".into(),
                     role: None
@@ -288,7 +298,7 @@ mod tests {
         // And a later rollout replaces replicas before the new primary.
         let refs: Vec<&Pod> = pods.iter().collect();
         assert!(matches!(
-            &plan(&refs, Some(&sts("new")), &done, 3, 3)[..],
+            &plan(&refs, Some(&sts("new")), &done, 3, 3, |_| true)[..],
             [.., PodAction::Replace { pod, primary: false, .. }] if pod == "db-1"
         ));
         let updated = [
@@ -298,18 +308,37 @@ mod tests {
         ];
         let refs: Vec<&Pod> = updated.iter().collect();
         assert!(matches!(
-            &plan(&refs, Some(&sts("new")), &done, 3, 3)[..],
+            &plan(&refs, Some(&sts("new")), &done, 3, 3, |_| true)[..],
             [PodAction::Replace { pod, primary: true, .. }] if pod == "db-2"
         ));
     }
 
     #[test]
-    fn nothing_is_replaced_while_an_instance_is_not_ready() {
+    fn an_outdated_pod_that_serves_nothing_is_replaced_first_and_the_others_wait() {
         let pods = [
             pod("db-0", "old", Some("primary")),
             pod("db-1", "old", Some("replica")),
         ];
         let refs: Vec<&Pod> = pods.iter().collect();
-        assert!(plan(&refs, Some(&sts("new")), &primary("db-0"), 2, 1).is_empty());
+        let serving = |pod: &str| pod != "db-1";
+        // db-1 serves nothing: it goes first, without waiting for the others.
+        assert!(matches!(
+            &plan(&refs, Some(&sts("new")), &primary("db-0"), 2, 1, serving)[..],
+            [PodAction::Replace { pod, primary: false, .. }] if pod == "db-1"
+        ));
+        // Once it runs the new template, a ready db-0 waits until db-1 is ready too.
+        let pods = [
+            pod("db-0", "old", Some("primary")),
+            pod("db-1", "new", Some("replica")),
+        ];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        assert!(plan(&refs, Some(&sts("new")), &primary("db-0"), 2, 1, serving).is_empty());
+        // A primary stuck on an outdated template is replaced too: it serves nothing.
+        let stuck = [pod("db-0", "old", Some("primary"))];
+        let refs: Vec<&Pod> = stuck.iter().collect();
+        assert!(matches!(
+            &plan(&refs, Some(&sts("new")), &primary("db-0"), 1, 0, |_| false)[..],
+            [PodAction::Replace { pod, primary: true, .. }] if pod == "db-0"
+        ));
     }
 }
