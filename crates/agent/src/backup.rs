@@ -491,7 +491,7 @@ impl Shared {
                     .map_err(|e| format!("{url} is not valid: {e}; refusing to write"))?;
                 if owner.uid != uid {
                     return Err(format!(
-                        "{url} names another cluster (uid {}), not this one ({uid}): refusing to write there",
+                        "{url} names another cluster (uid {}), not this one ({uid}): refusing to write there; a cluster of this name wrote backups here before: give this one another spec.backup.destination.path or another name (the old backups stay for restores)",
                         owner.uid
                     ));
                 }
