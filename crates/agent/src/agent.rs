@@ -471,6 +471,22 @@ pub async fn run(config: Config) -> Result<Outcome> {
     agent.main().await
 }
 
+/// Why the primary with an empty data directory does not initialise one, and what moves on.
+fn lost_primary_data(cluster: &str, pod: &str, replicas: i32) -> String {
+    let next = if replicas > 1 {
+        format!(
+            "a replica takes over by failover (spec.highAvailability), or run `devctl db promote {cluster} <replica>`; this pod then clones it"
+        )
+    } else {
+        format!(
+            "restore a backup into a new cluster (`devctl db restore NEW --from BACKUP`), or delete {cluster}"
+        )
+    };
+    format!(
+        "the data of the primary {pod} is gone (its volume is new) but the cluster has run before: refusing to initialise an empty database in its place; {next}"
+    )
+}
+
 /// A client from the environment: `KUBECONFIG`, else the in-cluster service account.
 pub async fn kube_client() -> Result<kube::Client> {
     let config = kube::Config::infer().await.map_err(|e| {
@@ -553,6 +569,12 @@ impl Agent {
                 let lock_duration = view.lock_duration;
                 match view.current_primary {
                     None => Some("waiting for status.currentPrimary".to_string()),
+                    Some(primary) if primary == me && !bootstrapped && view.initialized => {
+                        // The primary's volume is new (its claim was deleted or lost) but the
+                        // cluster has run: initdb (or a restore of an older backup) here would
+                        // silently replace its data with an empty or older database.
+                        Some(lost_primary_data(&cluster_name, &me, view.replicas))
+                    }
                     Some(primary) if primary == me && !bootstrapped && self.config.recovery => {
                         // A restored cluster's first instance: the backup instead of initdb
                         // (before the primary lock: no engine runs while it downloads).

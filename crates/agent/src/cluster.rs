@@ -34,6 +34,9 @@ pub struct ClusterView {
     pub replicas: i32,
     /// `spec.replication.synchronous` as (`ANY`/`FIRST`, number).
     pub synchronous: Option<(String, i32)>,
+    /// `status.currentVersion` is set: the cluster has been ready, so its primary has data
+    /// that an empty volume must never replace.
+    pub initialized: bool,
     /// `metadata.uid` (for events about the cluster).
     pub uid: Option<String>,
     /// The last watch error (message, forbidden) since the last successful event.
@@ -119,6 +122,9 @@ pub fn watch_cluster(client: kube::Client, config: &Config) -> watch::Receiver<C
             .and_then(|r| i32::try_from(r).ok())
             .unwrap_or(1);
         view.synchronous = object.and_then(synchronous);
+        view.initialized = object
+            .and_then(|o| status_string(o, "currentVersion"))
+            .is_some();
         view.uid = object.and_then(|o| o.metadata.uid.clone());
         view.error = None;
     };

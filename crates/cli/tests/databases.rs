@@ -199,7 +199,8 @@ async fn passwords_follow_the_secret_and_a_lost_secret_is_regenerated() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deleted_pod_comes_back_on_its_data_and_rbac_goes_with_the_cluster() {
+async fn a_deleted_pod_comes_back_on_its_data_a_lost_volume_is_never_reinitialised_and_rbac_goes_with_the_cluster()
+ {
     let env = Env::start("restart").await;
     env.create("keep", "postgres", "16.2").await;
     env.wait_ready("keep").await;
@@ -226,6 +227,52 @@ async fn a_deleted_pod_comes_back_on_its_data_and_rbac_goes_with_the_cluster() {
     assert_eq!(env.report("keep-0").await.system_identifier, before);
     let out = env.shell_ok("keep", "select v from t").await;
     assert!(out.lines().any(|l| l.trim() == "42"), "{out}");
+
+    // Its volume lost as well: the new pod must not put an empty database in place of the
+    // data (initdb would, and the cluster would look healthy).
+    let claims = env.api::<PersistentVolumeClaim>();
+    let old_claim = claims.get("data-keep-0").await.unwrap().metadata.uid;
+    claims
+        .delete("data-keep-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.api::<Pod>()
+        .delete("keep-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    let refusal = devctl_testenv::eventually(
+        "keep-0 on a new volume to refuse an empty database",
+        READY_TIMEOUT,
+        || async {
+            let claim = claims.get_opt("data-keep-0").await.ok()??;
+            let pod = env.api::<Pod>().get_opt("keep-0").await.ok()??;
+            let report = InstanceStatus::from_annotations(pod.metadata.annotations.as_ref())?;
+            let error = report
+                .last_error
+                .filter(|e| e.contains("refusing to initialise"))?;
+            (claim.metadata.uid != old_claim && !report.ready).then_some(error)
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        refusal.contains("the data of the primary keep-0 is gone")
+            && refusal.contains("devctl db restore"),
+        "{refusal}"
+    );
+    devctl_testenv::eventually(
+        "keep's Ready condition to say why it is not ready",
+        READY_TIMEOUT,
+        || async {
+            let db = env.api::<DatabaseCluster>().get("keep").await.ok()?;
+            let status = db.status?;
+            let ready = devctl_api::conditions::find(&status.conditions, "Ready")?;
+            (ready.status == "False" && ready.message.contains("refusing to initialise"))
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
 
     // The agents' ServiceAccount, Role and RoleBinding are the cluster's and go with it.
     assert!(

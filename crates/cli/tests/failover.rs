@@ -554,3 +554,41 @@ async fn without_auto_failover_a_lost_primary_is_reported_and_promote_fails_over
         "Promoted repeated: {promoted:#?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_whose_volume_is_lost_is_failed_over_never_reinitialised() {
+    let env = Env::start("failover-volume").await;
+    env.create_spec("fv", spec(3, true, false)).await;
+    env.wait_ready_with("fv", 3).await;
+    env.shell_ok(
+        "fv",
+        "create table t (v bigint primary key, pod text); insert into t select g, 'seed' from generate_series(1, 100) g",
+    )
+    .await;
+    let before = checksum_with(&env, "fv", "fv-0", 100).await;
+
+    // The primary's claim and pod go: its new pod starts on an empty volume.
+    let claims = env.api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>();
+    claims
+        .delete("data-fv-0", &Default::default())
+        .await
+        .unwrap();
+    env.api::<k8s_openapi::api::core::v1::Pod>()
+        .delete("fv-0", &Default::default())
+        .await
+        .unwrap();
+    // A replica takes over; the empty pod never ran initdb as the primary.
+    let db = wait_new_primary(&env, "fv", "fv-0").await;
+    let new_primary = db.status.unwrap().current_primary.unwrap();
+    assert_ne!(new_primary, "fv-0");
+    assert_eq!(checksum_with(&env, "fv", &new_primary, 100).await, before);
+    // fv-0 clones the new primary and streams from it, with every row.
+    wait_streaming(&env, "fv", &new_primary, "fv-0").await;
+    assert_eq!(checksum_with(&env, "fv", "fv-0", 100).await, before);
+    let log = full_log(&env, "fv-0");
+    assert!(
+        log.contains("refusing to initialise an empty database"),
+        "fv-0 did not refuse:\n{log}"
+    );
+    env.wait_ready_with("fv", 3).await;
+}
