@@ -1118,7 +1118,9 @@ impl Engine {
                                   (SELECT timeline_id FROM pg_control_checkpoint())), \
                          current_setting('server_version'), \
                          pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn(), \
-                         pg_wal_lsn_diff(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()), \
+                         pg_wal_lsn_diff(GREATEST(pg_last_wal_receive_lsn(), \
+                                                  (SELECT latest_end_lsn FROM pg_stat_wal_receiver)), \
+                                         pg_last_wal_replay_lsn()), \
                          (SELECT status FROM pg_stat_wal_receiver), \
                          (SELECT string_agg(application_name, ',' ORDER BY application_name) \
                             FROM pg_stat_replication WHERE state = 'streaming');\n",

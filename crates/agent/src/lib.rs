@@ -88,8 +88,10 @@
 //! host `DEVCTL_PRIMARY_SERVICE_HOST` or `<cluster>-rw.<namespace>.svc`, port
 //! `DEVCTL_PORT`) or the `address` of the primary pod's report (`annotation`, the test
 //! runner). A replica is `ready` only while `pg_stat_wal_receiver.status` is `streaming`;
-//! it reports `receivedLSN`, `replayedLSN`, `lagBytes` (received − replayed: primaries
-//! report no current LSN) and `timeline` (`received_tli`), applies no credentials (the roles
+//! it reports `receivedLSN`, `replayedLSN`, `lagBytes` (how far replay is behind the primary:
+//! the end of the primary's WAL as its last message to this standby said —
+//! `pg_stat_wal_receiver.latest_end_lsn` — or what was received, whichever is further, minus
+//! what was replayed) and `timeline` (`received_tli`), applies no credentials (the roles
 //! replicate) and reports the credentials Secret version it has seen.
 //!
 //! # Planned switchover (`status.targetPrimary`)
