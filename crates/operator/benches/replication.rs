@@ -1,9 +1,12 @@
 //! A 3-instance PostgreSQL cluster on process-backed pods (real PostgreSQL 15 behind each
 //! kwok pod, `devctl-agent` supervising it): time from apply to `Ready`, replication lag
-//! under a `pgbench` write load, and the agents' memory.
+//! under a `pgbench` write load (as the primary sees it and as the replicas report it), the
+//! agents' memory, and the operator's reconciles of the idle cluster afterwards (agents
+//! rewrite their reports once a minute; that heartbeat must not wake the operator).
 //!
 //! `cargo build --release -p devctl-agent && cargo bench -p devctl-operator --bench replication -- [seconds]`
-//! (pgbench runs `seconds`, default 30). Results and the machine are in docs/performance.md.
+//! (pgbench runs `seconds`, default 30; `DEVCTL_BENCH_IDLE_SECONDS` the idle phase, default
+//! 150). Results and the machine are in docs/performance.md.
 
 use std::time::{Duration, Instant};
 
@@ -50,18 +53,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let namespace = cluster.create_namespace("replication").await?;
     let client = cluster.client().await?;
     let (_stop, stopped) = tokio::sync::watch::channel(false);
+    let settings = devctl_operator::Settings::default();
+    let metrics = settings.metrics.clone();
     tokio::spawn({
         let client = client.clone();
         let namespace = namespace.clone();
         async move {
-            let _ = devctl_operator::run(
-                client,
-                &[namespace],
-                devctl_operator::Settings::default(),
-                "bench",
-                stopped,
-            )
-            .await;
+            let _ = devctl_operator::run(client, &[namespace], settings, "bench", stopped).await;
         }
     });
 
@@ -144,7 +142,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         lags
     };
-    let (load, mut lags) = tokio::join!(load, sample);
+    let reported = async {
+        // Lag as the replicas report it (`lagBytes` in their pods' reports), every 500 ms.
+        let mut lags = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        while Instant::now() < deadline {
+            for pod in ["bench-1", "bench-2"] {
+                if let Ok(pod) = pods.get(pod).await
+                    && let Some(lag) =
+                        InstanceStatus::from_annotations(pod.metadata.annotations.as_ref())
+                            .and_then(|r| r.lag_bytes)
+                {
+                    lags.push(lag as f64);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        lags
+    };
+    let (load, mut lags, mut reported) = tokio::join!(load, sample, reported);
+    reported.sort_by(|a, b| a.total_cmp(b));
     let load = load?;
     let summary = String::from_utf8_lossy(&load.stdout);
     let tps = summary
@@ -162,6 +179,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
 
+    // The idle cluster: what wakes the operator when nothing changes.
+    let idle: u64 = std::env::var("DEVCTL_BENCH_IDLE_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(150);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let reconciles = || {
+        metrics
+            .encode()
+            .lines()
+            .filter(|l| {
+                l.starts_with("controller_runtime_reconcile_total{")
+                    && l.contains(r#"controller="databasecluster""#)
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let before = reconciles();
+    tokio::time::sleep(Duration::from_secs(idle)).await;
+    let idle_reconciles = reconciles() - before;
+
     println!(
         "apply → Ready (3 instances, real PostgreSQL): {:.1} s",
         time_to_ready.as_secs_f64()
@@ -173,6 +211,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         percentile(&lags, 0.5),
         percentile(&lags, 0.99),
         lags.last().copied().unwrap_or(f64::NAN)
+    );
+    println!(
+        "replication lag the replicas report ({} samples of lagBytes): p50 {:.0} B, p99 {:.0} B, max {:.0} B",
+        reported.len(),
+        percentile(&reported, 0.5),
+        percentile(&reported, 0.99),
+        reported.last().copied().unwrap_or(f64::NAN)
+    );
+    println!(
+        "idle {idle} s after the load: {idle_reconciles} reconciles of the cluster (health requeue {} s)",
+        devctl_operator::Settings::default()
+            .health_requeue
+            .as_secs()
     );
     for (pod, rss) in agent_rss {
         println!("devctl-agent RSS {pod}: {rss:.1} MiB");
