@@ -524,6 +524,9 @@ impl Agent {
         } else {
             let fresh = !self.engine.is_bootstrapped();
             if fresh {
+                if let Err(outcome) = self.refuse_an_empty_volume().await? {
+                    return Ok(outcome);
+                }
                 self.engine.bootstrap().await?;
             }
             self.mysql_restore_pending =
@@ -535,6 +538,40 @@ impl Agent {
             self.recovering = true;
         }
         self.supervise(fresh).await
+    }
+
+    /// MySQL family (one instance, no cluster watch): an empty data directory is bootstrapped
+    /// only for a cluster that has never been ready; for one that has, the data is gone and a
+    /// new empty database must not take its place — reported until the agent is stopped.
+    /// A cluster the agent may not read is bootstrapped as before (the Role grants the read).
+    async fn refuse_an_empty_volume(&mut self) -> Result<Result<(), Outcome>> {
+        loop {
+            let problem = match self.shared.cluster_has_run().await {
+                Ok(false) => return Ok(Ok(())),
+                Err(e) if crate::error::is_forbidden(&e) => {
+                    tracing::warn!(error = %one_line(&e.to_string()), "cannot read the DatabaseCluster: bootstrapping without knowing whether it ran before");
+                    return Ok(Ok(()));
+                }
+                Ok(true) => lost_primary_data(&self.config.cluster, &self.config.pod_name, 1),
+                Err(e) => format!(
+                    "reading DatabaseCluster {} before bootstrapping: {}",
+                    self.config.cluster,
+                    one_line(&e.to_string())
+                ),
+            };
+            if self.role_problem.as_ref() != Some(&problem) {
+                tracing::warn!("{problem}");
+            }
+            self.role_problem = Some(problem);
+            if let Some(outcome) = self.report().await? {
+                return Ok(Err(outcome));
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(WAIT_INTERVAL * 5) => {}
+                _ = self.sigterm.recv() => return Ok(Err(Outcome::Stopped)),
+                _ = self.sigint.recv() => return Ok(Err(Outcome::Stopped)),
+            }
+        }
     }
 
     /// PostgreSQL: waits for `status.currentPrimary`, then bootstraps (this pod is the

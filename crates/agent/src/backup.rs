@@ -448,6 +448,20 @@ impl Shared {
         Ok((store, request))
     }
 
+    /// Whether the DatabaseCluster has been ready before ([`crate::cluster::has_run`]); a
+    /// cluster that does not exist (yet) has not.
+    pub async fn cluster_has_run(&self) -> Result<bool, kube::Error> {
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            &self.config.pod_namespace,
+            &database_cluster_resource(),
+        );
+        Ok(api
+            .get_opt(&self.config.cluster)
+            .await?
+            .is_some_and(|o| crate::cluster::has_run(&o)))
+    }
+
     /// The DatabaseCluster's uid (read once).
     async fn cluster_uid(&self) -> Result<String, String> {
         if let Some(uid) = lock(&self.cluster_uid).clone() {

@@ -56,6 +56,12 @@ pub fn current_primary(object: &DynamicObject) -> Option<String> {
     status_string(object, "currentPrimary")
 }
 
+/// Whether a DatabaseCluster has been ready (`status.currentVersion` is set): its primary has
+/// data that an empty volume must never replace.
+pub fn has_run(object: &DynamicObject) -> bool {
+    status_string(object, "currentVersion").is_some()
+}
+
 /// `status.targetPrimary` of a DatabaseCluster object.
 pub fn target_primary(object: &DynamicObject) -> Option<String> {
     status_string(object, "targetPrimary")
@@ -122,9 +128,7 @@ pub fn watch_cluster(client: kube::Client, config: &Config) -> watch::Receiver<C
             .and_then(|r| i32::try_from(r).ok())
             .unwrap_or(1);
         view.synchronous = object.and_then(synchronous);
-        view.initialized = object
-            .and_then(|o| status_string(o, "currentVersion"))
-            .is_some();
+        view.initialized = object.is_some_and(has_run);
         view.uid = object.and_then(|o| o.metadata.uid.clone());
         view.error = None;
     };

@@ -14,6 +14,57 @@ use kube::runtime::wait::await_condition;
 use serde_json::json;
 use support::databases::{Env, READY_TIMEOUT, condition, ready};
 
+/// Deletes the one instance's claim and pod of `cluster`, which has been ready: the new pod on
+/// an empty volume refuses to bootstrap an empty database in place of the data, and the
+/// cluster's `Ready` says why.
+async fn a_lost_volume_is_never_reinitialised(env: &Env, cluster: &str) {
+    let pod_name = format!("{cluster}-0");
+    let claim_name = format!("data-{cluster}-0");
+    let claims = env.api::<PersistentVolumeClaim>();
+    let old_claim = claims.get(&claim_name).await.unwrap().metadata.uid;
+    claims
+        .delete(&claim_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.api::<Pod>()
+        .delete(&pod_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let refusal = devctl_testenv::eventually(
+        &format!("{pod_name} on a new volume to refuse an empty database"),
+        READY_TIMEOUT,
+        || async {
+            let claim = claims.get_opt(&claim_name).await.ok()??;
+            let pod = env.api::<Pod>().get_opt(&pod_name).await.ok()??;
+            let report = InstanceStatus::from_annotations(pod.metadata.annotations.as_ref())?;
+            let error = report
+                .last_error
+                .filter(|e| e.contains("refusing to initialise"))?;
+            (claim.metadata.uid != old_claim && !report.ready).then_some(error)
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{pod_name} agent log:\n{}", env.agent_log(&pod_name)));
+    assert!(
+        refusal.contains(&format!("the data of the primary {pod_name} is gone"))
+            && refusal.contains("devctl db restore"),
+        "{refusal}"
+    );
+    devctl_testenv::eventually(
+        &format!("{cluster}'s Ready condition to say why it is not ready"),
+        READY_TIMEOUT,
+        || async {
+            let db = env.api::<DatabaseCluster>().get(cluster).await.ok()?;
+            let status = db.status?;
+            let ready = devctl_api::conditions::find(&status.conditions, "Ready")?;
+            (ready.status == "False" && ready.message.contains("refusing to initialise"))
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_and_mariadb_become_ready_when_the_engine_serves_and_db_shell_logs_in() {
     let env = Env::start("engines").await;
@@ -138,6 +189,9 @@ async fn postgres_and_mariadb_become_ready_when_the_engine_serves_and_db_shell_l
         let name = backup.metadata.name.clone().unwrap();
         assert!(created.iter().any(|out| out.contains(&name)), "{created:?}");
     }
+
+    // MariaDB's agent does not bootstrap an empty database in place of lost data either.
+    a_lost_volume_is_never_reinitialised(&env, "maria").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -230,49 +284,7 @@ async fn a_deleted_pod_comes_back_on_its_data_a_lost_volume_is_never_reinitialis
 
     // Its volume lost as well: the new pod must not put an empty database in place of the
     // data (initdb would, and the cluster would look healthy).
-    let claims = env.api::<PersistentVolumeClaim>();
-    let old_claim = claims.get("data-keep-0").await.unwrap().metadata.uid;
-    claims
-        .delete("data-keep-0", &DeleteParams::default())
-        .await
-        .unwrap();
-    env.api::<Pod>()
-        .delete("keep-0", &DeleteParams::default())
-        .await
-        .unwrap();
-    let refusal = devctl_testenv::eventually(
-        "keep-0 on a new volume to refuse an empty database",
-        READY_TIMEOUT,
-        || async {
-            let claim = claims.get_opt("data-keep-0").await.ok()??;
-            let pod = env.api::<Pod>().get_opt("keep-0").await.ok()??;
-            let report = InstanceStatus::from_annotations(pod.metadata.annotations.as_ref())?;
-            let error = report
-                .last_error
-                .filter(|e| e.contains("refusing to initialise"))?;
-            (claim.metadata.uid != old_claim && !report.ready).then_some(error)
-        },
-    )
-    .await
-    .unwrap();
-    assert!(
-        refusal.contains("the data of the primary keep-0 is gone")
-            && refusal.contains("devctl db restore"),
-        "{refusal}"
-    );
-    devctl_testenv::eventually(
-        "keep's Ready condition to say why it is not ready",
-        READY_TIMEOUT,
-        || async {
-            let db = env.api::<DatabaseCluster>().get("keep").await.ok()?;
-            let status = db.status?;
-            let ready = devctl_api::conditions::find(&status.conditions, "Ready")?;
-            (ready.status == "False" && ready.message.contains("refusing to initialise"))
-                .then_some(())
-        },
-    )
-    .await
-    .unwrap();
+    a_lost_volume_is_never_reinitialised(&env, "keep").await;
 
     // The agents' ServiceAccount, Role and RoleBinding are the cluster's and go with it.
     assert!(
