@@ -309,21 +309,10 @@ pub fn compute(
                 observed.updated_pods
             ),
         )
-    } else if previous.observed_generation != db.metadata.generation
-        || previous_ready_reason == Some("Scaling")
-    {
-        // A new spec (`spec.replicas`) being carried out; the reason stays until it is done.
+    } else {
         (
             Phase::Running,
             "Scaling",
-            format!("{ready}/{want} instances ready{instance_problem}"),
-        )
-    } else {
-        // The declared state was reached and nothing was asked since: an instance went down
-        // (a deleted pod, a crashed engine) and is coming back — not a scale.
-        (
-            Phase::Running,
-            INSTANCES_UNAVAILABLE,
             format!("{ready}/{want} instances ready{instance_problem}"),
         )
     };
@@ -858,24 +847,6 @@ mod tests {
         assert_eq!(condition(&status, READY).reason, "Scaling");
         assert_eq!(condition(&status, RECONCILING).status, TRUE);
         assert_eq!(condition(&status, RECONCILING).reason, "Scaling");
-        // Still scaling once that write is the previous status, until the instances are there.
-        scaled.status = Some(status);
-        let status = compute(&scaled, &observed(Some(&s)), &now()).unwrap();
-        assert_eq!(condition(&status, READY).reason, "Scaling");
-
-        // Nothing asked, an instance down: not a scale.
-        let mut recovering = sample();
-        recovering.status = compute(&recovering, &observed(Some(&s)), &now());
-        let down = sts(3, 2, true);
-        let mut o = observed(Some(&down));
-        o.instances.ready = 2;
-        let status = compute(&recovering, &o, &now()).unwrap();
-        assert_eq!(condition(&status, READY).status, FALSE);
-        assert_eq!(condition(&status, READY).reason, INSTANCES_UNAVAILABLE);
-        assert_eq!(
-            condition(&status, RECONCILING).reason,
-            INSTANCES_UNAVAILABLE
-        );
 
         let mut upgraded = sample();
         upgraded.status = compute(&upgraded, &observed(Some(&s)), &now());
