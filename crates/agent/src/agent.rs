@@ -471,11 +471,17 @@ pub async fn run(config: Config) -> Result<Outcome> {
     agent.main().await
 }
 
-/// Why the primary with an empty data directory does not initialise one, and what moves on.
-fn lost_primary_data(cluster: &str, pod: &str, replicas: i32) -> String {
-    let next = if replicas > 1 {
+/// Why the primary with an empty data directory does not initialise one, and what moves on:
+/// with high availability a failover to a replica (which this pod then clones); without it
+/// nothing fails over, so a restore (the replicas keep the data, but no step promotes them).
+fn lost_primary_data(cluster: &str, pod: &str, replicas: i32, high_availability: bool) -> String {
+    let next = if replicas > 1 && high_availability {
         format!(
-            "a replica takes over by failover (spec.highAvailability), or run `devctl db promote {cluster} <replica>`; this pod then clones it"
+            "a replica takes over by failover once the primary lock expires (with autoFailover off: `devctl db promote {cluster} <replica>`); this pod then clones it"
+        )
+    } else if replicas > 1 {
+        format!(
+            "without spec.highAvailability nothing fails over to a replica: restore a backup into a new cluster (`devctl db restore NEW --from BACKUP`), or delete {cluster}"
         )
     } else {
         format!(
@@ -552,7 +558,9 @@ impl Agent {
                     tracing::warn!(error = %one_line(&e.to_string()), "cannot read the DatabaseCluster: bootstrapping without knowing whether it ran before");
                     return Ok(Ok(()));
                 }
-                Ok(true) => lost_primary_data(&self.config.cluster, &self.config.pod_name, 1),
+                Ok(true) => {
+                    lost_primary_data(&self.config.cluster, &self.config.pod_name, 1, false)
+                }
                 Err(e) => format!(
                     "reading DatabaseCluster {} before bootstrapping: {}",
                     self.config.cluster,
@@ -610,7 +618,12 @@ impl Agent {
                         // The primary's volume is new (its claim was deleted or lost) but the
                         // cluster has run: initdb (or a restore of an older backup) here would
                         // silently replace its data with an empty or older database.
-                        Some(lost_primary_data(&cluster_name, &me, view.replicas))
+                        Some(lost_primary_data(
+                            &cluster_name,
+                            &me,
+                            view.replicas,
+                            lock_duration.is_some(),
+                        ))
                     }
                     Some(primary) if primary == me && !bootstrapped && self.config.recovery => {
                         // A restored cluster's first instance: the backup instead of initdb

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use devctl_api::database_backup::{BackupPhase, DatabaseBackup};
 use devctl_api::database_cluster::DatabaseCluster;
 use devctl_testenv::s3::S3Server;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::databases::{Env, ready};
@@ -271,6 +271,22 @@ async fn deletion_takes_a_final_backup_and_never_waits_past_the_bound() {
     .unwrap();
     let last = env.api::<DatabaseBackup>().get("fin-final").await.unwrap();
     assert!(completed(&last), "{:?}", last.status);
+    // The final backup holds the data: the volume goes with the cluster.
+    let claims = env.api::<PersistentVolumeClaim>();
+    devctl_testenv::eventually(
+        "fin's claim to be deleted",
+        Duration::from_secs(60),
+        || async {
+            claims
+                .get_opt("data-fin-0")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
     let kubeconfig = env.kubeconfig.clone();
     tokio::task::spawn_blocking(move || {
         support::devctl_ok(
@@ -316,4 +332,8 @@ async fn deletion_takes_a_final_backup_and_never_waits_past_the_bound() {
         started.elapsed()
     );
     assert!(events(&env, "FinalBackupSkipped").await >= 1);
+    // No final backup: the volume holds the only copy and is kept, and a Warning says so.
+    assert!(events(&env, "VolumesKept").await >= 1);
+    let kept = claims.get("data-fin-down-0").await.unwrap();
+    assert!(kept.metadata.deletion_timestamp.is_none());
 }

@@ -42,7 +42,8 @@ const OWN: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
 /// - children: watch (label-selected caches), create+patch (server-side apply creates),
 ///   delete (orphans such as the `-ro` Service after scaling to 1), get (the credentials
 ///   Secret is read before a password is ever generated);
-/// - PersistentVolumeClaims: watch and patch (volume expansion), never create or delete;
+/// - PersistentVolumeClaims: watch and patch (volume expansion), delete (a deleted cluster's
+///   data claims, unless kept), never create;
 /// - pods: watch (the agents' reports are annotations on their pods), patch (role labels) and
 ///   delete (ordered replacement after a template change: the StatefulSet uses `OnDelete`);
 /// - the agents' ServiceAccount, Role and RoleBinding per cluster: owned like other

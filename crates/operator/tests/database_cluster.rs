@@ -466,7 +466,7 @@ async fn invalid_specs_are_rejected_with_field_messages() {
 }
 
 #[tokio::test]
-async fn deleting_runs_the_finalizer_and_removes_children_and_volumes_unless_kept() {
+async fn deleting_runs_the_finalizer_and_removes_children_and_volumes_unless_kept_or_orphaned() {
     let env = start("delete").await;
     let dbs = env.dbs();
     dbs.create(&PostParams::default(), &database("doomed", 2))
@@ -479,8 +479,11 @@ async fn deleting_runs_the_finalizer_and_removes_children_and_volumes_unless_kep
             .collect(),
     );
     dbs.create(&PostParams::default(), &kept).await.unwrap();
+    dbs.create(&PostParams::default(), &database("orphaned", 1))
+        .await
+        .unwrap();
     let mut uids = Vec::new();
-    for (name, replicas) in [("doomed", 2), ("kept", 1)] {
+    for (name, replicas) in [("doomed", 2), ("kept", 1), ("orphaned", 1)] {
         let db = env
             .wait_db(name, "Ready", |db| is_ready(db, replicas))
             .await;
@@ -488,8 +491,14 @@ async fn deleting_runs_the_finalizer_and_removes_children_and_volumes_unless_kep
     }
     let claims = env.api::<PersistentVolumeClaim>();
     let kept_claim = claims.get("data-kept-0").await.unwrap();
+    let orphaned_claim = claims.get("data-orphaned-0").await.unwrap();
     for (name, uid) in &uids {
-        dbs.delete(name, &DeleteParams::default()).await.unwrap();
+        let params = if *name == "orphaned" {
+            DeleteParams::orphan()
+        } else {
+            DeleteParams::default()
+        };
+        dbs.delete(name, &params).await.unwrap();
         wait_gone(&dbs, name, uid).await;
     }
     let sts_api = env.api::<StatefulSet>();
@@ -525,6 +534,11 @@ async fn deleting_runs_the_finalizer_and_removes_children_and_volumes_unless_kep
     let still = claims.get("data-kept-0").await.unwrap();
     assert_eq!(still.metadata.uid, kept_claim.metadata.uid);
     assert!(still.metadata.deletion_timestamp.is_none());
+    // Deleted with the Orphan policy: its StatefulSet stays, and so do the claims it uses.
+    assert!(sts_api.get_opt("orphaned").await.unwrap().is_some());
+    let still = claims.get("data-orphaned-0").await.unwrap();
+    assert_eq!(still.metadata.uid, orphaned_claim.metadata.uid);
+    assert!(still.metadata.deletion_timestamp.is_none());
 
     let env = &env;
     let notes = |name: &'static str| async move {
@@ -546,6 +560,13 @@ async fn deleting_runs_the_finalizer_and_removes_children_and_volumes_unless_kep
     assert!(
         kept.iter().any(|n| n.contains("its volumes are kept")),
         "{kept:?}"
+    );
+    let orphaned = notes("orphaned").await;
+    assert!(
+        orphaned
+            .iter()
+            .any(|n| n.contains("propagationPolicy Orphan")),
+        "{orphaned:?}"
     );
 }
 

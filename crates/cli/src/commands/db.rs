@@ -6,7 +6,7 @@ use clap::Subcommand;
 use devctl_api::conditions;
 use devctl_api::database_backup::{BackupPhase, DatabaseBackup};
 use devctl_api::database_cluster::{
-    DatabaseCluster, Engine, KEEP_VOLUMES_ANNOTATION, keeps_volumes,
+    DatabaseCluster, Engine, FINALIZER, KEEP_VOLUMES_ANNOTATION, keeps_volumes,
 };
 use devctl_api::instance::SWITCHOVER_ANNOTATION;
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -282,7 +282,8 @@ pub async fn run(global: &GlobalArgs, command: DbCommand) -> anyhow::Result<()> 
             if keep_volumes {
                 let patch =
                     json!({ "metadata": { "annotations": { KEEP_VOLUMES_ANNOTATION: "true" } } });
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                let marked = api
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
                     .map_err(|e| {
                         cluster::explain(
@@ -291,6 +292,11 @@ pub async fn run(global: &GlobalArgs, command: DbCommand) -> anyhow::Result<()> 
                             &connection.server,
                         )
                     })?;
+                if marked.metadata.deletion_timestamp.is_some() {
+                    eprintln!(
+                        "warning: databasecluster {name} was already being deleted; its volumes may be deleted already"
+                    );
+                }
             }
             let deleted = api
                 .delete(&name, &DeleteParams::default())
@@ -306,7 +312,9 @@ pub async fn run(global: &GlobalArgs, command: DbCommand) -> anyhow::Result<()> 
             // cleans up, which is what deletes the volumes (or keeps them, as annotated).
             let volumes = match deleted.left() {
                 Some(db) if keeps_volumes(db.annotations()) => " (its volumes are kept)",
-                Some(db) if !db.finalizers().is_empty() => " (its volumes are deleted with it)",
+                Some(db) if db.finalizers().iter().any(|f| f == FINALIZER) => {
+                    " (its volumes are deleted with it)"
+                }
                 _ => "",
             };
             println!(

@@ -672,15 +672,7 @@ async fn manage_pods(
             }
         }
     };
-    let serving = |pod: &str| instances.summaries.iter().any(|i| i.name == pod && i.ready);
-    for action in pods::plan(
-        pods,
-        sts.as_deref(),
-        primary,
-        replicas,
-        instances.ready,
-        serving,
-    ) {
+    for action in pods::plan(pods, sts.as_deref(), primary, replicas, instances.ready) {
         match action {
             PodAction::Label { pod, role } => {
                 let mut metadata = json!({ "labels": { ROLE_LABEL: role } });
@@ -1000,13 +992,10 @@ async fn credentials(
     })
 }
 
-/// This cluster's data claims (`data-<statefulset>-<ordinal>`, made by its StatefulSet).
+/// This cluster's data claims (`data-<statefulset>-<ordinal>`, made by its StatefulSet), as
+/// the cache shows them.
 fn data_claims(ctx: &Context, names: &Names) -> Vec<Arc<PersistentVolumeClaim>> {
-    let prefix = format!(
-        "{}-{}-",
-        resources::stateful_set::DATA_VOLUME,
-        names.stateful_set()
-    );
+    let prefix = data_claim_prefix(names);
     let mut claims = ctx
         .caches
         .of_instance::<PersistentVolumeClaim>(&names.namespace, &names.name);
@@ -1019,15 +1008,93 @@ fn data_claims(ctx: &Context, names: &Names) -> Vec<Arc<PersistentVolumeClaim>> 
     claims
 }
 
+fn data_claim_prefix(names: &Names) -> String {
+    format!(
+        "{}-{}-",
+        resources::stateful_set::DATA_VOLUME,
+        names.stateful_set()
+    )
+}
+
+/// What the deletion of a cluster did with its volumes.
+enum Volumes {
+    /// This many data claims deleted (or going already).
+    Deleted(usize),
+    /// Kept as asked (why, for the event).
+    Kept(String),
+    /// Kept because deleting them could lose the only copy of the data, or was refused (why).
+    KeptForSafety(String),
+}
+
 /// Deletes the cluster's data claims when the cluster goes: StatefulSets never delete them,
 /// and a cluster created again under the same name must not start on the old data. Not a
 /// retention policy on the StatefulSet, which would also delete the data when someone
-/// deletes only the StatefulSet (it is restored, the data must survive that). Each delete is
-/// bound to the claim's uid, so a claim made anew meanwhile is never taken for the old one.
-/// Returns how many claims were deleted (or were going already).
-async fn delete_volumes(ctx: &Context, names: &Names) -> Result<usize> {
+/// deletes only the StatefulSet (it is restored, the data must survive that). They are kept
+/// when asked ([`database_cluster::KEEP_VOLUMES_ANNOTATION`]), when the cluster is deleted
+/// with the `Orphan` propagation policy (its StatefulSet and pods stay and still use them),
+/// and when a final backup was asked for and did not complete (they hold the only copy).
+/// The claims are listed live (a claim the StatefulSet made a moment ago may not be cached
+/// yet) and each delete is bound to the claim's uid.
+async fn dispose_of_volumes(db: &DatabaseCluster, ctx: &Context, names: &Names) -> Result<Volumes> {
+    if database_cluster::keeps_volumes(db.annotations()) {
+        return Ok(Volumes::Kept(format!(
+            "{}: \"true\"",
+            database_cluster::KEEP_VOLUMES_ANNOTATION
+        )));
+    }
+    // Orphan propagation: the garbage collector takes the owner references off the children
+    // and then drops its `orphan` finalizer — either may be what this reconcile sees.
+    let orphaned = db.finalizers().iter().any(|f| f == "orphan") || {
+        let statefulsets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &names.namespace);
+        statefulsets
+            .get_opt(&names.stateful_set())
+            .await?
+            .is_some_and(|sts| {
+                !sts.owner_references()
+                    .iter()
+                    .any(|o| o.controller == Some(true) && Some(&o.uid) == db.uid().as_ref())
+            })
+    };
+    if orphaned {
+        return Ok(Volumes::Kept(
+            "deleted with propagationPolicy Orphan: its StatefulSet and pods stay".into(),
+        ));
+    }
+    if db
+        .spec
+        .backup
+        .as_ref()
+        .is_some_and(|b| b.enabled && b.final_backup)
+    {
+        let name = super::schedule::final_backup_name(&names.name);
+        let backups: Api<devctl_api::database_backup::DatabaseBackup> =
+            Api::namespaced(ctx.client.clone(), &names.namespace);
+        let completed = backups.get_opt(&name).await?.is_some_and(|b| {
+            b.status.as_ref().and_then(|s| s.phase)
+                == Some(devctl_api::database_backup::BackupPhase::Completed)
+        });
+        if !completed {
+            return Ok(Volumes::KeptForSafety(format!(
+                "spec.backup.finalBackup asked for a final backup and {name} did not complete"
+            )));
+        }
+    }
     let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    let claims = data_claims(ctx, names);
+    let selector = format!(
+        "{}={},{}={}",
+        labels::NAME,
+        resources::APP_NAME,
+        labels::INSTANCE,
+        names.name
+    );
+    let prefix = data_claim_prefix(names);
+    let claims: Vec<PersistentVolumeClaim> = api
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await?
+        .items
+        .into_iter()
+        .filter(|c| c.name_any().starts_with(&prefix))
+        .collect();
     for claim in &claims {
         let name = claim.name_any();
         let params = kube::api::DeleteParams {
@@ -1039,8 +1106,15 @@ async fn delete_volumes(ctx: &Context, names: &Names) -> Result<usize> {
         };
         match api.delete(&name, &params).await {
             Ok(_) => {}
-            // Gone already, or replaced by a claim that is not the one the cache showed.
+            // Gone already, or replaced by a claim that is not the one listed.
             Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => {}
+            // The operator's rights lack it (an older Role): the cluster still goes.
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                return Ok(Volumes::KeptForSafety(format!(
+                    "the operator may not delete PersistentVolumeClaims here ({})",
+                    status.message
+                )));
+            }
             Err(source) => {
                 return Err(Error::Child {
                     action: "deleting",
@@ -1051,7 +1125,7 @@ async fn delete_volumes(ctx: &Context, names: &Names) -> Result<usize> {
             }
         }
     }
-    Ok(claims.len())
+    Ok(Volumes::Deleted(claims.len()))
 }
 
 /// Grows claims smaller than `spec.storage.size` in place (claim templates are immutable).
@@ -1217,15 +1291,24 @@ async fn cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
 
 async fn run_cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     let names = Names::of(&db)?;
-    let volumes = if database_cluster::keeps_volumes(db.annotations()) {
-        format!(
-            "its volumes are kept ({}: \"true\")",
-            database_cluster::KEEP_VOLUMES_ANNOTATION
-        )
-    } else {
-        match delete_volumes(ctx, &names).await? {
-            1 => "its volume claim deleted".to_string(),
-            deleted => format!("its {deleted} volume claims deleted"),
+    let volumes = match dispose_of_volumes(&db, ctx, &names).await? {
+        Volumes::Deleted(1) => "its volume claim deleted".to_string(),
+        Volumes::Deleted(deleted) => format!("its {deleted} volume claims deleted"),
+        Volumes::Kept(why) => format!("its volumes are kept ({why})"),
+        Volumes::KeptForSafety(why) => {
+            publish(
+                ctx,
+                db.as_ref(),
+                EventType::Warning,
+                "VolumesKept",
+                "Delete",
+                format!(
+                    "Keeping the volume claims data-{}-*: {why}; delete them when the data is no longer needed",
+                    names.stateful_set()
+                ),
+            )
+            .await;
+            format!("its volumes are kept: {why}")
         }
     };
     if db.status.as_ref().and_then(|s| s.phase) != Some(Phase::Deleting) {

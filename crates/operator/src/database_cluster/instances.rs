@@ -109,9 +109,11 @@ fn without_heartbeat(report: &mut String) {
     }
 }
 
-/// Waiting reasons that mean a container cannot start without a change (a pull that keeps
-/// failing, a bad image name, a missing Secret or ConfigMap key, a crash loop), as opposed to
-/// the passing `ContainerCreating`/`PodInitializing`.
+/// Waiting reasons that mean a container cannot be started without a change (a pull that
+/// keeps failing, a bad image name, a missing Secret or ConfigMap key), as opposed to the
+/// passing `ContainerCreating`/`PodInitializing`. A crash loop is not among them: its state
+/// flips between running and waiting on every restart, which kept would wake the cluster each
+/// time; the last exit (`lastState`, kept) says why instead.
 const BLOCKED_REASONS: &[&str] = &[
     "ErrImagePull",
     "ImagePullBackOff",
@@ -119,14 +121,12 @@ const BLOCKED_REASONS: &[&str] = &[
     "ErrImageNeverPull",
     "CreateContainerConfigError",
     "CreateContainerError",
-    "RunContainerError",
-    "CrashLoopBackOff",
 ];
 
-/// A container status reduced to its name and, while it cannot start, its image and why —
-/// made stable, so the kubelet's retries do not look like news: a failing pull alternates
-/// between `ErrImagePull` and `ImagePullBackOff` (kept as the latter, without the
-/// message), and a crash loop's message counts its back-off (the last exit says why).
+/// A container status reduced to its name and, while it cannot be started, its image and
+/// why — made stable, so the kubelet's retries do not look like news: a failing pull
+/// alternates between `ErrImagePull` and `ImagePullBackOff` (kept as the latter, without the
+/// message).
 fn blocked_only(status: ContainerStatus) -> ContainerStatus {
     let waiting = status
         .state
@@ -139,10 +139,6 @@ fn blocked_only(status: ContainerStatus) -> ContainerStatus {
         .map(|w| match w.reason.as_deref() {
             Some("ErrImagePull" | "ImagePullBackOff") => ContainerStateWaiting {
                 reason: Some("ImagePullBackOff".into()),
-                message: None,
-            },
-            Some("CrashLoopBackOff") => ContainerStateWaiting {
-                reason: w.reason,
                 message: None,
             },
             _ => w,
@@ -163,8 +159,8 @@ fn blocked_only(status: ContainerStatus) -> ContainerStatus {
 }
 
 /// Why a pod cannot run its instance, when Kubernetes says so: the scheduler cannot place it,
-/// or one of its containers (the agent's copy step first) cannot start.
-fn blocker(pod: &Pod) -> Option<String> {
+/// or one of its containers (the agent's copy step first) cannot be started.
+pub fn blocker(pod: &Pod) -> Option<String> {
     let status = pod.status.as_ref()?;
     if let Some(unscheduled) = status
         .conditions
@@ -191,11 +187,6 @@ fn blocker(pod: &Pod) -> Option<String> {
             "ImagePullBackOff" => format!(
                 "container {} cannot pull its image {} ({reason})",
                 c.name, c.image
-            ),
-            "CrashLoopBackOff" => format!(
-                "container {} keeps failing ({reason}): {}",
-                c.name,
-                termination_message(pod).unwrap_or_else(|| "no exit reported".into())
             ),
             _ => match waiting.message.as_deref() {
                 Some(message) => format!("container {} cannot start ({reason}): {message}", c.name),
@@ -547,21 +538,22 @@ mod tests {
             "container agent cannot start (CreateContainerConfigError): secret \"db-credentials\" not found"
         );
 
-        let crashing = |backoff: &str| {
+        // A crash loop keeps nothing of its flipping state; its last exit is the message.
+        let crashing = |state: serde_json::Value| {
             with_status(json!({
                 "phase": "Running",
                 "containerStatuses": [{ "name": "postgres", "image": "postgres:16.2", "imageID": "",
-                    "ready": false, "restartCount": 4,
-                    "state": { "waiting": { "reason": "CrashLoopBackOff",
-                        "message": format!("back-off {backoff} restarting failed container") } },
+                    "ready": false, "restartCount": 4, "state": state,
                     "lastState": { "terminated": { "exitCode": 1, "message": "initdb: disk full" } } }],
             }))
         };
-        assert_eq!(crashing("10s"), crashing("40s"));
+        let waiting = crashing(json!({ "waiting": { "reason": "CrashLoopBackOff",
+            "message": "back-off 40s restarting failed container" } }));
         assert_eq!(
-            message_of(&crashing("10s")),
-            "container postgres keeps failing (CrashLoopBackOff): initdb: disk full"
+            waiting,
+            crashing(json!({ "running": { "startedAt": "2026-12-05T03:00:00Z" } }))
         );
+        assert_eq!(message_of(&waiting), "initdb: disk full");
 
         // Passing states keep nothing beyond what was kept before.
         let creating = with_status(json!({

@@ -5,10 +5,13 @@
 //! rolling update that took the primary first (or two instances at once) would interrupt
 //! writes more than needed. Instead, one outdated pod at a time is deleted — replicas first
 //! (highest ordinal first), the primary last — and only while every instance is ready, so the
-//! previous replacement streams again before the next starts. The StatefulSet controller
-//! recreates the deleted pod from the new template on the same claim.
+//! previous replacement streams again before the next starts; a pod Kubernetes says cannot
+//! run at all goes first, without waiting. The StatefulSet controller recreates the deleted
+//! pod from the new template on the same claim.
 
 use devctl_api::instance::{ROLE_LABEL, ROLE_PRIMARY, ROLE_REPLICA};
+
+use super::instances::blocker;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -76,18 +79,18 @@ pub fn role_of(pod: &str, primary: &Primary) -> Option<&'static str> {
 }
 
 /// What to do to `pods` now (pure): every missing or wrong role label, and at most one pod
-/// replacement. `ready` counts the ready instances of the `replicas` the cluster runs;
-/// `serving(pod)` says whether that pod's instance is ready. An outdated pod is replaced
-/// once every instance is ready — or at once when it is itself not serving: replacing it
-/// takes nothing away, and a pod stuck on a broken template (an image that cannot be
-/// pulled, requests no node can hold) is mended only by a new pod from the fixed one.
+/// replacement. `ready` counts the ready instances of the `replicas` the cluster runs. An
+/// outdated pod is replaced once every instance is ready — or at once when Kubernetes says
+/// it cannot run at all ([`blocker`]: no node can hold it, its image cannot be pulled, a
+/// key it needs is missing): it serves nothing, and only a new pod from the fixed template
+/// mends it. A pod that is merely not ready (recovering, a replica that lost its primary)
+/// waits, as before.
 pub fn plan(
     pods: &[&Pod],
     sts: Option<&StatefulSet>,
     primary: &Primary,
     replicas: i32,
     ready: i32,
-    serving: impl Fn(&str) -> bool,
 ) -> Vec<PodAction> {
     let mut actions: Vec<PodAction> = pods
         .iter()
@@ -129,8 +132,8 @@ pub fn plan(
             std::cmp::Reverse(ordinal(&name).unwrap_or(0)),
         )
     });
-    let next = match outdated.iter().find(|p| !serving(&p.name_any())) {
-        Some(idle) => Some(idle),
+    let next = match outdated.iter().find(|p| blocker(p).is_some()) {
+        Some(stuck) => Some(stuck),
         None if everyone_ready => outdated.first(),
         None => None,
     };
@@ -197,7 +200,7 @@ mod tests {
     fn labels_follow_current_primary() {
         let pods = [pod("db-0", "a", None), pod("db-1", "a", Some("primary"))];
         let refs: Vec<&Pod> = pods.iter().collect();
-        let actions = plan(&refs, Some(&sts("a")), &primary("db-0"), 2, 2, |_| true);
+        let actions = plan(&refs, Some(&sts("a")), &primary("db-0"), 2, 2);
         assert_eq!(
             actions,
             [
@@ -223,7 +226,7 @@ mod tests {
         ];
         let refs: Vec<&Pod> = pods.iter().collect();
         assert_eq!(
-            plan(&refs, Some(&sts("a")), &switching, 2, 2, |_| true),
+            plan(&refs, Some(&sts("a")), &switching, 2, 2),
             [PodAction::Label {
                 pod: "db-1".into(),
                 role: None
@@ -243,7 +246,7 @@ mod tests {
         };
         let step = |pods: &[Pod]| {
             let refs: Vec<&Pod> = pods.iter().collect();
-            plan(&refs, Some(&sts("new")), &primary("db-0"), 3, 3, |_| true)
+            plan(&refs, Some(&sts("new")), &primary("db-0"), 3, 3)
         };
         let first = step(&mk(["old", "old", "old"]));
         assert!(
@@ -278,7 +281,7 @@ mod tests {
         for target in [devctl_api::instance::TARGET_PENDING, "db-2"] {
             // Nothing replaced although every revision is outdated and all pods are ready.
             assert_eq!(
-                plan(&refs, Some(&sts("new")), &failing(target), 3, 3, |_| true),
+                plan(&refs, Some(&sts("new")), &failing(target), 3, 3),
                 [PodAction::Label {
                     pod: "db-0".into(),
                     role: None
@@ -298,7 +301,7 @@ mod tests {
         // And a later rollout replaces replicas before the new primary.
         let refs: Vec<&Pod> = pods.iter().collect();
         assert!(matches!(
-            &plan(&refs, Some(&sts("new")), &done, 3, 3, |_| true)[..],
+            &plan(&refs, Some(&sts("new")), &done, 3, 3)[..],
             [.., PodAction::Replace { pod, primary: false, .. }] if pod == "db-1"
         ));
         let updated = [
@@ -308,36 +311,55 @@ mod tests {
         ];
         let refs: Vec<&Pod> = updated.iter().collect();
         assert!(matches!(
-            &plan(&refs, Some(&sts("new")), &done, 3, 3, |_| true)[..],
+            &plan(&refs, Some(&sts("new")), &done, 3, 3)[..],
             [PodAction::Replace { pod, primary: true, .. }] if pod == "db-2"
         ));
     }
 
     #[test]
-    fn an_outdated_pod_that_serves_nothing_is_replaced_first_and_the_others_wait() {
+    fn an_outdated_pod_that_cannot_run_is_replaced_first_and_the_others_wait() {
         let pods = [
             pod("db-0", "old", Some("primary")),
             pod("db-1", "old", Some("replica")),
         ];
         let refs: Vec<&Pod> = pods.iter().collect();
-        let serving = |pod: &str| pod != "db-1";
-        // db-1 serves nothing: it goes first, without waiting for the others.
-        assert!(matches!(
-            &plan(&refs, Some(&sts("new")), &primary("db-0"), 2, 1, serving)[..],
-            [PodAction::Replace { pod, primary: false, .. }] if pod == "db-1"
-        ));
-        // Once it runs the new template, a ready db-0 waits until db-1 is ready too.
+        // Merely not ready (recovering, lost its primary): nothing is replaced.
+        assert!(plan(&refs, Some(&sts("new")), &primary("db-0"), 2, 1).is_empty());
+
+        let unschedulable = |name: &str, revision: &str, role: &str| {
+            let mut p = pod(name, revision, Some(role));
+            p.status = Some(
+                serde_json::from_value(json!({
+                    "phase": "Pending",
+                    "conditions": [{ "type": "PodScheduled", "status": "False",
+                        "reason": "Unschedulable", "message": "0/3 nodes are available" }],
+                }))
+                .unwrap(),
+            );
+            p
+        };
+        // db-1 cannot run: it goes first, without waiting for the others.
         let pods = [
             pod("db-0", "old", Some("primary")),
-            pod("db-1", "new", Some("replica")),
+            unschedulable("db-1", "old", "replica"),
         ];
         let refs: Vec<&Pod> = pods.iter().collect();
-        assert!(plan(&refs, Some(&sts("new")), &primary("db-0"), 2, 1, serving).is_empty());
-        // A primary stuck on an outdated template is replaced too: it serves nothing.
-        let stuck = [pod("db-0", "old", Some("primary"))];
+        assert!(matches!(
+            &plan(&refs, Some(&sts("new")), &primary("db-0"), 2, 1)[..],
+            [PodAction::Replace { pod, primary: false, .. }] if pod == "db-1"
+        ));
+        // Once it runs the new template (and still cannot run), a ready db-0 waits.
+        let pods = [
+            pod("db-0", "old", Some("primary")),
+            unschedulable("db-1", "new", "replica"),
+        ];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        assert!(plan(&refs, Some(&sts("new")), &primary("db-0"), 2, 1).is_empty());
+        // A primary that cannot run on an outdated template is replaced too.
+        let stuck = [unschedulable("db-0", "old", "primary")];
         let refs: Vec<&Pod> = stuck.iter().collect();
         assert!(matches!(
-            &plan(&refs, Some(&sts("new")), &primary("db-0"), 1, 0, |_| false)[..],
+            &plan(&refs, Some(&sts("new")), &primary("db-0"), 1, 0)[..],
             [PodAction::Replace { pod, primary: true, .. }] if pod == "db-0"
         ));
     }
