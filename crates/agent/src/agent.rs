@@ -553,9 +553,13 @@ impl Agent {
     async fn refuse_an_empty_volume(&mut self) -> Result<Result<(), Outcome>> {
         loop {
             let problem = match self.shared.cluster_has_run().await {
-                Ok(false) => return Ok(Ok(())),
+                Ok(false) => {
+                    self.role_problem = None;
+                    return Ok(Ok(()));
+                }
                 Err(e) if crate::error::is_forbidden(&e) => {
                     tracing::warn!(error = %one_line(&e.to_string()), "cannot read the DatabaseCluster: bootstrapping without knowing whether it ran before");
+                    self.role_problem = None;
                     return Ok(Ok(()));
                 }
                 Ok(true) => {

@@ -312,6 +312,12 @@ pub async fn run(global: &GlobalArgs, command: DbCommand) -> anyhow::Result<()> 
             // cleans up, which is what deletes the volumes (or keeps them, as annotated).
             let volumes = match deleted.left() {
                 Some(db) if keeps_volumes(db.annotations()) => " (its volumes are kept)",
+                Some(db)
+                    if db.finalizers().iter().any(|f| f == FINALIZER)
+                        && db.spec.backup.as_ref().is_some_and(|b| b.final_backup) =>
+                {
+                    " (its volumes are deleted after its final backup, kept if that does not complete)"
+                }
                 Some(db) if db.finalizers().iter().any(|f| f == FINALIZER) => {
                     " (its volumes are deleted with it)"
                 }

@@ -382,6 +382,19 @@ pub async fn prune(
     None
 }
 
+/// Whether `backup` (the fixed-name final backup) was made for the deletion of `db` under way,
+/// not left by an earlier cluster of the same name: made no earlier than the deletion (both
+/// times are the API server's, to the second).
+pub fn taken_for_this_deletion(backup: &DatabaseBackup, db: &DatabaseCluster) -> bool {
+    match (
+        backup.metadata.creation_timestamp.as_ref(),
+        db.metadata.deletion_timestamp.as_ref(),
+    ) {
+        (Some(created), Some(deleted)) => created.0 >= deleted.0,
+        _ => false,
+    }
+}
+
 /// Deletion with `finalBackup: true`: takes the final backup (not owned by the cluster, so
 /// it outlives it) and waits for it within `finalBackupTimeout` of the deletion. `None` when
 /// deletion may go on; `Some(wait)` to look again.
@@ -439,6 +452,15 @@ pub async fn final_backup(db: &DatabaseCluster, ctx: &Context, names: &Names) ->
             return Some(Duration::from_secs(2));
         }
     };
+    if !taken_for_this_deletion(&existing, db) {
+        // The name is fixed and the backup outlives its cluster: this one is an earlier
+        // cluster's of the same name. It is left alone (it is that cluster's data), and no
+        // final backup of this one can be taken under the name.
+        return skip(format!(
+            "DatabaseBackup {name} is an earlier cluster's final backup (created before this deletion)"
+        ))
+        .await;
+    }
     match existing.status.as_ref().and_then(|s| s.phase) {
         Some(BackupPhase::Completed) => None,
         Some(BackupPhase::Failed) => {
@@ -469,6 +491,37 @@ pub async fn final_backup(db: &DatabaseCluster, ctx: &Context, names: &Names) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_final_backup_counts_only_when_made_for_this_deletion() {
+        let at = |second: i64| {
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::from_second(second).unwrap(),
+            )
+        };
+        let mut db: DatabaseCluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "db.devctl.io/v1beta1", "kind": "DatabaseCluster",
+            "metadata": { "name": "db", "namespace": "ns" },
+            "spec": { "engine": "postgres", "version": "16.2", "replicas": 1, "storage": { "size": "1Gi" } }
+        }))
+        .unwrap();
+        let mut backup: DatabaseBackup = serde_json::from_value(serde_json::json!({
+            "apiVersion": "db.devctl.io/v1beta1", "kind": "DatabaseBackup",
+            "metadata": { "name": "db-final", "namespace": "ns" },
+            "spec": { "cluster": { "name": "db" } }
+        }))
+        .unwrap();
+        backup.metadata.creation_timestamp = Some(at(1_000));
+        // Not being deleted: no deletion to have made it for.
+        assert!(!taken_for_this_deletion(&backup, &db));
+        db.metadata.deletion_timestamp = Some(at(1_000));
+        assert!(taken_for_this_deletion(&backup, &db), "same second");
+        db.metadata.deletion_timestamp = Some(at(999));
+        assert!(taken_for_this_deletion(&backup, &db));
+        // An earlier cluster of the same name left it.
+        db.metadata.deletion_timestamp = Some(at(5_000));
+        assert!(!taken_for_this_deletion(&backup, &db));
+    }
 
     #[test]
     fn a_backup_is_found_by_its_id_where_the_given_parts_of_the_layout_agree() {

@@ -1060,18 +1060,19 @@ async fn dispose_of_volumes(db: &DatabaseCluster, ctx: &Context, names: &Names) 
             "deleted with propagationPolicy Orphan: its StatefulSet and pods stay".into(),
         ));
     }
-    if db
-        .spec
-        .backup
-        .as_ref()
-        .is_some_and(|b| b.enabled && b.final_backup)
-    {
+    if let Some(backup) = db.spec.backup.as_ref().filter(|b| b.final_backup) {
+        if !backup.enabled {
+            return Ok(Volumes::KeptForSafety(
+                "spec.backup.finalBackup asked for a final backup, but backups are disabled (spec.backup.enabled: false), so none was taken".into(),
+            ));
+        }
         let name = super::schedule::final_backup_name(&names.name);
         let backups: Api<devctl_api::database_backup::DatabaseBackup> =
             Api::namespaced(ctx.client.clone(), &names.namespace);
         let completed = backups.get_opt(&name).await?.is_some_and(|b| {
-            b.status.as_ref().and_then(|s| s.phase)
-                == Some(devctl_api::database_backup::BackupPhase::Completed)
+            backup_lifecycle::taken_for_this_deletion(&b, db)
+                && b.status.as_ref().and_then(|s| s.phase)
+                    == Some(devctl_api::database_backup::BackupPhase::Completed)
         });
         if !completed {
             return Ok(Volumes::KeptForSafety(format!(

@@ -182,7 +182,11 @@ pub fn blocker(pod: &Pod) -> Option<String> {
         .chain(status.container_statuses.iter().flatten());
     containers.into_iter().find_map(|c| {
         let waiting = c.state.as_ref()?.waiting.as_ref()?;
-        let reason = waiting.reason.as_deref()?;
+        // Only the reasons the cache keeps (a pod read whole would show passing ones too).
+        let reason = waiting
+            .reason
+            .as_deref()
+            .filter(|r| BLOCKED_REASONS.contains(r))?;
         Some(match reason {
             "ImagePullBackOff" => format!(
                 "container {} cannot pull its image {} ({reason})",
