@@ -602,3 +602,100 @@ async fn a_primary_whose_volume_is_lost_is_failed_over_never_reinitialised() {
     );
     env.wait_ready_with("fv", 3).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_high_availability_promote_fails_over_from_a_primary_lost_for_good() {
+    let env = Env::start("failover-noha").await;
+    env.create_spec(
+        "nh",
+        json!({
+            "engine": "postgres", "version": "16.2", "replicas": 2,
+            "storage": { "size": "1Gi" },
+            "backup": { "enabled": false },
+        }),
+    )
+    .await;
+    env.wait_ready_with("nh", 2).await;
+    env.shell_ok(
+        "nh",
+        "create table t (v bigint primary key, pod text); insert into t select g, 'seed' from generate_series(1, 100) g",
+    )
+    .await;
+    let before = checksum_with(&env, "nh", "nh-0", 100).await;
+    // Asynchronous replication: the rows are on the replica before the primary goes.
+    assert_eq!(checksum_with(&env, "nh", "nh-1", 100).await, before);
+
+    // The primary's volume is lost for good: its new pod refuses to start an empty database,
+    // and the status says how to move on.
+    env.api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>()
+        .delete("data-nh-0", &Default::default())
+        .await
+        .unwrap();
+    env.api::<k8s_openapi::api::core::v1::Pod>()
+        .delete("nh-0", &Default::default())
+        .await
+        .unwrap();
+    let db = env
+        .wait_db("nh", "nh-0 refusing its empty volume", |db| {
+            db.status.as_ref().is_some_and(|s| {
+                s.instances.iter().any(|i| {
+                    i.name == "nh-0"
+                        && i.message
+                            .as_deref()
+                            .is_some_and(|m| m.contains("refusing to initialise"))
+                })
+            })
+        })
+        .await;
+    let status = db.status.unwrap();
+    let refusal = status
+        .instances
+        .iter()
+        .find(|i| i.name == "nh-0")
+        .and_then(|i| i.message.clone())
+        .unwrap();
+    assert!(
+        refusal.contains("devctl db promote nh <replica>"),
+        "{refusal}"
+    );
+    assert_eq!(status.current_primary.as_deref(), Some("nh-0"));
+
+    // A human promotes the replica: a failover (no primary to hand over), with every row.
+    let kubeconfig = env.kubeconfig.clone();
+    let promote = tokio::task::spawn_blocking(move || {
+        support::devctl(
+            &kubeconfig,
+            &["db", "promote", "nh", "nh-1", "--wait", "--timeout", "240"],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(
+        promote.status.success(),
+        "db promote failed:\n{}\n{}\nnh-1 agent log:\n{}",
+        support::stdout(&promote),
+        String::from_utf8_lossy(&promote.stderr),
+        env.agent_log("nh-1")
+    );
+    assert!(support::stdout(&promote).contains("nh-1 is the primary"));
+    let db = env.wait_ready_with("nh", 2).await;
+    let status = db.status.unwrap();
+    assert_eq!(status.current_primary.as_deref(), Some("nh-1"));
+    assert_eq!(status.failover_epoch, Some(1));
+    let lost = wait_events(&env, "PrimaryLost").await;
+    assert!(
+        lost.iter().any(|e| e
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("failing over to nh-1 as requested"))),
+        "{lost:#?}"
+    );
+    assert_eq!(wait_events(&env, "Promoted").await.len(), 1);
+    assert_eq!(checksum_with(&env, "nh", "nh-1", 100).await, before);
+    // The new primary takes writes; nh-0 clones it and streams them.
+    env.shell_ok("nh", "insert into t values (101, 'after')")
+        .await;
+    wait_streaming(&env, "nh", "nh-1", "nh-0").await;
+    let after = checksum_with(&env, "nh", "nh-1", 101).await;
+    assert_eq!(checksum_with(&env, "nh", "nh-0", 101).await, after);
+}

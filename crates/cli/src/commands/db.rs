@@ -68,10 +68,12 @@ pub enum DbCommand {
     },
     /// Switch the primary to another instance (a planned switchover: the primary
     /// checkpoints and stops, the target promotes once it has all of its WAL, nothing is
-    /// lost; the old primary rejoins as a standby).
+    /// lost; the old primary rejoins as a standby). When the primary is lost (it is not
+    /// ready and no primary lock fences it, or its lock expired with automatic failover
+    /// off), a failover to POD instead: what the primary had not sent to POD is lost.
     Promote {
         name: String,
-        /// The pod of the ready replica to promote, e.g. NAME-1.
+        /// The pod of the replica to promote, e.g. NAME-1.
         pod: String,
         /// Wait until POD is the primary and the cluster is Ready.
         #[arg(long)]

@@ -422,6 +422,9 @@ async fn primary_step(
         reports: &live_reports,
         replicas: resources::stateful_set::instances(db),
         requested,
+        primary_ready: pods
+            .iter()
+            .any(|p| p.name_any() == recorded.current && instances::serves(p)),
         since_start: since(recorded.last_failover_time.as_deref()),
     });
     match step {
@@ -476,8 +479,10 @@ async fn primary_step(
             epoch,
             candidate: _,
             message,
+            by_lock,
         } => {
             let confirmed = match &observed_lease {
+                _ if !by_lock => true,
                 Some((cached, _)) => lease_confirmed(ctx, names, cached).await,
                 None => false,
             };

@@ -17,13 +17,19 @@
 //!    `currentPrimary`.
 //!
 //! A human can pick the new primary (`devctl db promote`, the switchover request) once the
-//! primary is lost; it is the only way without `autoFailover`.
+//! primary is lost; it is the only way without `autoFailover`. Without a lock to wait for
+//! (high availability off, or a lock nobody ever took) the human's word is all there is: a
+//! request naming a replica while the primary is not ready starts the failover at once
+//! ([`manual_failover`]). The old primary's agent fences itself when it sees the failover;
+//! the `-rw` Service stops sending clients to it as soon as its role label goes.
 
 use std::cmp::Reverse;
 use std::time::Duration;
 
 use devctl_api::database_cluster::{HighAvailabilitySpec, SynchronousSpec};
-use devctl_api::instance::{InstanceStatus, ROLE_PRIMARY, SWITCHOVER_ANNOTATION, TARGET_PENDING};
+use devctl_api::instance::{
+    InstanceStatus, ROLE_PRIMARY, ROLE_REPLICA, SWITCHOVER_ANNOTATION, TARGET_PENDING,
+};
 
 use super::instances::ordinal;
 use super::switchover::Primary;
@@ -57,6 +63,8 @@ pub struct Inputs<'a> {
     pub replicas: i32,
     /// The pod named by the switchover request.
     pub requested: Option<&'a str>,
+    /// Whether the recorded primary's pod serves (Ready, its agent reporting ready).
+    pub primary_ready: bool,
     /// Time since the failover under way started (`status.lastFailoverTime`).
     pub since_start: Duration,
 }
@@ -81,6 +89,10 @@ pub enum Step {
         candidate: Option<String>,
         /// For the `PrimaryLost` event.
         message: String,
+        /// The loss was judged from the primary lock, which the operator confirms with the
+        /// API server before acting (its watch may lag); `false` for a human's request without
+        /// a lock, which needs no confirmation.
+        by_lock: bool,
     },
     /// Waiting for the replicas' final positions; `recheck_in` when time alone can make
     /// enough of them (asynchronous replication).
@@ -177,12 +189,15 @@ pub fn plan(inputs: &Inputs<'_>) -> Step {
     if let Some(failed) = &primary.failed {
         return carry_on(inputs, failed);
     }
-    let (Some(ha), Some(lease)) = (inputs.high_availability, inputs.lease) else {
-        return Step::Idle { expires_in: None };
-    };
     // A switchover hands the lock over on purpose; it is not a loss.
-    if primary.target.is_some() || !lease.ever_held {
+    if primary.target.is_some() {
         return Step::Idle { expires_in: None };
+    }
+    let (Some(ha), Some(lease)) = (inputs.high_availability, inputs.lease) else {
+        return manual_failover(inputs).unwrap_or(Step::Idle { expires_in: None });
+    };
+    if !lease.ever_held {
+        return manual_failover(inputs).unwrap_or(Step::Idle { expires_in: None });
     }
     let timeout = ha.failover_timeout().unwrap_or(Duration::from_secs(30));
     if lease.unchanged_for < timeout {
@@ -214,6 +229,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Step {
             epoch,
             candidate: Some(pod.to_string()),
             message: format!("{what}; failing over to {pod} as requested (epoch {epoch})"),
+            by_lock: true,
         };
     }
     if !ha.auto_failover {
@@ -240,7 +256,50 @@ pub fn plan(inputs: &Inputs<'_>) -> Step {
         epoch,
         candidate: None,
         message: format!("{what}; failing over (epoch {epoch})"),
+        by_lock: true,
     }
+}
+
+/// A failover a human asked for where no primary lock tells whether the primary is lost
+/// (high availability off, or a lock nobody took): the request names a replica while the
+/// primary does not serve. `None` leaves the request to the switchover, which hands over
+/// from a primary that serves, or refuses.
+///
+/// Without the lock nothing proves that the old primary stopped writing; a human who
+/// promotes says it has (a dead node, a lost volume). Its agent fences itself as soon as it
+/// sees the failover, and the `-rw` Service drops it with its role label. Commits it had
+/// not sent to the promoted replica are lost, as with any asynchronous failover.
+fn manual_failover(inputs: &Inputs<'_>) -> Option<Step> {
+    let pod = inputs.requested?;
+    let current = &inputs.primary.current;
+    if inputs.primary_ready || pod == current {
+        return None;
+    }
+    if !is_instance(inputs, pod) {
+        return Some(Step::Refuse(not_an_instance(pod)));
+    }
+    let is_replica = inputs.reports.iter().any(|(name, r)| {
+        name == pod && r.as_ref().and_then(|r| r.role.as_deref()) == Some(ROLE_REPLICA)
+    });
+    if !is_replica {
+        return Some(Step::Refuse(format!(
+            "{SWITCHOVER_ANNOTATION}: {pod} does not run as a replica (its agent has not reported one): nothing to promote"
+        )));
+    }
+    let epoch = inputs.primary.epoch.unwrap_or(0) + 1;
+    let lock = match inputs.high_availability {
+        Some(_) => "its primary lock was never taken",
+        None => "spec.highAvailability is off, so no primary lock fences it",
+    };
+    Some(Step::Start {
+        failed: current.clone(),
+        epoch,
+        candidate: Some(pod.to_string()),
+        message: format!(
+            "primary {current} is not ready and {lock}; failing over to {pod} as requested (epoch {epoch}): what {current} had not sent to {pod} is lost"
+        ),
+        by_lock: false,
+    })
 }
 
 /// The steps of a failover under way, away from `failed`.
@@ -258,10 +317,12 @@ fn carry_on(inputs: &Inputs<'_>, failed: &str) -> Step {
         Some(target) if target != TARGET_PENDING => {
             let promoted =
                 report(target).is_some_and(|r| r.ready && r.role.as_deref() == Some(ROLE_PRIMARY));
-            // Without a lock (high availability turned off meanwhile) the report is all.
-            let holds_lock = inputs
-                .lease
-                .is_none_or(|l| l.holder.as_deref() == Some(target));
+            // Without high availability no agent tends the lock (a Lease left from when it
+            // was on names whoever held it last): the report is all.
+            let holds_lock = inputs.high_availability.is_none()
+                || inputs
+                    .lease
+                    .is_none_or(|l| l.holder.as_deref() == Some(target));
             if promoted && holds_lock {
                 Step::Done {
                     from: failed.to_string(),
@@ -424,6 +485,8 @@ mod tests {
         reports: Vec<(String, Option<InstanceStatus>)>,
         requested: Option<&'static str>,
         since_start: Duration,
+        /// `spec.highAvailability` off (no lock is tended).
+        ha_off: bool,
     }
 
     impl Case {
@@ -436,19 +499,24 @@ mod tests {
                 reports: reports(None),
                 requested: None,
                 since_start: Duration::ZERO,
+                ha_off: false,
             }
         }
 
         fn plan(&self) -> Step {
+            let primary_ready = self.reports.iter().any(|(name, r)| {
+                *name == self.primary.current && r.as_ref().is_some_and(|r| r.ready)
+            });
             plan(&Inputs {
                 cluster: "db",
-                high_availability: Some(&self.ha),
+                high_availability: (!self.ha_off).then_some(&self.ha),
                 synchronous: self.synchronous.as_ref(),
                 primary: &self.primary,
                 lease: self.lease.as_ref(),
                 reports: &self.reports,
                 replicas: 3,
                 requested: self.requested,
+                primary_ready,
                 since_start: self.since_start,
             })
         }
@@ -560,7 +628,7 @@ mod tests {
         );
         assert!(matches!(
             step(lease(Some("db-0"), true, 30)),
-            Step::Start { epoch: 1, candidate: None, ref failed, ref message }
+            Step::Start { epoch: 1, candidate: None, ref failed, ref message, by_lock: true }
                 if failed == "db-0" && message.contains("did not renew the lock for 30s")
         ));
         // Released and not taken back counts; never held does not.
@@ -596,6 +664,7 @@ mod tests {
             reports: &off.reports,
             replicas: 3,
             requested: None,
+            primary_ready: false,
             since_start: Duration::ZERO,
         });
         assert_eq!(step, Step::Idle { expires_in: None });
@@ -647,6 +716,75 @@ mod tests {
         assert_eq!(pending_manual.plan(), Step::Elect("db-1".into()));
         pending_manual.requested = Some("db-0");
         assert!(matches!(pending_manual.plan(), Step::Refuse(m) if m.contains("failed over")));
+    }
+
+    #[test]
+    fn without_a_lock_a_promote_request_fails_over_only_from_a_primary_that_does_not_serve() {
+        let down = |case: &mut Case| {
+            case.reports[0].1 = Some(InstanceStatus {
+                role: Some("primary".into()),
+                ready: false,
+                ..Default::default()
+            });
+        };
+        for (ha_off, lease) in [(true, None), (false, Some(lease(None, false, 3600)))] {
+            let mut case = Case::new(healthy(), lease);
+            case.ha_off = ha_off;
+            // Nothing asked: nothing happens, whatever the primary's state.
+            down(&mut case);
+            assert_eq!(case.plan(), Step::Idle { expires_in: None });
+            case.requested = Some("db-2");
+            assert!(matches!(
+                case.plan(),
+                Step::Start { epoch: 1, candidate: Some(ref c), ref failed, by_lock: false, ref message }
+                    if c == "db-2" && failed == "db-0" && message.contains("not ready")
+            ));
+            // A serving primary hands over by switchover instead.
+            case.reports = reports(None);
+            assert_eq!(case.plan(), Step::Idle { expires_in: None });
+            down(&mut case);
+            // Only a replica: not an unknown pod, not one that reports no role.
+            case.requested = Some("db-5");
+            assert!(matches!(case.plan(), Step::Refuse(m) if m.contains("not an instance")));
+            case.reports[1].1 = None;
+            case.requested = Some("db-1");
+            assert!(
+                matches!(case.plan(), Step::Refuse(m) if m.contains("does not run as a replica"))
+            );
+            // Under way: the switchover's target is not a failover.
+            case.primary.target = Some("db-2".into());
+            assert_eq!(case.plan(), Step::Idle { expires_in: None });
+        }
+        // With a lock that was held, the lock decides (here: not expired yet).
+        let mut held = Case::new(healthy(), Some(lease(Some("db-0"), true, 5)));
+        down(&mut held);
+        held.requested = Some("db-2");
+        assert!(matches!(
+            held.plan(),
+            Step::Idle {
+                expires_in: Some(_)
+            }
+        ));
+    }
+
+    #[test]
+    fn without_high_availability_a_stale_lock_does_not_hold_up_the_promotion() {
+        let mut case = Case::new(
+            Primary {
+                target: Some("db-1".into()),
+                ..pending(1)
+            },
+            Some(lease(Some("db-0"), true, 3600)),
+        );
+        case.ha_off = true;
+        case.reports[1].1 = Some(InstanceStatus {
+            role: Some("primary".into()),
+            ready: true,
+            ..Default::default()
+        });
+        assert!(matches!(case.plan(), Step::Done { ref to, .. } if to == "db-1"));
+        case.ha_off = false;
+        assert_eq!(case.plan(), Step::Promoting("db-1".into()));
     }
 
     #[test]

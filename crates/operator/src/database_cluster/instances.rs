@@ -224,6 +224,15 @@ impl Instances {
     }
 }
 
+/// Whether `pod` serves: not being deleted, Ready, and its agent reports the engine ready
+/// (what `status.instances[].ready` says, short of a replica's streaming check).
+pub fn serves(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod_ready(pod)
+        && InstanceStatus::from_annotations(pod.metadata.annotations.as_ref())
+            .is_some_and(|r| r.ready)
+}
+
 fn pod_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()

@@ -6,6 +6,7 @@ use devctl_api::instance::TARGET_PENDING;
 use devctl_api::labels;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
 
 use crate::error::Failure;
 
@@ -398,8 +399,10 @@ pub fn compute(
         Some(ha) if ha.enabled => {
             "writes wait until it is back (automatic failover is off)".to_string()
         }
-        _ => "writes wait until it is back (spec.highAvailability is off: no automatic failover)"
-            .to_string(),
+        _ => format!(
+            "writes wait until it is back (spec.highAvailability is off: no automatic failover), or until a replica is promoted with `devctl db promote {} POD`",
+            db.name_any()
+        ),
     };
     // Cleared once every ready instance reports the regenerated Secret applied.
     let regenerated = observed.credentials_regenerated
