@@ -61,16 +61,19 @@ pub fn child_caches(client: kube::Client, namespace: Option<String>) -> CachesBu
             database_cluster::labelled_owner,
             slim::persistent_volume_claim,
         )
-        .add_trimmed::<Pod, lean_decode::PodFields>(
-            database_cluster::labelled_owner,
-            database_cluster::trim_pod,
-        )
+        .add_trimmed::<Pod, lean_decode::PodFields>(pod_owner, database_cluster::trim_pod)
         // Agents renew the primary lock every second or so: only a new holder is news, and
         // the cache's change times are how the operator notices a lock nobody renews.
         .add_observed::<Lease>(
             children::caches::controller_owner::<Lease>,
             database_cluster::resources::lease::significant,
         )
+}
+
+/// The DatabaseCluster or WebApp a pod belongs to, by its labels (pods carry no owner
+/// reference to either: a StatefulSet or a ReplicaSet made them).
+fn pod_owner(pod: &Pod) -> Option<children::caches::OwnerKey> {
+    database_cluster::labelled_owner(pod).or_else(|| web_app::controller::labelled_owner(pod))
 }
 
 /// How often freed memory is returned to the operating system.

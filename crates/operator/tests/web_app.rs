@@ -432,3 +432,52 @@ async fn deleting_a_web_app_garbage_collects_its_children() {
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn a_pod_no_node_can_hold_is_reported_before_the_progress_deadline_and_fixing_the_spec_mends_it()
+ {
+    let env = start("webapp-unschedulable").await;
+    let apps = env.web_apps();
+    let mut app = web_app("greedy");
+    app.spec.replicas = 1;
+    // The simulated nodes have 32 CPUs each.
+    app.spec.resources =
+        serde_json::from_value(json!({ "requests": { "cpu": "64", "memory": "128Mi" } })).unwrap();
+    apps.create(&PostParams::default(), &app).await.unwrap();
+    let stuck = env
+        .wait_web_app("greedy", "Ready naming the scheduler's reason", |a| {
+            a.status.as_ref().is_some_and(|s| {
+                devctl_api::conditions::find(&s.conditions, "Ready").is_some_and(|c| {
+                    c.status == "False"
+                        && c.message.contains("the pod cannot be scheduled: ")
+                        && c.message.contains("Insufficient cpu")
+                })
+            })
+        })
+        .await;
+    let status = stuck.status.unwrap();
+    let progressing = devctl_api::conditions::find(&status.conditions, "Progressing").unwrap();
+    assert_eq!(progressing.status, "True", "{progressing:?}");
+    assert!(
+        progressing.message.starts_with("0/1 pods ready")
+            && progressing.message.contains("; pod greedy-deployment-"),
+        "{progressing:?}"
+    );
+
+    apps.patch(
+        "greedy",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "resources": { "requests": { "cpu": "100m" } } } })),
+    )
+    .await
+    .unwrap();
+    let app = env
+        .wait_web_app("greedy", "Available on the fixed spec", |a| {
+            available_with(a, 1)
+        })
+        .await;
+    let ready = devctl_api::conditions::find(&app.status.unwrap().conditions, "Ready")
+        .unwrap()
+        .clone();
+    assert!(!ready.message.contains("cannot be scheduled"), "{ready:?}");
+}

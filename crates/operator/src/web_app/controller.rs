@@ -8,15 +8,18 @@ use futures::Future;
 use futures::stream::BoxStream;
 use k8s_openapi::Resource as _;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::resources;
 use super::status;
+use crate::children::caches::OwnerKey;
 use crate::children::{Caches, Owner, applied};
 use crate::context::{Context, Settings};
+use crate::database_cluster::instances;
 use crate::error::{Error, Result};
 use crate::reconciler::{now, publish, report, run_controller};
 
@@ -40,6 +43,37 @@ pub fn controller(
         shutdown,
         |app, ctx| async move { reconcile(app, &ctx).await },
     )
+}
+
+/// The WebApp an object belongs to by its labels (`app.kubernetes.io/name=webapp`,
+/// `instance=<app>`): for what the Deployment's ReplicaSets create, the pods.
+pub fn labelled_owner<K: Resource>(object: &K) -> Option<OwnerKey> {
+    let labels = object.labels();
+    if labels.get(devctl_api::labels::NAME).map(String::as_str) != Some(resources::APP_NAME) {
+        return None;
+    }
+    Some(OwnerKey {
+        kind: WebApp::kind(&()).as_ref().into(),
+        namespace: object.meta().namespace.as_deref()?.into(),
+        name: labels.get(devctl_api::labels::INSTANCE)?.as_str().into(),
+    })
+}
+
+/// Why one of the app's pods cannot run, when Kubernetes says so (the first by name): the
+/// Deployment's own conditions say so only when its progress deadline has passed.
+fn pod_blocker(ctx: &Context, namespace: &str, app: &WebApp) -> Option<String> {
+    let mut pods = ctx.caches.of_instance::<Pod>(namespace, &app.name_any());
+    pods.retain(|pod| {
+        pod.metadata.deletion_timestamp.is_none()
+            && pod
+                .labels()
+                .get(devctl_api::labels::NAME)
+                .map(String::as_str)
+                == Some(resources::APP_NAME)
+    });
+    pods.sort_by_key(|pod| pod.name_any());
+    pods.iter()
+        .find_map(|pod| instances::blocker(pod).map(|why| format!("pod {}: {why}", pod.name_any())))
 }
 
 async fn reconcile(app: Arc<WebApp>, ctx: &Context) -> Result<Action> {
@@ -87,6 +121,7 @@ async fn reconcile(app: Arc<WebApp>, ctx: &Context) -> Result<Action> {
             deployment: deployment.as_deref(),
             applied_now: applied(outcome, Deployment::KIND),
             failure: outcome.err().map(Error::failure),
+            pod_blocker: pod_blocker(ctx, &namespace, &app),
         };
         let status = status::compute(&app, &observed, &now());
         (Some(&status) != app.status.as_ref()).then(|| json!(status))

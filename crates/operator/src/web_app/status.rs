@@ -37,6 +37,9 @@ pub struct Observed<'a> {
     pub applied_now: bool,
     /// Why the reconcile failed.
     pub failure: Option<Failure>,
+    /// Why one of the app's pods cannot run, when Kubernetes says so (unschedulable, an image
+    /// that cannot be pulled, a missing Secret key).
+    pub pod_blocker: Option<String>,
 }
 
 /// The image of the Deployment's pod template (the app's container).
@@ -167,6 +170,12 @@ pub fn compute(app: &WebApp, observed: &Observed<'_>, now: &Time) -> WebAppStatu
         ),
     };
     let progress = format!("{ready}/{want} pods ready, {updated} up to date");
+    // What holds the rollout up, said as soon as Kubernetes says it rather than at the
+    // Deployment's progress deadline (ten minutes by default).
+    let held_up = |message: String| match &observed.pod_blocker {
+        Some(blocker) => format!("{message}; {blocker}"),
+        None => message,
+    };
     // Where the WebApp stands; `Ready`, `Progressing` and kstatus's pair all follow from it.
     let (reason, message, state) = match &observed.failure {
         Some(failure) if failure.permanent => {
@@ -180,7 +189,7 @@ pub fn compute(app: &WebApp, observed: &Observed<'_>, now: &Time) -> WebAppStatu
             // image, a quota), whatever is retried here.
             Some(why) => (
                 PROGRESS_DEADLINE_EXCEEDED,
-                format!("the rollout stopped: {why}"),
+                held_up(format!("the rollout stopped: {why}")),
                 State::Stalled,
             ),
             None => {
@@ -188,7 +197,7 @@ pub fn compute(app: &WebApp, observed: &Observed<'_>, now: &Time) -> WebAppStatu
                     .map(|c| c.reason.as_str());
                 (
                     rollout_reason(app, observed, previous_reason),
-                    progress,
+                    held_up(progress),
                     State::InProgress,
                 )
             }
@@ -249,6 +258,7 @@ mod tests {
             deployment,
             applied_now: false,
             failure: None,
+            pod_blocker: None,
         }
     }
 
@@ -443,5 +453,29 @@ mod tests {
                 .status,
             "False"
         );
+    }
+
+    #[test]
+    fn a_pod_that_cannot_run_is_named_while_the_rollout_waits() {
+        let now = Time(Timestamp::from_second(10).unwrap());
+        let d = deployment(2);
+        let mut o = observed(Some(&d));
+        o.pod_blocker =
+            Some("pod web-1: the pod cannot be scheduled: 0/2 nodes are available".into());
+        let status = compute(&super::super::resources::sample(), &o, &now);
+        let find = |t: &str| conditions::find(&status.conditions, t).unwrap().clone();
+        assert_eq!(find("Progressing").status, "True");
+        assert_eq!(find("Ready").status, "False");
+        assert_eq!(
+            find("Ready").message,
+            "2/5 pods ready, 5 up to date; pod web-1: the pod cannot be scheduled: 0/2 nodes are available"
+        );
+        // Rolled out: nothing holds it up, whatever a leftover pod says.
+        let done = deployment(5);
+        let mut o = observed(Some(&done));
+        o.pod_blocker = Some("pod web-9: stuck".into());
+        let status = compute(&super::super::resources::sample(), &o, &now);
+        let ready = conditions::find(&status.conditions, "Ready").unwrap();
+        assert!(!ready.message.contains("stuck"), "{ready:?}");
     }
 }
