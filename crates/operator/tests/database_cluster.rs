@@ -1187,3 +1187,48 @@ async fn a_repeated_event_is_one_event_with_a_series() {
         ]
     );
 }
+
+/// A pod that goes while the cluster is being deleted (here: after devctl's cleanup, while
+/// another finalizer still holds the cluster) is not made again with a new claim: the
+/// cleanup deletes the StatefulSet before it lists the claims.
+#[tokio::test]
+async fn no_claim_is_made_again_after_the_cleanup() {
+    let env = start("delete-race").await;
+    let dbs = env.dbs();
+    let mut held = database("held", 1);
+    held.metadata.finalizers = Some(vec!["test.devctl.io/hold".into()]);
+    dbs.create(&PostParams::default(), &held).await.unwrap();
+    env.wait_db("held", "Ready", |db| is_ready(db, 1)).await;
+    let claims = env.api::<PersistentVolumeClaim>();
+    let first = claims.get("data-held-0").await.unwrap();
+    dbs.delete("held", &DeleteParams::default()).await.unwrap();
+    env.wait_db("held", "devctl's finalizer done", |db| {
+        !db.finalizers()
+            .iter()
+            .any(|f| f == devctl_api::database_cluster::FINALIZER)
+    })
+    .await;
+    // The cluster still exists (the other finalizer), so the garbage collector has not
+    // touched its children; the pod goes anyway.
+    let pods = env.api::<k8s_openapi::api::core::v1::Pod>();
+    let _ = pods.delete("held-0", &DeleteParams::default()).await;
+    devctl_testenv::eventually(
+        "the StatefulSet, its pod and the claim to go (a StatefulSet left would remake both)",
+        TIMEOUT,
+        || async {
+            let sts = env.api::<StatefulSet>().get_opt("held").await.ok()?;
+            let pod = pods.get_opt("held-0").await.ok()?;
+            let claim = claims.get_opt("data-held-0").await.ok()?;
+            (sts.is_none() && pod.is_none() && claim.is_none()).then_some(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e} (first claim uid {:?})", first.metadata.uid));
+    dbs.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+    )
+    .await
+    .unwrap();
+}

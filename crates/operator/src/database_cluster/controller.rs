@@ -1049,17 +1049,15 @@ async fn dispose_of_volumes(db: &DatabaseCluster, ctx: &Context, names: &Names) 
     }
     // Orphan propagation: the garbage collector takes the owner references off the children
     // and then drops its `orphan` finalizer — either may be what this reconcile sees.
-    let orphaned = db.finalizers().iter().any(|f| f == "orphan") || {
-        let statefulsets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        statefulsets
-            .get_opt(&names.stateful_set())
-            .await?
-            .is_some_and(|sts| {
-                !sts.owner_references()
-                    .iter()
-                    .any(|o| o.controller == Some(true) && Some(&o.uid) == db.uid().as_ref())
-            })
+    let statefulsets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let stateful_set = statefulsets.get_opt(&names.stateful_set()).await?;
+    let ours = |sts: &StatefulSet| {
+        sts.owner_references()
+            .iter()
+            .any(|o| o.controller == Some(true) && Some(&o.uid) == db.uid().as_ref())
     };
+    let orphaned = db.finalizers().iter().any(|f| f == "orphan")
+        || stateful_set.as_ref().is_some_and(|sts| !ours(sts));
     if orphaned {
         return Ok(Volumes::Kept(
             "deleted with propagationPolicy Orphan: its StatefulSet and pods stay".into(),
@@ -1083,6 +1081,31 @@ async fn dispose_of_volumes(db: &DatabaseCluster, ctx: &Context, names: &Names) 
             return Ok(Volumes::KeptForSafety(format!(
                 "spec.backup.finalBackup asked for a final backup and {name} did not complete"
             )));
+        }
+    }
+    // The StatefulSet goes first: once it is being deleted its controller makes no pod and
+    // no claim, so the list below holds every claim there will be (the garbage collector,
+    // left to itself, deletes it only after the finalizer is gone, and a pod it recreated
+    // meanwhile would leave a new claim behind).
+    if let Some(sts) = stateful_set.filter(|sts| sts.metadata.deletion_timestamp.is_none()) {
+        let params = kube::api::DeleteParams {
+            preconditions: sts.uid().map(|uid| kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..kube::api::DeleteParams::background()
+        };
+        match statefulsets.delete(&names.stateful_set(), &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => {}
+            Err(source) => {
+                return Err(Error::Child {
+                    action: "deleting",
+                    kind: "StatefulSet",
+                    name: names.stateful_set(),
+                    source,
+                });
+            }
         }
     }
     let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
