@@ -699,3 +699,70 @@ async fn without_high_availability_promote_fails_over_from_a_primary_lost_for_go
     let after = checksum_with(&env, "nh", "nh-1", 101).await;
     assert_eq!(checksum_with(&env, "nh", "nh-0", 101).await, after);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_that_dies_before_promoting_is_replaced_by_a_new_election() {
+    let mut env = Env::start("failover-target").await;
+    env.create_spec("ft", spec(3, true, false)).await;
+    env.wait_ready_with("ft", 3).await;
+    env.shell_ok(
+        "ft",
+        "create table t (v bigint primary key, pod text); insert into t select g, 'seed' from generate_series(1, 100) g",
+    )
+    .await;
+    let before = checksum_with(&env, "ft", "ft-0", 100).await;
+    for pod in ["ft-1", "ft-2"] {
+        assert_eq!(checksum_with(&env, "ft", pod, 100).await, before);
+    }
+
+    // The state an operator leaves when the replica it elected dies before promoting: the
+    // primary is lost, ft-1 is the target, and ft-1 is gone too (written while the operator
+    // is stopped, as a restarted operator finds it).
+    env.stop_operator();
+    let runner = env.cluster.pod_runner().unwrap();
+    runner.kill_and_hold(&env.namespace, "ft-0").unwrap();
+    runner.kill_and_hold(&env.namespace, "ft-1").unwrap();
+    // Written as the operator writes its status (server-side apply, its field manager), so
+    // the fields it drops later are gone, as they would be.
+    let dbs = env.api::<DatabaseCluster>();
+    let mut status = serde_json::to_value(dbs.get("ft").await.unwrap().status.unwrap()).unwrap();
+    status["failedPrimary"] = json!("ft-0");
+    status["targetPrimary"] = json!("ft-1");
+    status["failoverEpoch"] = json!(1);
+    status["lastFailoverTime"] = json!(k8s_openapi::jiff::Timestamp::now().to_string());
+    dbs.patch_status(
+        "ft",
+        &kube::api::PatchParams::apply("devctl-operator").force(),
+        &kube::api::Patch::Apply(json!({
+            "apiVersion": "db.devctl.io/v1beta1", "kind": "DatabaseCluster",
+            "status": status,
+        })),
+    )
+    .await
+    .unwrap();
+    env.start_operator();
+
+    // Once nobody renewed the lock for a duration (two after the start), a new epoch elects
+    // ft-2, the only replica that can still acknowledge it.
+    let db = wait_new_primary(&env, "ft", "ft-0").await;
+    let status = db.status.unwrap();
+    assert_eq!(status.current_primary.as_deref(), Some("ft-2"));
+    assert_eq!(status.failover_epoch, Some(2));
+    let lost = wait_events(&env, "FailoverTargetLost").await;
+    assert!(
+        lost[0]
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("ft-1, elected in epoch 1, did not promote")),
+        "{lost:#?}"
+    );
+    assert_eq!(checksum_with(&env, "ft", "ft-2", 100).await, before);
+
+    // Both come back and follow the new primary.
+    runner.release(&env.namespace, "ft-0").unwrap();
+    runner.release(&env.namespace, "ft-1").unwrap();
+    wait_streaming(&env, "ft", "ft-2", "ft-1").await;
+    wait_streaming(&env, "ft", "ft-2", "ft-0").await;
+    env.wait_ready_with("ft", 3).await;
+    assert_eq!(checksum_with(&env, "ft", "ft-1", 100).await, before);
+}

@@ -535,7 +535,38 @@ async fn primary_step(
                 })
             }
         }
-        failover::Step::Promoting(_) => PrimaryStep::unchanged(recorded),
+        // Nothing announces a target that died before promoting (it never takes the lock):
+        // look again after a lock duration ([`failover::Step::Reelect`]).
+        failover::Step::Promoting(_) => PrimaryStep {
+            timer: high_availability.and_then(|ha| ha.failover_timeout()),
+            ..PrimaryStep::unchanged(recorded)
+        },
+        failover::Step::Reelect { epoch, message } => {
+            let confirmed = match &observed_lease {
+                Some((cached, _)) => lease_confirmed(ctx, names, cached).await,
+                None => false,
+            };
+            if !confirmed {
+                return PrimaryStep {
+                    timer: Some(LEASE_RECHECK),
+                    ..PrimaryStep::unchanged(recorded)
+                };
+            }
+            PrimaryStep {
+                events: vec![Announcement {
+                    type_: EventType::Warning,
+                    reason: "FailoverTargetLost",
+                    action: "Failover".into(),
+                    note: message,
+                }],
+                ..PrimaryStep::unchanged(Primary {
+                    target: Some(TARGET_PENDING.into()),
+                    epoch: Some(epoch),
+                    last_failover_time: Some(now().0.to_string()),
+                    ..recorded
+                })
+            }
+        }
         failover::Step::Done { from, to, epoch } => PrimaryStep {
             events: vec![Announcement {
                 type_: EventType::Normal,

@@ -101,6 +101,10 @@ pub enum Step {
     Elect(String),
     /// The target has not promoted (or not taken the lock) yet.
     Promoting(String),
+    /// The target died before promoting (the lock shows it, [`target_lost`]): elect again
+    /// in a new epoch, away from the same failed primary. Agents acknowledge each epoch
+    /// anew, so a target that does not run cannot be elected again.
+    Reelect { epoch: i64, message: String },
     /// The target runs as the primary and holds the lock: make it `currentPrimary`.
     Done {
         from: String,
@@ -302,6 +306,27 @@ fn manual_failover(inputs: &Inputs<'_>) -> Option<Step> {
     })
 }
 
+/// Why the elected `target` will not promote, when the primary lock shows it: nobody has
+/// renewed the lock for a whole duration although the failover started at least two
+/// durations ago (up to one for the election, a full one for the target to take the lock
+/// and promote). A target that promotes takes the lock first and renews it from then on; one
+/// that is still trying renews it on every attempt. So an unchanged lock means the target
+/// died (or lost the API server, and then it cannot promote either: it takes the lock first).
+/// Only with high availability: without a lock nothing tells a dead target from a slow one.
+fn target_lost(inputs: &Inputs<'_>, target: &str, epoch: i64) -> Option<String> {
+    let (Some(ha), Some(lease)) = (inputs.high_availability, inputs.lease) else {
+        return None;
+    };
+    let timeout = ha.failover_timeout().unwrap_or(Duration::from_secs(30));
+    (inputs.since_start >= timeout * 2 && lease.unchanged_for >= timeout).then(|| {
+        format!(
+            "{target}, elected in epoch {epoch}, did not promote and nobody renewed the primary lock for {}: electing again (epoch {})",
+            ha.failover_timeout,
+            epoch + 1
+        )
+    })
+}
+
 /// The steps of a failover under way, away from `failed`.
 fn carry_on(inputs: &Inputs<'_>, failed: &str) -> Step {
     let primary = inputs.primary;
@@ -328,6 +353,11 @@ fn carry_on(inputs: &Inputs<'_>, failed: &str) -> Step {
                     from: failed.to_string(),
                     to: target.to_string(),
                     epoch,
+                }
+            } else if !promoted && let Some(message) = target_lost(inputs, target, epoch) {
+                Step::Reelect {
+                    epoch: epoch + 1,
+                    message,
                 }
             } else {
                 Step::Promoting(target.to_string())
@@ -855,5 +885,45 @@ mod tests {
         // Requests wait until the failover is done.
         case.requested = Some("db-1");
         assert!(matches!(case.plan(), Step::Done { .. }));
+    }
+
+    #[test]
+    fn a_target_that_never_promotes_is_replaced_once_the_lock_shows_it_died() {
+        let mut case = Case::new(
+            Primary {
+                target: Some("db-2".into()),
+                ..pending(3)
+            },
+            Some(lease(Some("db-0"), true, 3600)),
+        );
+        // Within two lock durations of the start: the target still has time.
+        case.since_start = Duration::from_secs(59);
+        assert_eq!(case.plan(), Step::Promoting("db-2".into()));
+        // Later, with nobody renewing the lock for a duration: elect again.
+        case.since_start = Duration::from_secs(60);
+        assert!(matches!(
+            case.plan(),
+            Step::Reelect { epoch: 4, ref message }
+                if message.contains("db-2, elected in epoch 3, did not promote")
+        ));
+        // The target took the lock lately (it is promoting): not lost.
+        case.lease = Some(lease(Some("db-2"), true, 5));
+        assert_eq!(case.plan(), Step::Promoting("db-2".into()));
+        // One that took it and then died is lost once its hold expired.
+        case.lease = Some(lease(Some("db-2"), true, 30));
+        assert!(matches!(case.plan(), Step::Reelect { epoch: 4, .. }));
+        // A target that reports a ready primary is never replaced (it fences itself if it
+        // cannot hold the lock, and then its report says so).
+        case.lease = Some(lease(Some("db-0"), true, 3600));
+        case.reports[2].1 = Some(InstanceStatus {
+            role: Some("primary".into()),
+            ready: true,
+            ..Default::default()
+        });
+        assert_eq!(case.plan(), Step::Promoting("db-2".into()));
+        // Without high availability nothing tells a dead target from a slow one.
+        case.reports = reports(Some(3));
+        case.ha_off = true;
+        assert_eq!(case.plan(), Step::Promoting("db-2".into()));
     }
 }
