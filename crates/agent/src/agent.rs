@@ -481,7 +481,7 @@ fn lost_primary_data(cluster: &str, pod: &str, replicas: i32, high_availability:
         )
     } else if replicas > 1 {
         format!(
-            "without spec.highAvailability nothing fails over on its own: promote a replica with `devctl db promote {cluster} <replica>` (what this primary had not sent to it is lost); this pod then clones it"
+            "without spec.highAvailability nothing fails over on its own: promote a replica with `devctl db promote {cluster} <replica> --force` (what this primary had not sent to it is lost); this pod then clones it"
         )
     } else {
         format!(

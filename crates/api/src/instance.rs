@@ -248,6 +248,12 @@ impl InstanceStatus {
 /// `devctl db promote`; the operator removes it when the switchover is done or refused).
 pub const SWITCHOVER_ANNOTATION: &str = "db.devctl.io/switchover-to";
 
+/// Annotation (`"true"`) next to [`SWITCHOVER_ANNOTATION`] allowing a failover to the named
+/// pod when the primary does not serve and no primary lock proves it lost (`devctl db
+/// promote --force`): what the primary had not sent to the pod is lost, so only on request.
+/// Removed with the request.
+pub const FORCE_FAILOVER_ANNOTATION: &str = "db.devctl.io/force-failover";
+
 /// Label the operator (its only writer) puts on every database pod: [`ROLE_PRIMARY`] on the pod
 /// named in `status.currentPrimary`, [`ROLE_REPLICA`] on the others. The `-rw` Service
 /// selects the primary by it, `-ro` the replicas.

@@ -655,17 +655,54 @@ async fn without_high_availability_promote_fails_over_from_a_primary_lost_for_go
         .and_then(|i| i.message.clone())
         .unwrap();
     assert!(
-        refusal.contains("devctl db promote nh <replica>"),
+        refusal.contains("devctl db promote nh <replica> --force"),
         "{refusal}"
     );
     assert_eq!(status.current_primary.as_deref(), Some("nh-0"));
 
-    // A human promotes the replica: a failover (no primary to hand over), with every row.
+    // A promote without --force is refused: nothing proves the primary lost, and a failover
+    // loses what it had not sent.
+    let kubeconfig = env.kubeconfig.clone();
+    let refused = tokio::task::spawn_blocking(move || {
+        support::devctl(
+            &kubeconfig,
+            &["db", "promote", "nh", "nh-1", "--wait", "--timeout", "120"],
+        )
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("devctl db promote nh nh-1 --force"),
+        "{stderr}"
+    );
+    assert_eq!(
+        env.api::<DatabaseCluster>()
+            .get("nh")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .current_primary
+            .as_deref(),
+        Some("nh-0")
+    );
+
+    // With --force: a failover (no primary to hand over), with every row.
     let kubeconfig = env.kubeconfig.clone();
     let promote = tokio::task::spawn_blocking(move || {
         support::devctl(
             &kubeconfig,
-            &["db", "promote", "nh", "nh-1", "--wait", "--timeout", "240"],
+            &[
+                "db",
+                "promote",
+                "nh",
+                "nh-1",
+                "--force",
+                "--wait",
+                "--timeout",
+                "240",
+            ],
         )
     })
     .await

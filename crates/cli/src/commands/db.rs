@@ -8,7 +8,7 @@ use devctl_api::database_backup::{BackupPhase, DatabaseBackup};
 use devctl_api::database_cluster::{
     DatabaseCluster, Engine, FINALIZER, KEEP_VOLUMES_ANNOTATION, keeps_volumes,
 };
-use devctl_api::instance::SWITCHOVER_ANNOTATION;
+use devctl_api::instance::{FORCE_FAILOVER_ANNOTATION, SWITCHOVER_ANNOTATION};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
@@ -68,13 +68,17 @@ pub enum DbCommand {
     },
     /// Switch the primary to another instance (a planned switchover: the primary
     /// checkpoints and stops, the target promotes once it has all of its WAL, nothing is
-    /// lost; the old primary rejoins as a standby). When the primary is lost (it is not
-    /// ready and no primary lock fences it, or its lock expired with automatic failover
-    /// off), a failover to POD instead: what the primary had not sent to POD is lost.
+    /// lost; the old primary rejoins as a standby). When the primary is lost, a failover to
+    /// POD instead: at once when its lock expired with automatic failover off; with --force
+    /// when no lock proves it (high availability off) and it does not serve.
     Promote {
         name: String,
         /// The pod of the replica to promote, e.g. NAME-1.
         pod: String,
+        /// Allow a failover to POD when the primary does not serve and no primary lock proves
+        /// it lost (without high availability): what the primary had not sent to POD is lost.
+        #[arg(long)]
+        force: bool,
         /// Wait until POD is the primary and the cluster is Ready.
         #[arg(long)]
         wait: bool,
@@ -244,9 +248,10 @@ pub async fn run(global: &GlobalArgs, command: DbCommand) -> anyhow::Result<()> 
         DbCommand::Promote {
             name,
             pod,
+            force,
             wait,
             timeout,
-        } => promote(&connection, &api, &name, &pod, wait, timeout).await,
+        } => promote(&connection, &api, &name, &pod, force, wait, timeout).await,
         DbCommand::Credentials {
             name,
             show_password,
@@ -791,6 +796,7 @@ async fn promote(
     api: &Api<DatabaseCluster>,
     name: &str,
     pod: &str,
+    force: bool,
     wait: bool,
     timeout: u64,
 ) -> anyhow::Result<()> {
@@ -804,7 +810,11 @@ async fn promote(
         );
     }
     let asked_at = k8s_openapi::jiff::Timestamp::now();
-    let patch = json!({ "metadata": { "annotations": { SWITCHOVER_ANNOTATION: pod } } });
+    // Without --force an earlier forced request's permission is taken back.
+    let patch = json!({ "metadata": { "annotations": {
+        SWITCHOVER_ANNOTATION: pod,
+        FORCE_FAILOVER_ANNOTATION: force.then_some("true"),
+    } } });
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map_err(|e| {
@@ -814,8 +824,13 @@ async fn promote(
                 &connection.server,
             )
         })?;
+    let what = if force {
+        "switchover (or, if the primary does not serve, failover) to"
+    } else {
+        "switchover to"
+    };
     println!(
-        "databasecluster {}/{name}: switchover to {pod} requested",
+        "databasecluster {}/{name}: {what} {pod} requested",
         connection.namespace
     );
     if !wait {

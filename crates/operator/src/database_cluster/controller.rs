@@ -38,7 +38,8 @@ use crate::reconciler::{
 };
 use devctl_api::instance::{BACKUP_STORE_SECRET_SUFFIX, RESTORE_STORE_SECRET_SUFFIX};
 use devctl_api::instance::{
-    InstanceStatus, ROLE_LABEL, SWITCHOVER_ANNOTATION, TARGET_PENDING, primary_lease_name,
+    FORCE_FAILOVER_ANNOTATION, InstanceStatus, ROLE_LABEL, SWITCHOVER_ANNOTATION, TARGET_PENDING,
+    primary_lease_name,
 };
 
 /// The controller as a stream of finished reconciles.
@@ -425,6 +426,10 @@ async fn primary_step(
         primary_ready: pods
             .iter()
             .any(|p| p.name_any() == recorded.current && instances::serves(p)),
+        forced: db
+            .annotations()
+            .get(FORCE_FAILOVER_ANNOTATION)
+            .is_some_and(|v| v == "true"),
         since_start: since(recorded.last_failover_time.as_deref()),
     });
     match step {
@@ -541,8 +546,15 @@ async fn primary_step(
             timer: high_availability.and_then(|ha| ha.failover_timeout()),
             ..PrimaryStep::unchanged(recorded)
         },
-        failover::Step::Reelect { epoch, message } => {
+        failover::Step::Reelect {
+            epoch,
+            lost,
+            message,
+        } => {
+            // Judged from the lock with high availability (confirmed like a start); without
+            // it, on a human's request.
             let confirmed = match &observed_lease {
+                _ if high_availability.is_none() => true,
                 Some((cached, _)) => lease_confirmed(ctx, names, cached).await,
                 None => false,
             };
@@ -559,6 +571,8 @@ async fn primary_step(
                     action: "Failover".into(),
                     note: message,
                 }],
+                // A request for the lost target would hold the new election up.
+                drop_request_when_recorded: requested == Some(lost.as_str()),
                 ..PrimaryStep::unchanged(Primary {
                     target: Some(TARGET_PENDING.into()),
                     epoch: Some(epoch),
@@ -657,7 +671,10 @@ async fn switchover_step(
 /// Removes the switchover request (answered: done, refused or moot).
 async fn drop_request(ctx: &Context, names: &Names) {
     let api: Api<DatabaseCluster> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    let patch = json!({ "metadata": { "annotations": { SWITCHOVER_ANNOTATION: null } } });
+    let patch = json!({ "metadata": { "annotations": {
+        SWITCHOVER_ANNOTATION: null,
+        FORCE_FAILOVER_ANNOTATION: null,
+    } } });
     if let Err(error) = api
         .patch(&names.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await

@@ -65,6 +65,8 @@ pub struct Inputs<'a> {
     pub requested: Option<&'a str>,
     /// Whether the recorded primary's pod serves (Ready, its agent reporting ready).
     pub primary_ready: bool,
+    /// The request allows a failover without a lock ([`FORCE_FAILOVER_ANNOTATION`](devctl_api::instance::FORCE_FAILOVER_ANNOTATION)).
+    pub forced: bool,
     /// Time since the failover under way started (`status.lastFailoverTime`).
     pub since_start: Duration,
 }
@@ -104,7 +106,12 @@ pub enum Step {
     /// The target died before promoting (the lock shows it, [`target_lost`]): elect again
     /// in a new epoch, away from the same failed primary. Agents acknowledge each epoch
     /// anew, so a target that does not run cannot be elected again.
-    Reelect { epoch: i64, message: String },
+    Reelect {
+        epoch: i64,
+        /// The target given up on.
+        lost: String,
+        message: String,
+    },
     /// The target runs as the primary and holds the lock: make it `currentPrimary`.
     Done {
         from: String,
@@ -197,8 +204,13 @@ pub fn plan(inputs: &Inputs<'_>) -> Step {
     if primary.target.is_some() {
         return Step::Idle { expires_in: None };
     }
-    let (Some(ha), Some(lease)) = (inputs.high_availability, inputs.lease) else {
+    let Some(ha) = inputs.high_availability else {
         return manual_failover(inputs).unwrap_or(Step::Idle { expires_in: None });
+    };
+    // With high availability only a lock that exists and was never taken leaves the
+    // decision to a human: one not cached (yet) tells nothing.
+    let Some(lease) = inputs.lease else {
+        return Step::Idle { expires_in: None };
     };
     if !lease.ever_held {
         return manual_failover(inputs).unwrap_or(Step::Idle { expires_in: None });
@@ -266,8 +278,9 @@ pub fn plan(inputs: &Inputs<'_>) -> Step {
 
 /// A failover a human asked for where no primary lock tells whether the primary is lost
 /// (high availability off, or a lock nobody took): the request names a replica while the
-/// primary does not serve. `None` leaves the request to the switchover, which hands over
-/// from a primary that serves, or refuses.
+/// primary does not serve, and says it accepts a failover ([`FORCE_FAILOVER_ANNOTATION`](devctl_api::instance::FORCE_FAILOVER_ANNOTATION):
+/// a primary that is only restarting would lose what it had not sent). `None` leaves the
+/// request to the switchover, which hands over from a primary that serves.
 ///
 /// Without the lock nothing proves that the old primary stopped writing; a human who
 /// promotes says it has (a dead node, a lost volume). Its agent fences itself as soon as it
@@ -281,6 +294,12 @@ fn manual_failover(inputs: &Inputs<'_>) -> Option<Step> {
     }
     if !is_instance(inputs, pod) {
         return Some(Step::Refuse(not_an_instance(pod)));
+    }
+    if !inputs.forced {
+        return Some(Step::Refuse(format!(
+            "{SWITCHOVER_ANNOTATION}: the primary {current} does not serve, so it cannot hand over; to fail over to {pod} instead, losing what {current} had not sent to it: `devctl db promote {} {pod} --force`",
+            inputs.cluster
+        )));
     }
     let is_replica = inputs.reports.iter().any(|(name, r)| {
         name == pod && r.as_ref().and_then(|r| r.role.as_deref()) == Some(ROLE_REPLICA)
@@ -309,22 +328,52 @@ fn manual_failover(inputs: &Inputs<'_>) -> Option<Step> {
 /// Why the elected `target` will not promote, when the primary lock shows it: nobody has
 /// renewed the lock for a whole duration although the failover started at least two
 /// durations ago (up to one for the election, a full one for the target to take the lock
-/// and promote). A target that promotes takes the lock first and renews it from then on; one
-/// that is still trying renews it on every attempt. So an unchanged lock means the target
-/// died (or lost the API server, and then it cannot promote either: it takes the lock first).
+/// and promote; 75 s more when the target holds it, whose promotion may take that long
+/// without a renewal). A target takes the lock before each attempt to promote and renews it
+/// once it runs as the primary. So an unchanged lock means the target died (or lost the API
+/// server, and then it cannot promote either: it takes the lock first).
 /// Only with high availability: without a lock nothing tells a dead target from a slow one.
 fn target_lost(inputs: &Inputs<'_>, target: &str, epoch: i64) -> Option<String> {
     let (Some(ha), Some(lease)) = (inputs.high_availability, inputs.lease) else {
         return None;
     };
     let timeout = ha.failover_timeout().unwrap_or(Duration::from_secs(30));
-    (inputs.since_start >= timeout * 2 && lease.unchanged_for >= timeout).then(|| {
+    // A target that took the lock renews it again only once its promotion returned, which
+    // may wait for the replay of everything it received (`pg_promote` waits up to 60 s).
+    let quiet = match lease.holder.as_deref() {
+        Some(holder) if holder == target => timeout + PROMOTION_WAIT,
+        _ => timeout,
+    };
+    (inputs.since_start >= timeout * 2 && lease.unchanged_for >= quiet).then(|| {
         format!(
             "{target}, elected in epoch {epoch}, did not promote and nobody renewed the primary lock for {}: electing again (epoch {})",
             ha.failover_timeout,
             epoch + 1
         )
     })
+}
+
+/// How long a promoting target may hold the lock without renewing it: the agent's
+/// `pg_promote(true, 60)` and its margin.
+const PROMOTION_WAIT: Duration = Duration::from_secs(75);
+
+/// Without a lock: a new request (with [`FORCE_FAILOVER_ANNOTATION`](devctl_api::instance::FORCE_FAILOVER_ANNOTATION)) naming another
+/// replica while the target has not promoted elects again, for that replica — nothing else
+/// would tell a dead target from a slow one, and the primary is already fenced.
+fn retarget(inputs: &Inputs<'_>, failed: &str, target: &str, epoch: i64) -> Option<String> {
+    let pod = inputs.requested?;
+    if inputs.high_availability.is_some()
+        || !inputs.forced
+        || pod == target
+        || pod == failed
+        || !is_instance(inputs, pod)
+    {
+        return None;
+    }
+    Some(format!(
+        "{target}, elected in epoch {epoch}, has not promoted; electing {pod} as requested (epoch {})",
+        epoch + 1
+    ))
 }
 
 /// The steps of a failover under way, away from `failed`.
@@ -357,6 +406,13 @@ fn carry_on(inputs: &Inputs<'_>, failed: &str) -> Step {
             } else if !promoted && let Some(message) = target_lost(inputs, target, epoch) {
                 Step::Reelect {
                     epoch: epoch + 1,
+                    lost: target.to_string(),
+                    message,
+                }
+            } else if !promoted && let Some(message) = retarget(inputs, failed, target, epoch) {
+                Step::Reelect {
+                    epoch: epoch + 1,
+                    lost: target.to_string(),
                     message,
                 }
             } else {
@@ -517,6 +573,7 @@ mod tests {
         since_start: Duration,
         /// `spec.highAvailability` off (no lock is tended).
         ha_off: bool,
+        forced: bool,
     }
 
     impl Case {
@@ -530,6 +587,7 @@ mod tests {
                 requested: None,
                 since_start: Duration::ZERO,
                 ha_off: false,
+                forced: false,
             }
         }
 
@@ -547,6 +605,7 @@ mod tests {
                 replicas: 3,
                 requested: self.requested,
                 primary_ready,
+                forced: self.forced,
                 since_start: self.since_start,
             })
         }
@@ -695,6 +754,7 @@ mod tests {
             replicas: 3,
             requested: None,
             primary_ready: false,
+            forced: false,
             since_start: Duration::ZERO,
         });
         assert_eq!(step, Step::Idle { expires_in: None });
@@ -764,6 +824,13 @@ mod tests {
             down(&mut case);
             assert_eq!(case.plan(), Step::Idle { expires_in: None });
             case.requested = Some("db-2");
+            // Only when the request accepts a failover: a primary merely restarting would
+            // lose what it had not sent.
+            assert!(matches!(
+                case.plan(),
+                Step::Refuse(ref m) if m.contains("devctl db promote db db-2 --force")
+            ));
+            case.forced = true;
             assert!(matches!(
                 case.plan(),
                 Step::Start { epoch: 1, candidate: Some(ref c), ref failed, by_lock: false, ref message }
@@ -785,10 +852,17 @@ mod tests {
             case.primary.target = Some("db-2".into());
             assert_eq!(case.plan(), Step::Idle { expires_in: None });
         }
+        // With high availability and no lock cached (yet), nothing is decided.
+        let mut unknown = Case::new(healthy(), None);
+        down(&mut unknown);
+        unknown.requested = Some("db-2");
+        unknown.forced = true;
+        assert_eq!(unknown.plan(), Step::Idle { expires_in: None });
         // With a lock that was held, the lock decides (here: not expired yet).
         let mut held = Case::new(healthy(), Some(lease(Some("db-0"), true, 5)));
         down(&mut held);
         held.requested = Some("db-2");
+        held.forced = true;
         assert!(matches!(
             held.plan(),
             Step::Idle {
@@ -903,15 +977,18 @@ mod tests {
         case.since_start = Duration::from_secs(60);
         assert!(matches!(
             case.plan(),
-            Step::Reelect { epoch: 4, ref message }
+            Step::Reelect { epoch: 4, ref message, .. }
                 if message.contains("db-2, elected in epoch 3, did not promote")
         ));
-        // The target took the lock lately (it is promoting): not lost.
+        // The target took the lock lately (it is promoting): not lost; nor while its
+        // promotion may still be replaying what it received (it renews when that returns).
         case.lease = Some(lease(Some("db-2"), true, 5));
         assert_eq!(case.plan(), Step::Promoting("db-2".into()));
-        // One that took it and then died is lost once its hold expired.
-        case.lease = Some(lease(Some("db-2"), true, 30));
-        assert!(matches!(case.plan(), Step::Reelect { epoch: 4, .. }));
+        case.lease = Some(lease(Some("db-2"), true, 104));
+        assert_eq!(case.plan(), Step::Promoting("db-2".into()));
+        // One that took it and then died is lost once that is over too.
+        case.lease = Some(lease(Some("db-2"), true, 105));
+        assert!(matches!(case.plan(), Step::Reelect { epoch: 4, ref lost, .. } if lost == "db-2"));
         // A target that reports a ready primary is never replaced (it fences itself if it
         // cannot hold the lock, and then its report says so).
         case.lease = Some(lease(Some("db-0"), true, 3600));
@@ -925,5 +1002,35 @@ mod tests {
         case.reports = reports(Some(3));
         case.ha_off = true;
         assert_eq!(case.plan(), Step::Promoting("db-2".into()));
+    }
+
+    #[test]
+    fn without_a_lock_a_new_forced_request_replaces_a_target_that_has_not_promoted() {
+        let mut case = Case::new(
+            Primary {
+                target: Some("db-1".into()),
+                ..pending(1)
+            },
+            None,
+        );
+        case.ha_off = true;
+        assert_eq!(case.plan(), Step::Promoting("db-1".into()));
+        case.requested = Some("db-2");
+        assert_eq!(case.plan(), Step::Promoting("db-1".into()), "not forced");
+        case.forced = true;
+        assert!(matches!(
+            case.plan(),
+            Step::Reelect { epoch: 2, ref lost, ref message }
+                if lost == "db-1" && message.contains("electing db-2 as requested")
+        ));
+        // Not for the target itself, the failed primary, or with a lock (which decides).
+        case.requested = Some("db-1");
+        assert_eq!(case.plan(), Step::Promoting("db-1".into()));
+        case.requested = Some("db-0");
+        assert_eq!(case.plan(), Step::Promoting("db-1".into()));
+        case.requested = Some("db-2");
+        case.ha_off = false;
+        case.lease = Some(lease(Some("db-0"), true, 3600));
+        assert_eq!(case.plan(), Step::Promoting("db-1".into()));
     }
 }

@@ -400,7 +400,7 @@ pub fn compute(
             "writes wait until it is back (automatic failover is off)".to_string()
         }
         _ => format!(
-            "writes wait until it is back (spec.highAvailability is off: no automatic failover), or until a replica is promoted with `devctl db promote {} POD`",
+            "writes wait until it is back (spec.highAvailability is off: no automatic failover), or until a replica is promoted with `devctl db promote {} POD --force` (what the primary had not sent to it is lost)",
             db.name_any()
         ),
     };
