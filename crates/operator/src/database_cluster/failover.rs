@@ -297,7 +297,7 @@ fn manual_failover(inputs: &Inputs<'_>) -> Option<Step> {
     }
     if !inputs.forced {
         return Some(Step::Refuse(format!(
-            "{SWITCHOVER_ANNOTATION}: the primary {current} does not serve, so it cannot hand over; to fail over to {pod} instead, losing what {current} had not sent to it: `devctl db promote {} {pod} --force`",
+            "{SWITCHOVER_ANNOTATION}: the primary {current} is not ready; a switchover needs it to hand over. To fail over to {pod} instead, losing what {current} had not sent to it: `devctl db promote {} {pod} --force`",
             inputs.cluster
         )));
     }
