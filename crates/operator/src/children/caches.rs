@@ -55,6 +55,24 @@ impl OwnerKey {
             name: object.name_any().into(),
         })
     }
+
+    /// The `O` an object belongs to by its labels (`app.kubernetes.io/name=<app_name>`,
+    /// `instance=<owner>`): for what another controller made without an owner reference to
+    /// it, such as a StatefulSet's claims and pods or a ReplicaSet's pods.
+    pub fn by_labels<O: Resource<DynamicType = ()>>(
+        object: &impl Resource,
+        app_name: &str,
+    ) -> Option<Self> {
+        let labels = object.meta().labels.as_ref()?;
+        if labels.get(devctl_api::labels::NAME).map(String::as_str) != Some(app_name) {
+            return None;
+        }
+        Some(Self {
+            kind: O::kind(&()).as_ref().into(),
+            namespace: object.meta().namespace.as_deref()?.into(),
+            name: labels.get(devctl_api::labels::INSTANCE)?.as_str().into(),
+        })
+    }
 }
 
 /// A child event for its owner, and whether it may wait for the rest of its burst.

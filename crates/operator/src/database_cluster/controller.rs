@@ -68,15 +68,7 @@ pub fn controller(
 /// `instance=<cluster>`): for what other controllers create without an owner reference to
 /// the cluster — the StatefulSet's volume claims and pods.
 pub fn labelled_owner<K: Resource>(object: &K) -> Option<OwnerKey> {
-    let labels = object.labels();
-    if labels.get(labels::NAME).map(String::as_str) != Some(resources::APP_NAME) {
-        return None;
-    }
-    Some(OwnerKey {
-        kind: DatabaseCluster::kind(&()).as_ref().into(),
-        namespace: object.meta().namespace.as_deref()?.into(),
-        name: labels.get(labels::INSTANCE)?.as_str().into(),
-    })
+    OwnerKey::by_labels::<DatabaseCluster>(object, resources::APP_NAME)
 }
 
 async fn reconcile(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
@@ -382,6 +374,21 @@ async fn lease_confirmed(ctx: &Context, names: &Names, cached: &Lease) -> bool {
     }
 }
 
+/// Whether a failover decision may be acted on: one judged from the cached lock only once the
+/// API server confirms the lock ([`lease_confirmed`]); one on a human's request at once.
+async fn decision_confirmed(
+    ctx: &Context,
+    names: &Names,
+    observed_lease: Option<&(Arc<Lease>, LeaseObservation)>,
+    by_lock: bool,
+) -> bool {
+    match observed_lease {
+        _ if !by_lock => true,
+        Some((cached, _)) => lease_confirmed(ctx, names, cached).await,
+        None => false,
+    }
+}
+
 /// Time since `status.lastFailoverTime` on the wall clock (the only time the status keeps);
 /// unknown counts as long ago.
 fn since(time: Option<&str>) -> Duration {
@@ -486,12 +493,7 @@ async fn primary_step(
             message,
             by_lock,
         } => {
-            let confirmed = match &observed_lease {
-                _ if !by_lock => true,
-                Some((cached, _)) => lease_confirmed(ctx, names, cached).await,
-                None => false,
-            };
-            if !confirmed {
+            if !decision_confirmed(ctx, names, observed_lease.as_ref(), by_lock).await {
                 return PrimaryStep {
                     timer: Some(LEASE_RECHECK),
                     ..PrimaryStep::unchanged(recorded)
@@ -550,15 +552,9 @@ async fn primary_step(
             epoch,
             lost,
             message,
+            by_lock,
         } => {
-            // Judged from the lock with high availability (confirmed like a start); without
-            // it, on a human's request.
-            let confirmed = match &observed_lease {
-                _ if high_availability.is_none() => true,
-                Some((cached, _)) => lease_confirmed(ctx, names, cached).await,
-                None => false,
-            };
-            if !confirmed {
+            if !decision_confirmed(ctx, names, observed_lease.as_ref(), by_lock).await {
                 return PrimaryStep {
                     timer: Some(LEASE_RECHECK),
                     ..PrimaryStep::unchanged(recorded)

@@ -111,6 +111,8 @@ pub enum Step {
         /// The target given up on.
         lost: String,
         message: String,
+        /// As for [`Step::Start`]: judged from the lock, or on a human's request.
+        by_lock: bool,
     },
     /// The target runs as the primary and holds the lock: make it `currentPrimary`.
     Done {
@@ -408,12 +410,14 @@ fn carry_on(inputs: &Inputs<'_>, failed: &str) -> Step {
                     epoch: epoch + 1,
                     lost: target.to_string(),
                     message,
+                    by_lock: true,
                 }
             } else if !promoted && let Some(message) = retarget(inputs, failed, target, epoch) {
                 Step::Reelect {
                     epoch: epoch + 1,
                     lost: target.to_string(),
                     message,
+                    by_lock: false,
                 }
             } else {
                 Step::Promoting(target.to_string())
@@ -1020,7 +1024,7 @@ mod tests {
         case.forced = true;
         assert!(matches!(
             case.plan(),
-            Step::Reelect { epoch: 2, ref lost, ref message }
+            Step::Reelect { epoch: 2, ref lost, ref message, .. }
                 if lost == "db-1" && message.contains("electing db-2 as requested")
         ));
         // Not for the target itself, the failed primary, or with a lock (which decides).

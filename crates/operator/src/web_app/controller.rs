@@ -48,15 +48,7 @@ pub fn controller(
 /// The WebApp an object belongs to by its labels (`app.kubernetes.io/name=webapp`,
 /// `instance=<app>`): for what the Deployment's ReplicaSets create, the pods.
 pub fn labelled_owner<K: Resource>(object: &K) -> Option<OwnerKey> {
-    let labels = object.labels();
-    if labels.get(devctl_api::labels::NAME).map(String::as_str) != Some(resources::APP_NAME) {
-        return None;
-    }
-    Some(OwnerKey {
-        kind: WebApp::kind(&()).as_ref().into(),
-        namespace: object.meta().namespace.as_deref()?.into(),
-        name: labels.get(devctl_api::labels::INSTANCE)?.as_str().into(),
-    })
+    OwnerKey::by_labels::<WebApp>(object, resources::APP_NAME)
 }
 
 /// Why one of the app's pods cannot run, when Kubernetes says so (the first by name): the
