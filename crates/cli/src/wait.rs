@@ -93,3 +93,36 @@ where
     )
     .await
 }
+
+/// Parses a `--timeout` value the way kubectl and helm take one — `90s`, `5m`, `1h`, `1m30s`
+/// — and, as earlier releases of devctl did, a bare number of seconds (`120`).
+pub fn parse_timeout(value: &str) -> Result<Duration, String> {
+    let value = value.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return value
+            .parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|e| format!("{value}: {e}"));
+    }
+    humantime::parse_duration(value)
+        .map_err(|e| format!("{value:?} is not a duration ({e}); use e.g. 90s, 5m, 1h or 1m30s"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_are_durations_or_seconds() {
+        assert_eq!(parse_timeout("120"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_timeout("120s"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_timeout("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_timeout("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_timeout("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_timeout("500ms"), Ok(Duration::from_millis(500)));
+        let error = parse_timeout("soon").unwrap_err();
+        assert!(error.contains("use e.g. 90s"), "{error}");
+        assert!(parse_timeout("").is_err());
+        assert!(parse_timeout("-5s").is_err());
+    }
+}

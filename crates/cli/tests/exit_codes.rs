@@ -94,6 +94,14 @@ fn invalid_flag_values_fail_with_the_reason() {
         "{}",
         stderr(&out)
     );
+    let out = run(&["db", "create", "x", "--wait", "--timeout", "soon"], None);
+    assert_eq!(out.status.code(), Some(2));
+    let first = stderr(&out).lines().next().unwrap_or_default().to_string();
+    assert!(
+        first.starts_with("error: invalid value 'soon' for '--timeout")
+            && first.contains("use e.g. 90s, 5m, 1h or 1m30s"),
+        "{first}"
+    );
 }
 
 #[test]
@@ -169,8 +177,9 @@ async fn a_wait_that_times_out_fails_with_the_failing_condition() {
             "--version",
             "16.2",
             "--wait",
+            // A duration as kubectl and helm take it (a bare number of seconds works too).
             "--timeout",
-            "2",
+            "2s",
         ],
     );
     assert_eq!(out.status.code(), Some(1));

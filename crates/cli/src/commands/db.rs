@@ -42,9 +42,9 @@ pub enum DbCommand {
         /// Wait until the cluster is Ready.
         #[arg(long)]
         wait: bool,
-        /// How long to wait, in seconds.
-        #[arg(long, default_value_t = 300)]
-        timeout: u64,
+        /// How long to wait: a duration such as `90s`, `5m` or `1h` (a bare number is seconds).
+        #[arg(long, default_value = "5m", value_parser = crate::wait::parse_timeout)]
+        timeout: Duration,
     },
     /// List database clusters.
     List {
@@ -82,9 +82,9 @@ pub enum DbCommand {
         /// Wait until POD is the primary and the cluster is Ready.
         #[arg(long)]
         wait: bool,
-        /// How long to wait, in seconds.
-        #[arg(long, default_value_t = 300)]
-        timeout: u64,
+        /// How long to wait: a duration such as `90s`, `5m` or `1h` (a bare number is seconds).
+        #[arg(long, default_value = "5m", value_parser = crate::wait::parse_timeout)]
+        timeout: Duration,
     },
     /// Back a cluster up now: creates a DatabaseBackup NAME-<time> and, with --wait, follows
     /// it to Completed (exit 1 when it fails).
@@ -97,9 +97,9 @@ pub enum DbCommand {
         /// Wait until the backup completes or fails.
         #[arg(long)]
         wait: bool,
-        /// How long to wait, in seconds.
-        #[arg(long, default_value_t = 1800)]
-        timeout: u64,
+        /// How long to wait: a duration such as `90s`, `5m` or `1h` (a bare number is seconds).
+        #[arg(long, default_value = "30m", value_parser = crate::wait::parse_timeout)]
+        timeout: Duration,
     },
     /// Restore a backup into a NEW cluster (never over a running one), optionally to a point
     /// in time (PostgreSQL). The new cluster copies the source cluster's spec when it exists.
@@ -115,9 +115,9 @@ pub enum DbCommand {
         /// Wait until the new cluster is Ready.
         #[arg(long)]
         wait: bool,
-        /// How long to wait, in seconds.
-        #[arg(long, default_value_t = 1800)]
-        timeout: u64,
+        /// How long to wait: a duration such as `90s`, `5m` or `1h` (a bare number is seconds).
+        #[arg(long, default_value = "30m", value_parser = crate::wait::parse_timeout)]
+        timeout: Duration,
     },
     /// Show how to connect (password masked unless --show-password).
     Credentials {
@@ -135,9 +135,9 @@ pub enum DbCommand {
         /// Wait until it is gone.
         #[arg(long)]
         wait: bool,
-        /// How long to wait, in seconds.
-        #[arg(long, default_value_t = 300)]
-        timeout: u64,
+        /// How long to wait: a duration such as `90s`, `5m` or `1h` (a bare number is seconds).
+        #[arg(long, default_value = "5m", value_parser = crate::wait::parse_timeout)]
+        timeout: Duration,
     },
 }
 
@@ -191,14 +191,7 @@ pub async fn run(global: &GlobalArgs, command: DbCommand) -> anyhow::Result<()> 
             println!("databasecluster {}/{name} created", connection.namespace);
             if wait {
                 eprintln!("Waiting for {name} to be Ready...");
-                wait::until(
-                    &api,
-                    &name,
-                    Duration::from_secs(timeout),
-                    progress,
-                    is_ready,
-                )
-                .await?;
+                wait::until(&api, &name, timeout, progress, is_ready).await?;
                 println!("databasecluster {name} is Ready");
             }
             Ok(())
@@ -335,7 +328,7 @@ pub async fn run(global: &GlobalArgs, command: DbCommand) -> anyhow::Result<()> 
                 connection.namespace
             );
             if wait {
-                wait::until_deleted(&api, &name, Duration::from_secs(timeout)).await?;
+                wait::until_deleted(&api, &name, timeout).await?;
             }
             Ok(())
         }
@@ -367,7 +360,7 @@ async fn backup(
     name: &str,
     target: Option<TargetArg>,
     wait: bool,
-    timeout: u64,
+    timeout: Duration,
 ) -> anyhow::Result<()> {
     get(connection, api, name).await?;
     let backups: Api<DatabaseBackup> =
@@ -415,17 +408,11 @@ async fn backup(
     if !wait {
         return Ok(());
     }
-    wait::until(
-        &backups,
-        &backup_name,
-        Duration::from_secs(timeout),
-        backup_progress,
-        |b| {
-            b.and_then(|b| b.status.as_ref())
-                .and_then(|s| s.phase)
-                .is_some_and(BackupPhase::is_final)
-        },
-    )
+    wait::until(&backups, &backup_name, timeout, backup_progress, |b| {
+        b.and_then(|b| b.status.as_ref())
+            .and_then(|s| s.phase)
+            .is_some_and(BackupPhase::is_final)
+    })
     .await?;
     let done = backups.get(&backup_name).await?;
     let status = done.status.unwrap_or_default();
@@ -453,7 +440,7 @@ async fn restore(
     from: &str,
     to: Option<&str>,
     wait: bool,
-    timeout: u64,
+    timeout: Duration,
 ) -> anyhow::Result<()> {
     let backups: Api<DatabaseBackup> =
         Api::namespaced(connection.client.clone(), &connection.namespace);
@@ -518,7 +505,7 @@ async fn restore(
     );
     if wait {
         eprintln!("Waiting for {name} to be Ready...");
-        wait::until(api, name, Duration::from_secs(timeout), progress, is_ready).await?;
+        wait::until(api, name, timeout, progress, is_ready).await?;
         println!("databasecluster {name} is Ready");
     }
     Ok(())
@@ -798,7 +785,7 @@ async fn promote(
     pod: &str,
     force: bool,
     wait: bool,
-    timeout: u64,
+    timeout: Duration,
 ) -> anyhow::Result<()> {
     let db = get(connection, api, name).await?;
     let status = db.status.clone().unwrap_or_default();
@@ -837,13 +824,9 @@ async fn promote(
         return Ok(());
     }
     let target = pod.to_string();
-    wait::until(
-        api,
-        name,
-        Duration::from_secs(timeout),
-        progress,
-        move |db| promoted(db, &target) || switchover_refused(db, &target),
-    )
+    wait::until(api, name, timeout, progress, move |db| {
+        promoted(db, &target) || switchover_refused(db, &target)
+    })
     .await?;
     // Done is final once seen (a later readiness blip is not a refusal); a refusal too.
     if !switchover_refused(Some(&get(connection, api, name).await?), pod) {

@@ -49,9 +49,9 @@ pub enum OperatorCommand {
         /// Wait until the operator Deployment is available.
         #[arg(long)]
         wait: bool,
-        /// How long to wait, in seconds.
-        #[arg(long, default_value_t = 120)]
-        timeout: u64,
+        /// How long to wait: a duration such as `90s`, `5m` or `1h` (a bare number is seconds).
+        #[arg(long, default_value = "2m", value_parser = crate::wait::parse_timeout)]
+        timeout: Duration,
     },
     /// Remove the operator, its RBAC (in every watched namespace too) and its CRDs.
     Uninstall {
@@ -62,9 +62,10 @@ pub enum OperatorCommand {
         /// and cannot run its cleanup); implies deleting them.
         #[arg(long)]
         skip_finalizers: bool,
-        /// How long to wait for resources, the namespace and the CRDs to go away, in seconds.
-        #[arg(long, default_value_t = 120)]
-        timeout: u64,
+        /// How long to wait for resources, the namespace and the CRDs to go away: a duration such
+        /// as `90s` or `5m` (a bare number is seconds).
+        #[arg(long, default_value = "2m", value_parser = crate::wait::parse_timeout)]
+        timeout: Duration,
     },
 }
 
@@ -116,7 +117,7 @@ pub async fn run(global: &GlobalArgs, command: OperatorCommand) -> anyhow::Resul
                     watch_namespaces,
                 },
                 wait,
-                Duration::from_secs(timeout),
+                timeout,
             )
             .await
         }
@@ -124,15 +125,7 @@ pub async fn run(global: &GlobalArgs, command: OperatorCommand) -> anyhow::Resul
             delete_resources,
             skip_finalizers,
             timeout,
-        } => {
-            uninstall(
-                global,
-                delete_resources,
-                skip_finalizers,
-                Duration::from_secs(timeout),
-            )
-            .await
-        }
+        } => uninstall(global, delete_resources, skip_finalizers, timeout).await,
     }
 }
 

@@ -31,9 +31,9 @@ pub enum WebappCommand {
         /// Wait until every pod is ready.
         #[arg(long)]
         wait: bool,
-        /// How long to wait, in seconds.
-        #[arg(long, default_value_t = 300)]
-        timeout: u64,
+        /// How long to wait: a duration such as `90s`, `5m` or `1h` (a bare number is seconds).
+        #[arg(long, default_value = "5m", value_parser = crate::wait::parse_timeout)]
+        timeout: Duration,
     },
     /// List web apps.
     List {
@@ -48,8 +48,8 @@ pub enum WebappCommand {
         name: String,
         #[arg(long)]
         wait: bool,
-        #[arg(long, default_value_t = 300)]
-        timeout: u64,
+        #[arg(long, default_value = "5m", value_parser = crate::wait::parse_timeout)]
+        timeout: Duration,
     },
 }
 
@@ -104,14 +104,7 @@ pub async fn run(global: &GlobalArgs, command: WebappCommand) -> anyhow::Result<
             println!("webapp {}/{name} created", connection.namespace);
             if wait {
                 eprintln!("Waiting for {name} to be Ready...");
-                wait::until(
-                    &api,
-                    &name,
-                    Duration::from_secs(timeout),
-                    progress,
-                    is_ready,
-                )
-                .await?;
+                wait::until(&api, &name, timeout, progress, is_ready).await?;
                 println!("webapp {name} is Ready");
             }
             Ok(())
@@ -187,7 +180,7 @@ pub async fn run(global: &GlobalArgs, command: WebappCommand) -> anyhow::Result<
                 })?;
             println!("webapp {}/{name} deleted", connection.namespace);
             if wait {
-                wait::until_deleted(&api, &name, Duration::from_secs(timeout)).await?;
+                wait::until_deleted(&api, &name, timeout).await?;
             }
             Ok(())
         }
