@@ -74,6 +74,16 @@ pub const PROMOTION_UNSUPPORTED: &str = "promotion is not supported yet";
 /// re-cloned (its history may have forked from the new primary's).
 pub const REJOIN_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How a former primary came back as a standby (the `Rejoined` event says it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Rejoin {
+    /// `pg_rewind` to the fork point.
+    Rewound,
+    /// Its data could not follow the new primary (the rewind failed, or it did not stream
+    /// in time): moved aside to this path and the primary cloned anew.
+    Recloned(String),
+}
+
 /// A role change the running engine must stop for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Action {
@@ -334,8 +344,9 @@ struct Agent {
     stream_timeline: Option<i64>,
     /// Primary: the `synchronous_standby_names` the engine has.
     sync_applied: Option<String>,
-    /// A former primary was rewound and waits to stream (for the `Rejoined` event).
-    rejoining: bool,
+    /// A former primary was rewound or re-cloned and waits to stream (for the `Rejoined`
+    /// event, which says how).
+    rejoining: Option<Rejoin>,
     recorder: Recorder,
     /// Backups, WAL archiving and restore (docs/backup.md), shared with the WAL socket
     /// and the backup task.
@@ -422,7 +433,7 @@ pub async fn run(config: Config) -> Result<Outcome> {
         failover_ack: None,
         stream_timeline: None,
         sync_applied: None,
-        rejoining: false,
+        rejoining: None,
         recorder,
         secrets: watch_secret(
             client.clone(),
@@ -890,7 +901,7 @@ impl Agent {
             self.move_data_aside().map_err(|e| e.one_line())?;
             return Err(format!("{e}; moved the data aside to clone the primary"));
         }
-        self.rejoining = true;
+        self.rejoining = Some(Rejoin::Rewound);
         tracing::info!(%primary, %address, "this instance holds a former primary's data: rejoining as a standby of the new primary");
         self.primary_address = Some(address);
         self.conninfo_applied = None;
@@ -921,6 +932,7 @@ impl Agent {
         })?;
         tracing::warn!(aside = %aside.display(), "moved the former primary's data aside; cloning the primary");
         self.rejoin_deadline = None;
+        self.rejoining = Some(Rejoin::Recloned(aside.display().to_string()));
         prepare_dir(&data, "data directory", env::DATA_DIR)
     }
 
@@ -2041,8 +2053,8 @@ impl Agent {
             if self.rejoin_deadline.take().is_some() {
                 tracing::info!("the former primary streams from the new primary");
             }
-            if std::mem::take(&mut self.rejoining) {
-                self.publish_rejoined().await;
+            if let Some(how) = self.rejoining.take() {
+                self.publish_rejoined(&how).await;
             }
         } else if self.rejoin_deadline.is_some_and(|d| Instant::now() >= d) && self.action.is_none()
         {
@@ -2081,7 +2093,7 @@ impl Agent {
     }
 
     /// Event `Rejoined` on the cluster: a former primary streams from the new one.
-    async fn publish_rejoined(&self) {
+    async fn publish_rejoined(&self, how: &Rejoin) {
         let view = self.view();
         let reference = ObjectReference {
             api_version: Some(format!("{}/v1beta1", devctl_api::DB_GROUP)),
@@ -2096,9 +2108,14 @@ impl Agent {
         let event = ClusterEvent {
             type_: EventType::Normal,
             reason: "Rejoined".into(),
-            note: Some(format!(
-                "{pod} rejoined as a standby of {primary} (rewound from its former primary's data)"
-            )),
+            note: Some(match how {
+                Rejoin::Rewound => format!(
+                    "{pod} rejoined as a standby of {primary} (rewound from its former primary's data)"
+                ),
+                Rejoin::Recloned(aside) => format!(
+                    "{pod} rejoined as a standby of {primary} (re-cloned: its former primary's data could not follow and was moved aside to {aside})"
+                ),
+            }),
             action: format!("Rejoin {pod}"),
             secondary: None,
         };

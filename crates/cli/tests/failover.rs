@@ -506,6 +506,24 @@ async fn without_auto_failover_a_lost_primary_is_reported_and_promote_fails_over
         .filter_map(|e| e.ok())
         .any(|e| e.file_name().to_string_lossy().starts_with("data.old-"));
     assert!(aside, "fm-0's unrewindable data was not moved aside");
+    // The cluster says so: a Rejoined event for fm-0 that names the re-clone.
+    devctl_testenv::eventually(
+        "a Rejoined event for the re-cloned fm-0",
+        READY_TIMEOUT,
+        || async {
+            let rejoined = env.events("Rejoined").await;
+            rejoined
+                .iter()
+                .any(|e| {
+                    e.note.as_deref().is_some_and(|n| {
+                        n.starts_with("fm-0 rejoined as a standby of fm-2 (re-cloned")
+                    })
+                })
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(
         env.instance_sql_ok("fm", "fm-0", "select count(*) from t")
             .await,
