@@ -63,7 +63,8 @@ pub fn final_backup_name(cluster: &str) -> String {
 }
 
 /// Which finished backups retention removes (pure): beyond the newest `keep_last`
-/// completed ones, or older than `retention_days`, but never the newest completed one.
+/// completed ones (and failed ones older than the last of those), or older than
+/// `retention_days`, but never the newest completed one.
 /// Running and pending backups are never touched.
 pub fn expired(
     backups: &[DatabaseBackup],
@@ -103,7 +104,15 @@ pub fn expired(
         if Some(index) == newest_completed {
             continue;
         }
-        let too_many = is_completed && keep_last.is_some_and(|k| completed_seen > k);
+        // A failed one goes once it is older than the last completed one kept: it restores
+        // nothing, and `keepLast: 2` must leave two backups, not two and every failure.
+        let too_many = keep_last.is_some_and(|k| {
+            if is_completed {
+                completed_seen > k
+            } else {
+                completed_seen >= k
+            }
+        });
         let too_old = started(backup)
             .parse::<Timestamp>()
             .is_ok_and(|t| t < cutoff);
@@ -183,5 +192,30 @@ mod tests {
             expired(&old, None, 7, now).is_empty(),
             "the newest completed stays"
         );
+    }
+
+    #[test]
+    fn keep_last_also_removes_failed_backups_older_than_the_last_kept() {
+        let now = t("2026-11-30T12:00:00Z");
+        let backups = vec![
+            backup("a", "2026-11-30T11:01:00Z", BackupPhase::Failed),
+            backup("b", "2026-11-30T11:02:00Z", BackupPhase::Completed),
+            backup("c", "2026-11-30T11:03:00Z", BackupPhase::Failed),
+            backup("d", "2026-11-30T11:04:00Z", BackupPhase::Completed),
+            backup("e", "2026-11-30T11:05:00Z", BackupPhase::Completed),
+            backup("f", "2026-11-30T11:06:00Z", BackupPhase::Failed),
+        ];
+        let names = |v: Vec<&DatabaseBackup>| -> Vec<String> {
+            v.iter().map(|b| b.metadata.name.clone().unwrap()).collect()
+        };
+        // Kept: e and d (the two newest completed) and f, a failure newer than them (it
+        // says what went wrong last). c failed before d was taken, b is one too many.
+        assert_eq!(names(expired(&backups, Some(2), 7, now)), ["c", "b", "a"]);
+        // Only failures and no completed one: none is older than a kept completed backup.
+        let failures = vec![
+            backup("x", "2026-11-30T11:01:00Z", BackupPhase::Failed),
+            backup("y", "2026-11-30T11:02:00Z", BackupPhase::Failed),
+        ];
+        assert!(expired(&failures, Some(1), 7, now).is_empty());
     }
 }
