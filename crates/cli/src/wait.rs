@@ -98,15 +98,24 @@ where
 /// — and, as earlier releases of devctl did, a bare number of seconds (`120`).
 pub fn parse_timeout(value: &str) -> Result<Duration, String> {
     let value = value.trim();
-    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
-        return value
+    let duration = if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        value
             .parse::<u64>()
             .map(Duration::from_secs)
-            .map_err(|e| format!("{value}: {e}"));
+            .map_err(|e| format!("{value}: {e}"))?
+    } else {
+        humantime::parse_duration(value).map_err(|e| {
+            format!("{value:?} is not a duration ({e}); use e.g. 90s, 5m, 1h or 1m30s")
+        })?
+    };
+    // A deadline is computed from it: keep it far below what an instant can hold.
+    if duration > MAX_TIMEOUT {
+        return Err(format!("{value} is longer than the maximum, 365d"));
     }
-    humantime::parse_duration(value)
-        .map_err(|e| format!("{value:?} is not a duration ({e}); use e.g. 90s, 5m, 1h or 1m30s"))
+    Ok(duration)
 }
+
+const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 #[cfg(test)]
 mod tests {
@@ -124,5 +133,7 @@ mod tests {
         assert!(error.contains("use e.g. 90s"), "{error}");
         assert!(parse_timeout("").is_err());
         assert!(parse_timeout("-5s").is_err());
+        assert!(parse_timeout("99999999999999999999").is_err());
+        assert!(parse_timeout("1000000h").unwrap_err().contains("maximum"));
     }
 }
