@@ -77,7 +77,7 @@ pub fn lock_duration(object: &DynamicObject) -> Option<std::time::Duration> {
         .get("failoverTimeout")
         .and_then(|t| t.as_str())
         .unwrap_or("30s");
-    devctl_api::database_cluster::parse_seconds_or_minutes(timeout)
+    devctl_api::database_cluster::parse_duration(timeout)
 }
 
 /// `spec.replication.synchronous` as (`ANY`/`FIRST`, number).

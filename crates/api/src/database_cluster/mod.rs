@@ -12,7 +12,7 @@ use kube::CustomResourceExt;
 pub use v1beta1::{
     BackupDestination, BackupSpec, BootstrapSpec, DatabaseCluster, DatabaseClusterSpec,
     DatabaseClusterStatus, Engine, HighAvailabilitySpec, InstanceSummary, Phase, RecoverySource,
-    RecoverySpec, ReplicationSpec, SynchronousMethod, SynchronousSpec, parse_seconds_or_minutes,
+    RecoverySpec, ReplicationSpec, SynchronousMethod, SynchronousSpec, parse_duration,
 };
 
 /// The finalizer the operator puts on every DatabaseCluster.

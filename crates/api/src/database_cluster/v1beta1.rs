@@ -246,10 +246,12 @@ pub struct BackupSpec {
     #[serde(default)]
     pub final_backup: bool,
 
-    /// How long deletion waits for the final backup, e.g. `10m` (default); then a Warning
-    /// event `FinalBackupSkipped` and the deletion goes on.
+    /// How long deletion waits for the final backup, e.g. `10m` (default), `90s`, `2h` or
+    /// `1h30m`; then a Warning event `FinalBackupSkipped` and the deletion goes on.
     #[serde(default = "default_final_backup_timeout")]
-    #[schemars(regex(pattern = r"^\d+(s|m)$"))]
+    #[schemars(regex(
+        pattern = r"^([0-9]{1,6}h([0-9]{1,6}m)?([0-9]{1,6}s)?|[0-9]{1,6}m([0-9]{1,6}s)?|[0-9]{1,6}s)$"
+    ))]
     pub final_backup_timeout: String,
 
     /// Where backups and archived WAL go; the operator's default destination when unset.
@@ -380,13 +382,15 @@ pub struct HighAvailabilitySpec {
     #[serde(default = "default_true")]
     pub auto_failover: bool,
 
-    /// How long the primary may be unavailable before failover, e.g. `30s` or `2m` (default
-    /// 30s, 5s to 10m): the duration of the primary lock. The primary fences itself when it
-    /// cannot renew the lock within 40% of it.
+    /// How long the primary may be unavailable before failover, e.g. `30s`, `2m` or `1m30s`
+    /// (default 30s, 5s to 10m): the duration of the primary lock. The primary fences itself
+    /// when it cannot renew the lock within 40% of it.
     #[serde(default = "default_failover_timeout")]
-    #[schemars(regex(pattern = r"^\d+(s|m)$"))]
+    #[schemars(regex(
+        pattern = r"^([0-9]{1,6}h([0-9]{1,6}m)?([0-9]{1,6}s)?|[0-9]{1,6}m([0-9]{1,6}s)?|[0-9]{1,6}s)$"
+    ))]
     #[x_kube(validation = Rule::new(
-        "!self.matches('^[0-9]+(s|m)$') || (duration(self) >= duration('5s') && duration(self) <= duration('10m'))"
+        "!self.matches('^([0-9]{1,6}h([0-9]{1,6}m)?([0-9]{1,6}s)?|[0-9]{1,6}m([0-9]{1,6}s)?|[0-9]{1,6}s)$') || (duration(self) >= duration('5s') && duration(self) <= duration('10m'))"
     ).message("spec.highAvailability.failoverTimeout must be between 5s and 10m"))]
     pub failover_timeout: String,
 }
@@ -394,20 +398,37 @@ pub struct HighAvailabilitySpec {
 impl HighAvailabilitySpec {
     /// `failover_timeout` as a duration (the schema guarantees the shape).
     pub fn failover_timeout(&self) -> Option<std::time::Duration> {
-        parse_seconds_or_minutes(&self.failover_timeout)
+        parse_duration(&self.failover_timeout)
     }
 }
 
-/// `30s` / `2m` as a duration.
-pub fn parse_seconds_or_minutes(value: &str) -> Option<std::time::Duration> {
-    let value = value.trim();
-    let (number, unit) = value.split_at(value.len().checked_sub(1)?);
-    let number: u64 = number.parse().ok()?;
-    match unit {
-        "s" => Some(std::time::Duration::from_secs(number)),
-        "m" => Some(std::time::Duration::from_secs(number.checked_mul(60)?)),
-        _ => None,
+/// A duration as the spec's duration fields take it (`30s`, `10m`, `2h`, `1m30s`): hours,
+/// minutes and seconds, each at most once and in that order — the subset of Go's durations
+/// (`kubectl --timeout`, `metav1.Duration`) a timeout needs. `None` for anything else.
+pub fn parse_duration(value: &str) -> Option<std::time::Duration> {
+    let mut rest = value.trim();
+    if rest.is_empty() {
+        return None;
     }
+    let mut seconds: u64 = 0;
+    let mut previous_unit = 0;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let number: u64 = rest.get(..digits)?.parse().ok()?;
+        let (unit, unit_seconds) = match rest.as_bytes().get(digits)? {
+            b'h' => (1, 3600),
+            b'm' => (2, 60),
+            b's' => (3, 1),
+            _ => return None,
+        };
+        if unit <= previous_unit {
+            return None;
+        }
+        previous_unit = unit;
+        seconds = seconds.checked_add(number.checked_mul(unit_seconds)?)?;
+        rest = rest.get(digits + 1..)?;
+    }
+    Some(std::time::Duration::from_secs(seconds))
 }
 
 fn default_failover_timeout() -> String {
@@ -554,4 +575,26 @@ pub struct InstanceSummary {
     /// Why the instance is not ready, or the agent's last error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_read_hours_minutes_and_seconds_in_that_order() {
+        let secs = |s| Some(Duration::from_secs(s));
+        assert_eq!(parse_duration("30s"), secs(30));
+        assert_eq!(parse_duration("10m"), secs(600));
+        assert_eq!(parse_duration("2h"), secs(7200));
+        assert_eq!(parse_duration("1m30s"), secs(90));
+        assert_eq!(parse_duration("1h0m5s"), secs(3605));
+        for invalid in [
+            "", "30", "30x", "1m30", "30s1m", "1s1s", "m", "-5s", "1.5m", "1 m",
+        ] {
+            assert_eq!(parse_duration(invalid), None, "{invalid:?}");
+        }
+        assert_eq!(parse_duration("99999999999999999999h"), None);
+    }
 }

@@ -404,9 +404,8 @@ pub async fn final_backup(db: &DatabaseCluster, ctx: &Context, names: &Names) ->
         .backup
         .as_ref()
         .filter(|b| b.enabled && b.final_backup)?;
-    let timeout =
-        devctl_api::database_cluster::parse_seconds_or_minutes(&spec.final_backup_timeout)
-            .unwrap_or(Duration::from_secs(600));
+    let timeout = devctl_api::database_cluster::parse_duration(&spec.final_backup_timeout)
+        .unwrap_or(Duration::from_secs(600));
     let deleted_at = db.metadata.deletion_timestamp.as_ref()?.0;
     let elapsed =
         Duration::try_from(Timestamp::now().duration_since(deleted_at)).unwrap_or_default();

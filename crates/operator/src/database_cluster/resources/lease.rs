@@ -102,6 +102,10 @@ mod tests {
         assert_eq!(child.kind, "Lease");
         assert_eq!(child.name, "my-postgres-primary");
         assert_eq!(child.body["spec"], json!({ "leaseDurationSeconds": 120 }));
+        let compound = desired(&with_ha(true, "1m30s"), &names, &inputs())
+            .unwrap()
+            .unwrap();
+        assert_eq!(compound.body["spec"], json!({ "leaseDurationSeconds": 90 }));
         assert_eq!(
             child.body["metadata"]["ownerReferences"][0]["controller"],
             true
