@@ -95,19 +95,12 @@ where
 }
 
 /// Parses a `--timeout` value the way kubectl and helm take one — `90s`, `5m`, `1h`, `1m30s`
-/// — and, as earlier releases of devctl did, a bare number of seconds (`120`).
+/// — and, as earlier releases of devctl did, a bare number of seconds (`120`). The operator's
+/// duration flags read the same forms ([`devctl_api::duration::parse`]).
 pub fn parse_timeout(value: &str) -> Result<Duration, String> {
     let value = value.trim();
-    let duration = if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
-        value
-            .parse::<u64>()
-            .map(Duration::from_secs)
-            .map_err(|e| format!("{value}: {e}"))?
-    } else {
-        humantime::parse_duration(value).map_err(|e| {
-            format!("{value:?} is not a duration ({e}); use e.g. 90s, 5m, 1h or 1m30s")
-        })?
-    };
+    let duration = devctl_api::duration::parse(value)
+        .map_err(|_| format!("{value:?} is not a duration; use e.g. 90s, 5m, 1h or 1m30s"))?;
     // A deadline is computed from it: keep it far below what an instant can hold.
     if duration > MAX_TIMEOUT {
         return Err(format!("{value} is longer than the maximum, 365d"));

@@ -43,14 +43,14 @@ struct Args {
     #[arg(long)]
     leader_elect: bool,
     /// How long a leader's Lease is valid without renewal (e.g. 15s).
-    #[arg(long, default_value = "15s", value_parser = leader_election::parse_duration)]
+    #[arg(long, default_value = "15s", value_parser = devctl_api::duration::parse)]
     leader_elect_lease_duration: Duration,
     /// A leader that has not renewed within this stops every write and its controllers;
     /// must be below half the lease duration.
-    #[arg(long, default_value = "7s", value_parser = leader_election::parse_duration)]
+    #[arg(long, default_value = "7s", value_parser = devctl_api::duration::parse)]
     leader_elect_renew_deadline: Duration,
     /// How often the leader renews and followers try to take the Lease.
-    #[arg(long, default_value = "2s", value_parser = leader_election::parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = devctl_api::duration::parse)]
     leader_elect_retry_period: Duration,
     /// Namespace of the leader Lease (default: $POD_NAMESPACE, else devctl-system).
     #[arg(long, env = "POD_NAMESPACE", default_value = devctl_operator::manifests::NAMESPACE)]
@@ -101,7 +101,7 @@ struct Args {
     webhook_cert_dir: Option<PathBuf>,
     /// Validity of self-managed webhook certificates (renewed 7 days, or a third of the
     /// validity, before they expire).
-    #[arg(long, default_value = "90d", value_parser = leader_election::parse_duration)]
+    #[arg(long, default_value = "90d", value_parser = devctl_api::duration::parse)]
     webhook_cert_validity: Duration,
     /// The smallest `spec.storage.size` the validating webhook admits.
     #[arg(long, default_value = devctl_api::database_cluster::admission::DEFAULT_MIN_STORAGE)]
