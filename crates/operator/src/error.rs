@@ -64,6 +64,15 @@ pub enum Error {
         "Secret {name} exists and is not owned by this cluster; devctl never touches it. Delete or rename it, or choose another cluster name"
     )]
     CredentialsSecretNotOwned { name: String },
+
+    #[error(
+        "{kind} {name} exists and is not owned by this resource ({detail}); devctl left it as it was. Delete or rename it, or choose another name for this resource"
+    )]
+    ChildNotOwned {
+        kind: &'static str,
+        name: String,
+        detail: String,
+    },
 }
 
 impl Error {
@@ -82,6 +91,7 @@ impl Error {
             | Error::UnknownField { .. }
             | Error::UnregisteredKind(_) => "InternalError",
             Error::CredentialsSecretNotOwned { .. } => "CredentialsSecretNotOwned",
+            Error::ChildNotOwned { .. } => "ChildNotOwned",
             Error::CacheUnavailable {
                 forbidden: true, ..
             } => "Forbidden",
@@ -120,6 +130,7 @@ impl Error {
                 kube::Error::Api(status) if matches!(status.code, 400 | 403 | 422)
             ),
             Error::CredentialsSecretNotOwned { .. }
+            | Error::ChildNotOwned { .. }
             | Error::Render { .. }
             | Error::UnknownField { .. }
             | Error::UnregisteredKind(_)

@@ -577,6 +577,111 @@ async fn a_credentials_secret_devctl_does_not_own_is_never_touched() {
     );
 }
 
+/// A ConfigMap named like a cluster's child but made by someone else is never taken over:
+/// one whose keys clash with ours (the apply conflicts) and one whose keys do not (the apply
+/// is undone) are both left exactly as they were, the cluster says which object is in the
+/// way, and removing it lets the cluster be made.
+#[tokio::test]
+async fn a_child_someone_else_made_is_left_as_it_was() {
+    let cluster = devctl_testenv::shared_cluster().await.unwrap();
+    cluster.install_crds(&devctl_api::crds()).await.unwrap();
+    let namespace = cluster.create_namespace("theirs").await.unwrap();
+    let _operator = OperatorProcess::start(cluster, &namespace, RULES, &[]).await;
+    let client = cluster.client().await.unwrap();
+    let dbs: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &namespace);
+    let theirs = |name: &str, key: &str| -> ConfigMap {
+        serde_json::from_value(json!({
+            "metadata": { "name": name, "labels": { "team": "payments" } },
+            "data": { key: "their value" },
+        }))
+        .unwrap()
+    };
+    // `cart-config` holds a key the operator renders too (a conflict); `shop-config` does not.
+    for (name, key) in [("shop-config", "notes"), ("cart-config", "postgresql.conf")] {
+        config_maps
+            .create(&PostParams::default(), &theirs(name, key))
+            .await
+            .unwrap();
+    }
+    for name in ["shop", "cart"] {
+        dbs.create(&PostParams::default(), &database(name, 1, json!({})))
+            .await
+            .unwrap();
+    }
+    for (name, config_map) in [("shop", "shop-config"), ("cart", "cart-config")] {
+        let db = wait_db(&dbs, name, "Stalled with ChildNotOwned", |db| {
+            condition_status(db, "Stalled") == Some(("True".into(), "ChildNotOwned".into()))
+        })
+        .await;
+        let status = db.status.unwrap();
+        let message = &devctl_api::conditions::find(&status.conditions, "Stalled")
+            .unwrap()
+            .message;
+        assert!(
+            message.contains(&format!("ConfigMap {config_map} exists and is not owned")),
+            "{message}"
+        );
+        let after = config_maps.get(config_map).await.unwrap();
+        let original = theirs(
+            config_map,
+            if name == "shop" {
+                "notes"
+            } else {
+                "postgresql.conf"
+            },
+        );
+        assert_eq!(after.data, original.data, "{config_map}: data untouched");
+        assert_eq!(
+            after.metadata.labels, original.metadata.labels,
+            "{config_map}: no labels added"
+        );
+        assert!(
+            after.metadata.owner_references.is_none(),
+            "{config_map}: not owned"
+        );
+        assert!(
+            after.metadata.annotations.unwrap_or_default().is_empty(),
+            "{config_map}: no annotations added"
+        );
+        assert!(
+            sts.get_opt(name).await.unwrap().is_none(),
+            "{name}: nothing that reads its configuration was made"
+        );
+    }
+    // Out of the way: the next attempt makes the cluster's own ConfigMap.
+    config_maps
+        .delete("shop-config", &DeleteParams::default())
+        .await
+        .unwrap();
+    devctl_testenv::eventually("shop's own ConfigMap and StatefulSet", TIMEOUT, || async {
+        let ours = config_maps.get_opt("shop-config").await.ok().flatten()?;
+        let owned = ours
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|r| r.kind == "DatabaseCluster" && r.name == "shop");
+        (owned && sts.get_opt("shop").await.ok().flatten().is_some()).then_some(())
+    })
+    .await
+    .unwrap();
+    // The cluster that never owned `cart-config` does not take it along when deleted.
+    dbs.delete("cart", &DeleteParams::default()).await.unwrap();
+    devctl_testenv::eventually("cart deleted", TIMEOUT, || async {
+        dbs.get_opt("cart").await.ok()?.is_none().then_some(())
+    })
+    .await
+    .unwrap();
+    let kept = config_maps.get("cart-config").await.unwrap();
+    assert_eq!(
+        kept.data,
+        theirs("cart-config", "postgresql.conf").data,
+        "still theirs"
+    );
+}
+
 #[tokio::test]
 async fn a_forbidden_watch_is_a_warning_in_the_logs() {
     let cluster = devctl_testenv::shared_cluster().await.unwrap();

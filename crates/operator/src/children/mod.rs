@@ -33,7 +33,7 @@ use kube::{Client, Resource};
 use serde_json::Value;
 use sha2::Digest;
 
-pub use caches::{Caches, CachesBuilder, KindCache, LiveMeta, Written};
+pub use caches::{Caches, CachesBuilder, Claim, KindCache, LiveMeta, Written};
 
 use crate::error::{Error, Result};
 use compact::{ByNamespace, CompactString};
@@ -649,22 +649,50 @@ impl Applier {
                 name: child.name.clone(),
             });
         }
-        tracing::debug!(kind = child.kind, name = %child.name, namespace = owner.namespace, %reason, "applying child");
+        // Neither the cache nor our record knows it: an object of that name would be someone
+        // else's, and a forced apply would take it over.
+        let claim = if live.is_none() && self.recorded(&key).is_none() {
+            Claim::IfFree
+        } else {
+            Claim::Force
+        };
+        tracing::debug!(kind = child.kind, name = %child.name, namespace = owner.namespace, %reason, ?claim, "applying child");
+        let not_owned = |detail: String| Error::ChildNotOwned {
+            kind: child.kind,
+            name: child.name.clone(),
+            detail,
+        };
         let applied = self
             .write(
                 caches,
                 key,
-                cache.apply(client, owner.namespace, &child.name, &child.body),
+                cache.apply(client, owner.namespace, &child.name, &child.body, claim),
                 |applied| (applied.resource_version.clone(), applied.content),
                 live.is_none(),
             )
             .await
-            .map_err(|source| Error::Child {
-                action: "apply",
-                kind: child.kind,
-                name: child.name.clone(),
-                source,
+            .map_err(|source| match source {
+                kube::Error::Api(status)
+                    if claim == Claim::IfFree
+                        && (status.code == 409
+                            || (status.code == 422
+                                && status.message.contains("ownerReferences"))) =>
+                {
+                    not_owned(status.message)
+                }
+                source => Error::Child {
+                    action: "apply",
+                    kind: child.kind,
+                    name: child.name.clone(),
+                    source,
+                },
             })?;
+        if !applied.foreign_managers.is_empty() {
+            return Err(not_owned(format!(
+                "made by {}",
+                applied.foreign_managers.join(", ")
+            )));
+        }
         let written = applied.resource_version;
         Ok(match live {
             None => Some(Change::Created(child.kind, child.name.clone())),
