@@ -577,10 +577,11 @@ async fn a_credentials_secret_devctl_does_not_own_is_never_touched() {
     );
 }
 
-/// A ConfigMap named like a cluster's child but made by someone else is never taken over:
-/// one whose keys clash with ours (the apply conflicts) and one whose keys do not (the apply
-/// is undone) are both left exactly as they were, the cluster says which object is in the
-/// way, and removing it lets the cluster be made.
+/// A ConfigMap named like a cluster's child but made by someone else is never taken over,
+/// whether its keys clash with the operator's or not: it is not written at all, the cluster
+/// says which object is in the way and who made it, and removing it lets the cluster be made.
+/// A child of the cluster that lost the label the caches select by is still the cluster's:
+/// it is repaired, not refused.
 #[tokio::test]
 async fn a_child_someone_else_made_is_left_as_it_was() {
     let cluster = devctl_testenv::shared_cluster().await.unwrap();
@@ -598,19 +599,28 @@ async fn a_child_someone_else_made_is_left_as_it_was() {
         }))
         .unwrap()
     };
-    // `cart-config` holds a key the operator renders too (a conflict); `shop-config` does not.
+    // `cart-config` holds a key the operator renders too; `shop-config` does not.
+    let mut made = Vec::new();
     for (name, key) in [("shop-config", "notes"), ("cart-config", "postgresql.conf")] {
-        config_maps
-            .create(&PostParams::default(), &theirs(name, key))
+        let created = config_maps
+            .create(
+                &PostParams {
+                    field_manager: Some("payments-team".into()),
+                    ..Default::default()
+                },
+                &theirs(name, key),
+            )
             .await
             .unwrap();
+        made.push(created);
     }
     for name in ["shop", "cart"] {
         dbs.create(&PostParams::default(), &database(name, 1, json!({})))
             .await
             .unwrap();
     }
-    for (name, config_map) in [("shop", "shop-config"), ("cart", "cart-config")] {
+    for (name, original) in ["shop", "cart"].into_iter().zip(&made) {
+        let config_map = original.metadata.name.as_deref().unwrap();
         let db = wait_db(&dbs, name, "Stalled with ChildNotOwned", |db| {
             condition_status(db, "Stalled") == Some(("True".into(), "ChildNotOwned".into()))
         })
@@ -620,30 +630,15 @@ async fn a_child_someone_else_made_is_left_as_it_was() {
             .unwrap()
             .message;
         assert!(
-            message.contains(&format!("ConfigMap {config_map} exists and is not owned")),
+            message.contains(&format!(
+                "ConfigMap {config_map} exists and is not owned by this resource (made by payments-team)"
+            )),
             "{message}"
         );
         let after = config_maps.get(config_map).await.unwrap();
-        let original = theirs(
-            config_map,
-            if name == "shop" {
-                "notes"
-            } else {
-                "postgresql.conf"
-            },
-        );
-        assert_eq!(after.data, original.data, "{config_map}: data untouched");
         assert_eq!(
-            after.metadata.labels, original.metadata.labels,
-            "{config_map}: no labels added"
-        );
-        assert!(
-            after.metadata.owner_references.is_none(),
-            "{config_map}: not owned"
-        );
-        assert!(
-            after.metadata.annotations.unwrap_or_default().is_empty(),
-            "{config_map}: no annotations added"
+            after.metadata.resource_version, original.metadata.resource_version,
+            "{config_map}: never written"
         );
         assert!(
             sts.get_opt(name).await.unwrap().is_none(),
@@ -655,15 +650,38 @@ async fn a_child_someone_else_made_is_left_as_it_was() {
         .delete("shop-config", &DeleteParams::default())
         .await
         .unwrap();
-    devctl_testenv::eventually("shop's own ConfigMap and StatefulSet", TIMEOUT, || async {
-        let ours = config_maps.get_opt("shop-config").await.ok().flatten()?;
-        let owned = ours
-            .metadata
+    let owned_by_shop = |cm: &ConfigMap| {
+        cm.metadata
             .owner_references
             .iter()
             .flatten()
-            .any(|r| r.kind == "DatabaseCluster" && r.name == "shop");
-        (owned && sts.get_opt("shop").await.ok().flatten().is_some()).then_some(())
+            .any(|r| r.kind == "DatabaseCluster" && r.name == "shop")
+    };
+    devctl_testenv::eventually("shop's own ConfigMap and StatefulSet", TIMEOUT, || async {
+        let ours = config_maps.get_opt("shop-config").await.ok().flatten()?;
+        (owned_by_shop(&ours) && sts.get_opt("shop").await.ok().flatten().is_some()).then_some(())
+    })
+    .await
+    .unwrap();
+    // shop's ConfigMap loses the label the caches select by and a key is changed: still
+    // shop's by its owner reference, so both are put back.
+    let label = devctl_api::labels::MANAGED_BY;
+    config_maps
+        .patch(
+            "shop-config",
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": { "labels": { label: null } },
+                "data": { "postgresql.conf": "edited by hand" },
+            })),
+        )
+        .await
+        .unwrap();
+    devctl_testenv::eventually("shop-config repaired", TIMEOUT, || async {
+        let cm = config_maps.get("shop-config").await.ok()?;
+        let labelled = kube::ResourceExt::labels(&cm).contains_key(label);
+        let conf = cm.data.as_ref()?.get("postgresql.conf")?;
+        (labelled && conf != "edited by hand" && owned_by_shop(&cm)).then_some(())
     })
     .await
     .unwrap();
@@ -676,9 +694,8 @@ async fn a_child_someone_else_made_is_left_as_it_was() {
     .unwrap();
     let kept = config_maps.get("cart-config").await.unwrap();
     assert_eq!(
-        kept.data,
-        theirs("cart-config", "postgresql.conf").data,
-        "still theirs"
+        kept.metadata.resource_version, made[1].metadata.resource_version,
+        "cart-config: still theirs, never written"
     );
 }
 

@@ -101,24 +101,6 @@ pub fn controller_owner<K: Resource>(object: &K) -> Option<OwnerKey> {
     })
 }
 
-/// The field managers other than ours that own fields of `object` outside its status: none
-/// for an object our apply just made (status writers such as the StatefulSet controller
-/// aside).
-fn foreign_managers<K: Resource>(object: &K) -> Vec<String> {
-    let mut managers: Vec<String> = object
-        .meta()
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter(|entry| entry.subresource.as_deref().unwrap_or_default().is_empty())
-        .filter_map(|entry| entry.manager.clone())
-        .filter(|manager| manager != super::FIELD_MANAGER)
-        .collect();
-    managers.sort();
-    managers.dedup();
-    managers
-}
-
 /// Where a cache stands. Not `Store::wait_until_ready`: it wakes only the last of several
 /// concurrent waiters, and every reconcile waits here.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,9 +131,6 @@ pub struct Written {
     pub resource_version: Option<CompactString>,
     /// [`slim::content`] of the response, as the cache computes it for watch events.
     pub content: Option<u64>,
-    /// For a [`Claim::IfFree`] apply that found the object made by others: the field
-    /// managers that own its fields (status aside); the apply was undone. Empty otherwise.
-    pub foreign_managers: Vec<String>,
 }
 
 impl Written {
@@ -161,23 +140,27 @@ impl Written {
         Written {
             resource_version: object.meta().resource_version.as_deref().map(Into::into),
             content: Some(slim::content(&mut object)),
-            foreign_managers: Vec::new(),
         }
     }
 }
 
-/// How an apply treats fields another field manager set.
+/// Whether an apply may find the object already there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Claim {
-    /// Takes them over: the child is ours (the cache or our own record knows it), and whoever
-    /// changed it drifted it.
-    Force,
-    /// Takes nothing: the child is not known to be ours, so an object of that name may be
-    /// someone else's. A field they set to another value fails the apply (409); an object
-    /// they made whose fields do not clash is handed back as it was
-    /// ([`Written::foreign_managers`]).
-    IfFree,
+    /// The child is ours (the cache or our own record knows it): the apply takes over
+    /// whatever someone else changed in it.
+    Existing,
+    /// The child is not known to exist: the apply only creates. It carries a
+    /// `resourceVersion` no stored object has, which the API server ignores when it creates
+    /// the object and checks when one exists: an object of that name — someone else's, or
+    /// ours while the cache does not show it — fails the apply with 409 and is left
+    /// untouched.
+    New,
 }
+
+/// The `resourceVersion` of [`Claim::New`]: etcd's first revision, which no object has
+/// (the first write is revision 2).
+const NO_OBJECT_HAS_THIS_VERSION: &str = "1";
 
 /// The cache of one kind, seen without its type.
 pub trait KindCache: Send + Sync {
@@ -186,11 +169,11 @@ pub trait KindCache: Send + Sync {
     /// The content fingerprint of a full object of this kind (an API response), computed as
     /// the cache computes it for what its watch delivers.
     fn content_of(&self, object: &Value) -> Option<u64>;
-    /// Applies `body` to the child `name` with server-side apply under our field manager,
-    /// taking over others' fields or not as `claim` says. A forced apply's response is
-    /// decoded straight into the kind's type without its managedFields — not through a
-    /// generic JSON tree — and only what the applier records of it is kept: its version and
-    /// its content fingerprint.
+    /// Applies `body` to the child `name` with server-side apply under our field manager
+    /// (forced), only as a create when `claim` is [`Claim::New`]. The response is decoded
+    /// straight into the kind's type without its managedFields — not through a generic JSON
+    /// tree — and only what the applier records of it is kept: its version and its content
+    /// fingerprint.
     fn apply<'a>(
         &'a self,
         client: &Client,
@@ -609,42 +592,29 @@ impl<K: ChildKind> KindCache for TypedCache<K> {
         body: &'a Value,
         claim: Claim,
     ) -> BoxFuture<'a, kube::Result<Written>> {
-        let client = client.clone();
+        let api: Api<Lean<K, ManagedFields>> = Api::namespaced(client.clone(), namespace);
         async move {
-            if claim == Claim::Force {
-                let api: Api<Lean<K, ManagedFields>> = Api::namespaced(client, namespace);
-                let params = kube::api::PatchParams::apply(super::FIELD_MANAGER).force();
-                let applied = api
-                    .patch(name, &params, &kube::api::Patch::Apply(body))
-                    .await?;
-                return Ok(Written::of(applied.0));
-            }
-            // Decoded whole: the field managers tell a new object from someone else's. Only
-            // when a child is made, so the managedFields cost nothing in steady state.
-            let api: Api<K> = Api::namespaced(client, namespace);
-            let params = kube::api::PatchParams::apply(super::FIELD_MANAGER);
+            let params = kube::api::PatchParams::apply(super::FIELD_MANAGER).force();
+            let create_only;
+            let body = match claim {
+                Claim::Existing => body,
+                Claim::New => {
+                    let mut with_version = body.clone();
+                    if let Some(metadata) = with_version
+                        .get_mut("metadata")
+                        .and_then(Value::as_object_mut)
+                    {
+                        metadata
+                            .insert("resourceVersion".into(), NO_OBJECT_HAS_THIS_VERSION.into());
+                    }
+                    create_only = with_version;
+                    &create_only
+                }
+            };
             let applied = api
                 .patch(name, &params, &kube::api::Patch::Apply(body))
                 .await?;
-            let foreign = foreign_managers(&applied);
-            if foreign.is_empty() {
-                return Ok(Written::of(applied));
-            }
-            // Someone else's object whose fields did not clash with ours: give up every field
-            // this apply took (our labels, owner reference, keys), so it is left as it was
-            // and the cluster's deletion cannot take it along.
-            let nothing = serde_json::json!({
-                "apiVersion": body.get("apiVersion"),
-                "kind": body.get("kind"),
-                "metadata": { "name": name },
-            });
-            api.patch(name, &params, &kube::api::Patch::Apply(&nothing))
-                .await?;
-            Ok(Written {
-                resource_version: None,
-                content: None,
-                foreign_managers: foreign,
-            })
+            Ok(Written::of(applied.0))
         }
         .boxed()
     }

@@ -575,6 +575,28 @@ impl Applier {
             .transpose()
     }
 
+    /// Who holds the object of `child`'s name that a create found: `None` when `owner`
+    /// controls it (or it is gone again), else a description for [`Error::ChildNotOwned`].
+    async fn holder(
+        client: &Client,
+        cache: &dyn KindCache,
+        owner: Owner<'_>,
+        child: &Child,
+    ) -> Result<Option<String>> {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), owner.namespace, cache.api_resource());
+        let object = api
+            .get_opt(&child.name)
+            .await
+            .map_err(|source| Error::Child {
+                action: "read",
+                kind: child.kind,
+                name: child.name.clone(),
+                source,
+            })?;
+        Ok(object.and_then(|object| describe_holder(&object, owner.uid)))
+    }
+
     /// Applies `child` if it is missing, its desired state changed, or someone else changed
     /// it; what changed, if anything.
     async fn apply_one(
@@ -612,6 +634,21 @@ impl Applier {
             };
         }
         let mut live = cache.meta(owner.namespace, &child.name);
+        // Labelled like ours, controlled by another object: another owner's child of that
+        // name (two resources wanting one name), or the child of a deleted owner of the same
+        // name that the garbage collector has not removed yet. Never taken over.
+        if let Some(l) = &live
+            && !l.controller.as_ref().is_some_and(|c| c.is(owner.uid))
+        {
+            return Err(Error::ChildNotOwned {
+                kind: child.kind,
+                name: child.name.clone(),
+                detail: match &l.controller {
+                    Some(uid) => format!("its controller is another object, uid {uid}"),
+                    None => "it has no controller".to_string(),
+                },
+            });
+        }
         let reason = match &live {
             None => "missing".to_string(),
             Some(l) if l.hash.as_deref() != Some(child.hash.as_str()) => {
@@ -649,50 +686,53 @@ impl Applier {
                 name: child.name.clone(),
             });
         }
-        // Neither the cache nor our record knows it: an object of that name would be someone
-        // else's, and a forced apply would take it over.
-        let claim = if live.is_none() && self.recorded(&key).is_none() {
-            Claim::IfFree
+        // Neither the cache nor our record knows it: only create it. An object of that name
+        // that is there after all is someone else's until its owner reference says otherwise.
+        let mut claim = if live.is_none() && self.recorded(&key).is_none() {
+            Claim::New
         } else {
-            Claim::Force
+            Claim::Existing
         };
         tracing::debug!(kind = child.kind, name = %child.name, namespace = owner.namespace, %reason, ?claim, "applying child");
-        let not_owned = |detail: String| Error::ChildNotOwned {
-            kind: child.kind,
-            name: child.name.clone(),
-            detail,
-        };
-        let applied = self
-            .write(
-                caches,
-                key,
-                cache.apply(client, owner.namespace, &child.name, &child.body, claim),
-                |applied| (applied.resource_version.clone(), applied.content),
-                live.is_none(),
-            )
-            .await
-            .map_err(|source| match source {
-                kube::Error::Api(status)
-                    if claim == Claim::IfFree
-                        && (status.code == 409
-                            || (status.code == 422
-                                && status.message.contains("ownerReferences"))) =>
-                {
-                    not_owned(status.message)
+        let applied = loop {
+            let applied = self
+                .write(
+                    caches,
+                    key.clone(),
+                    cache.apply(client, owner.namespace, &child.name, &child.body, claim),
+                    |applied| (applied.resource_version.clone(), applied.content),
+                    live.is_none(),
+                )
+                .await;
+            let source = match applied {
+                Ok(applied) => break applied,
+                Err(source) => source,
+            };
+            let exists = matches!(&source, kube::Error::Api(status) if status.code == 409);
+            if claim == Claim::New && exists {
+                match Self::holder(client, cache, owner, child).await? {
+                    // Ours, though the cache does not show it (its labels were changed):
+                    // repaired like any drifted child.
+                    None => {
+                        claim = Claim::Existing;
+                        continue;
+                    }
+                    Some(detail) => {
+                        return Err(Error::ChildNotOwned {
+                            kind: child.kind,
+                            name: child.name.clone(),
+                            detail,
+                        });
+                    }
                 }
-                source => Error::Child {
-                    action: "apply",
-                    kind: child.kind,
-                    name: child.name.clone(),
-                    source,
-                },
-            })?;
-        if !applied.foreign_managers.is_empty() {
-            return Err(not_owned(format!(
-                "made by {}",
-                applied.foreign_managers.join(", ")
-            )));
-        }
+            }
+            return Err(Error::Child {
+                action: "apply",
+                kind: child.kind,
+                name: child.name.clone(),
+                source,
+            });
+        };
         let written = applied.resource_version;
         Ok(match live {
             None => Some(Change::Created(child.kind, child.name.clone())),
@@ -823,6 +863,36 @@ fn waves(desired: &[Child]) -> Vec<Vec<&Child>> {
     waves
 }
 
+/// Who made or controls `object` when `owner_uid` does not control it (`None` when it does):
+/// its controller, else the field managers of its fields (status writers aside).
+fn describe_holder(object: &DynamicObject, owner_uid: &str) -> Option<String> {
+    let controller = object
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true));
+    if let Some(controller) = controller {
+        return (controller.uid != owner_uid)
+            .then(|| format!("controlled by {} {}", controller.kind, controller.name));
+    }
+    let mut managers: Vec<&str> = object
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|entry| entry.subresource.as_deref().unwrap_or_default().is_empty())
+        .filter_map(|entry| entry.manager.as_deref())
+        .collect();
+    managers.sort_unstable();
+    managers.dedup();
+    Some(if managers.is_empty() {
+        "made by someone else".to_string()
+    } else {
+        format!("made by {}", managers.join(", "))
+    })
+}
+
 /// The object whose children are synced.
 #[derive(Debug, Clone, Copy)]
 pub struct Owner<'a> {
@@ -840,6 +910,48 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::ConfigMap;
     use serde_json::json;
+
+    #[test]
+    fn the_holder_of_a_name_is_its_controller_else_its_makers() {
+        let object = |extra: Value| -> DynamicObject {
+            let mut object = json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": { "name": "shop-config", "managedFields": [
+                    { "manager": "payments-team", "operation": "Update", "apiVersion": "v1" },
+                    { "manager": "kube-controller-manager", "operation": "Update",
+                      "apiVersion": "v1", "subresource": "status" },
+                    { "manager": "payments-team", "operation": "Apply", "apiVersion": "v1" },
+                ] },
+            });
+            if let (Some(metadata), Some(extra)) = (
+                object.get_mut("metadata").and_then(Value::as_object_mut),
+                extra.as_object(),
+            ) {
+                metadata.extend(extra.clone());
+            }
+            serde_json::from_value(object).unwrap()
+        };
+        let controlled_by = |uid: &str| {
+            json!({ "ownerReferences": [
+                { "apiVersion": "v1", "kind": "ConfigMap", "name": "other", "uid": "u-0" },
+                { "apiVersion": "apps.devctl.io/v1", "kind": "WebApp", "name": "web",
+                  "uid": uid, "controller": true },
+            ] })
+        };
+        assert_eq!(describe_holder(&object(controlled_by("u-1")), "u-1"), None);
+        assert_eq!(
+            describe_holder(&object(controlled_by("u-2")), "u-1").as_deref(),
+            Some("controlled by WebApp web")
+        );
+        assert_eq!(
+            describe_holder(&object(json!({})), "u-1").as_deref(),
+            Some("made by payments-team")
+        );
+        assert_eq!(
+            describe_holder(&object(json!({ "managedFields": [] })), "u-1").as_deref(),
+            Some("made by someone else")
+        );
+    }
 
     #[test]
     fn our_own_echo_is_held_except_a_workload_update() {
