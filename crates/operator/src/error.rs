@@ -73,6 +73,15 @@ pub enum Error {
         name: String,
         detail: String,
     },
+
+    #[error(
+        "{kind} {name} still belongs to the deleted {previous}; waiting for the garbage collector to remove it"
+    )]
+    ChildOfDeletedOwner {
+        kind: &'static str,
+        name: String,
+        previous: String,
+    },
 }
 
 impl Error {
@@ -98,6 +107,7 @@ impl Error {
             Error::CacheUnavailable { .. } => "WatchFailed",
             Error::CleanupTimeout(_) => "CleanupTimeout",
             Error::StaleChild { .. } | Error::ChildExists { .. } => "Conflict",
+            Error::ChildOfDeletedOwner { .. } => "WaitingForGarbageCollection",
         }
     }
 }
@@ -141,9 +151,10 @@ impl Error {
                 _ => false,
             },
             Error::CacheUnavailable { forbidden, .. } => *forbidden,
-            Error::CleanupTimeout(_) | Error::StaleChild { .. } | Error::ChildExists { .. } => {
-                false
-            }
+            Error::CleanupTimeout(_)
+            | Error::StaleChild { .. }
+            | Error::ChildExists { .. }
+            | Error::ChildOfDeletedOwner { .. } => false,
         }
     }
 }

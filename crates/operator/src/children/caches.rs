@@ -159,7 +159,8 @@ pub enum Claim {
 }
 
 /// The `resourceVersion` of [`Claim::New`]: etcd's first revision, which no object has
-/// (the first write is revision 2).
+/// (etcd starts at revision 1 and its first write is revision 2; the API server's
+/// resourceVersions are etcd revisions).
 const NO_OBJECT_HAS_THIS_VERSION: &str = "1";
 
 /// The cache of one kind, seen without its type.
@@ -1048,6 +1049,7 @@ impl CachesBuilder {
                         if let Some(observations) = &forget {
                             observations.retain(|namespace, name| cached(namespace, name));
                         }
+                        applier.forget_missing(K::KIND, &cached);
                         set_state.send_replace(CacheState::Synced);
                     }
                     Err(error) => {

@@ -27,6 +27,7 @@ pub mod slim;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::discovery::ApiResource;
 use kube::{Client, Resource};
@@ -394,6 +395,18 @@ impl Applier {
         same_content
     }
 
+    /// Forgets the children of `kind` a fresh listing does not hold (called by the cache
+    /// when a list or re-list is complete): a child deleted while the watch was down sends no
+    /// delete event, and a record of it would let an object someone else makes under its
+    /// name be applied as ours.
+    pub fn forget_missing(&self, kind: &'static str, listed: impl Fn(&str, &str) -> bool) {
+        if let Ok(mut applied) = self.applied.lock()
+            && let Some(of_kind) = applied.get_mut(kind)
+        {
+            of_kind.retain(|namespace, name, _| listed(namespace, name));
+        }
+    }
+
     /// Forgets a child that no longer exists (called by the cache on delete events).
     pub fn forget(&self, kind: &'static str, namespace: &str, name: &str) {
         if let Ok(mut applied) = self.applied.lock()
@@ -575,14 +588,14 @@ impl Applier {
             .transpose()
     }
 
-    /// Who holds the object of `child`'s name that a create found: `None` when `owner`
-    /// controls it (or it is gone again), else a description for [`Error::ChildNotOwned`].
+    /// Who holds the object of `child`'s name that a create found, or that the cache shows
+    /// controlled by another object: one GET, only then.
     async fn holder(
         client: &Client,
         cache: &dyn KindCache,
         owner: Owner<'_>,
         child: &Child,
-    ) -> Result<Option<String>> {
+    ) -> Result<Holder> {
         let api: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), owner.namespace, cache.api_resource());
         let object = api
@@ -594,7 +607,25 @@ impl Applier {
                 name: child.name.clone(),
                 source,
             })?;
-        Ok(object.and_then(|object| describe_holder(&object, owner.uid)))
+        let Some(object) = object else {
+            return Ok(Holder::Gone);
+        };
+        let refused = |detail: String| {
+            Holder::Other(Error::ChildNotOwned {
+                kind: child.kind,
+                name: child.name.clone(),
+                detail,
+            })
+        };
+        Ok(match describe_holder(&object, owner.uid, child) {
+            Held::ByOwner => Holder::Owner,
+            Held::ByPreviousOwner(previous) => Holder::Other(Error::ChildOfDeletedOwner {
+                kind: child.kind,
+                name: child.name.clone(),
+                previous,
+            }),
+            Held::ByOther(detail) => refused(detail),
+        })
     }
 
     /// Applies `child` if it is missing, its desired state changed, or someone else changed
@@ -636,18 +667,13 @@ impl Applier {
         let mut live = cache.meta(owner.namespace, &child.name);
         // Labelled like ours, controlled by another object: another owner's child of that
         // name (two resources wanting one name), or the child of a deleted owner of the same
-        // name that the garbage collector has not removed yet. Never taken over.
+        // name that the garbage collector has not removed yet. Never taken over. (Read again
+        // first: the cache may be behind.)
         if let Some(l) = &live
             && !l.controller.as_ref().is_some_and(|c| c.is(owner.uid))
+            && let Holder::Other(refused) = Self::holder(client, cache, owner, child).await?
         {
-            return Err(Error::ChildNotOwned {
-                kind: child.kind,
-                name: child.name.clone(),
-                detail: match &l.controller {
-                    Some(uid) => format!("its controller is another object, uid {uid}"),
-                    None => "it has no controller".to_string(),
-                },
-            });
+            return Err(refused);
         }
         let reason = match &live {
             None => "missing".to_string(),
@@ -693,6 +719,10 @@ impl Applier {
         } else {
             Claim::Existing
         };
+        let mut created = live.is_none();
+        // A create that finds an object, then an apply: at most one more of each if the
+        // object goes and comes back meanwhile.
+        let mut attempts = 0;
         tracing::debug!(kind = child.kind, name = %child.name, namespace = owner.namespace, %reason, ?claim, "applying child");
         let applied = loop {
             let applied = self
@@ -701,29 +731,26 @@ impl Applier {
                     key.clone(),
                     cache.apply(client, owner.namespace, &child.name, &child.body, claim),
                     |applied| (applied.resource_version.clone(), applied.content),
-                    live.is_none(),
+                    created,
                 )
                 .await;
+            attempts += 1;
             let source = match applied {
                 Ok(applied) => break applied,
                 Err(source) => source,
             };
             let exists = matches!(&source, kube::Error::Api(status) if status.code == 409);
-            if claim == Claim::New && exists {
+            if claim == Claim::New && exists && attempts < 4 {
                 match Self::holder(client, cache, owner, child).await? {
                     // Ours, though the cache does not show it (its labels were changed):
                     // repaired like any drifted child.
-                    None => {
+                    Holder::Owner => {
                         claim = Claim::Existing;
+                        created = false;
                         continue;
                     }
-                    Some(detail) => {
-                        return Err(Error::ChildNotOwned {
-                            kind: child.kind,
-                            name: child.name.clone(),
-                            detail,
-                        });
-                    }
+                    Holder::Gone => continue,
+                    Holder::Other(refused) => return Err(refused),
                 }
             }
             return Err(Error::Child {
@@ -735,7 +762,8 @@ impl Applier {
         };
         let written = applied.resource_version;
         Ok(match live {
-            None => Some(Change::Created(child.kind, child.name.clone())),
+            None if created => Some(Change::Created(child.kind, child.name.clone())),
+            None => Some(Change::Updated(child.kind, child.name.clone())),
             Some(l) if l.resource_version == written => None,
             Some(_) => Some(Change::Updated(child.kind, child.name.clone())),
         })
@@ -863,18 +891,60 @@ fn waves(desired: &[Child]) -> Vec<Vec<&Child>> {
     waves
 }
 
-/// Who made or controls `object` when `owner_uid` does not control it (`None` when it does):
-/// its controller, else the field managers of its fields (status writers aside).
-fn describe_holder(object: &DynamicObject, owner_uid: &str) -> Option<String> {
-    let controller = object
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|r| r.controller == Some(true));
+/// What the object of a child's name is to the owner ([`Applier::holder`]).
+enum Holder {
+    /// The owner controls it: the owner's child.
+    Owner,
+    /// Deleted since.
+    Gone,
+    /// Someone else's (or a deleted owner's, until the garbage collector removes it).
+    Other(Error),
+}
+
+/// Who holds an object of a child's name, as read from it.
+#[derive(Debug, PartialEq, Eq)]
+enum Held {
+    ByOwner,
+    /// A deleted owner of the same kind and name (another uid), or an object being deleted:
+    /// the garbage collector's, gone soon.
+    ByPreviousOwner(String),
+    /// Its controller, else the field managers of its fields (status writers aside).
+    ByOther(String),
+}
+
+fn describe_holder(object: &DynamicObject, owner_uid: &str, child: &Child) -> Held {
+    fn controller_of(references: &[OwnerReference]) -> Option<&OwnerReference> {
+        references.iter().find(|r| r.controller == Some(true))
+    }
+    let controller = controller_of(
+        object
+            .metadata
+            .owner_references
+            .as_deref()
+            .unwrap_or_default(),
+    );
+    if controller.is_some_and(|c| c.uid == owner_uid) {
+        return Held::ByOwner;
+    }
+    let ours: Vec<OwnerReference> = child
+        .body
+        .pointer("/metadata/ownerReferences")
+        .and_then(|references| serde_json::from_value(references.clone()).ok())
+        .unwrap_or_default();
+    let ours = controller_of(&ours);
     if let Some(controller) = controller {
-        return (controller.uid != owner_uid)
-            .then(|| format!("controlled by {} {}", controller.kind, controller.name));
+        let what = format!("{} {}", controller.kind, controller.name);
+        let same_name = ours
+            .as_ref()
+            .is_some_and(|o| o.kind == controller.kind && o.name == controller.name);
+        return if same_name || object.metadata.deletion_timestamp.is_some() {
+            Held::ByPreviousOwner(what)
+        } else {
+            Held::ByOther(format!("controlled by {what}"))
+        };
+    }
+    if object.metadata.deletion_timestamp.is_some() {
+        return Held::ByPreviousOwner("someone".to_string());
     }
     let mut managers: Vec<&str> = object
         .metadata
@@ -886,10 +956,15 @@ fn describe_holder(object: &DynamicObject, owner_uid: &str) -> Option<String> {
         .collect();
     managers.sort_unstable();
     managers.dedup();
-    Some(if managers.is_empty() {
-        "made by someone else".to_string()
-    } else {
-        format!("made by {}", managers.join(", "))
+    Held::ByOther(match managers.as_slice() {
+        [] => "made by someone else".to_string(),
+        // Made by devctl, controlled by nobody: orphaned by a deletion that kept its
+        // children (`--cascade=orphan`). Not adopted, as the credentials Secret is not: the
+        // user deletes what the new resource should make afresh.
+        [only] if *only == FIELD_MANAGER => {
+            "left behind by a deleted owner; no object controls it".to_string()
+        }
+        _ => format!("made by {}", managers.join(", ")),
     })
 }
 
@@ -913,6 +988,16 @@ mod tests {
 
     #[test]
     fn the_holder_of_a_name_is_its_controller_else_its_makers() {
+        let reference = |kind: &str, name: &str, uid: &str| {
+            json!({ "apiVersion": "db.devctl.io/v1beta1", "kind": kind, "name": name,
+                    "uid": uid, "controller": true })
+        };
+        let child = Child::new::<ConfigMap>(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": { "name": "shop-config",
+                          "ownerReferences": [reference("DatabaseCluster", "shop", "u-1")] },
+        }))
+        .unwrap();
         let object = |extra: Value| -> DynamicObject {
             let mut object = json!({
                 "apiVersion": "v1", "kind": "ConfigMap",
@@ -931,26 +1016,47 @@ mod tests {
             }
             serde_json::from_value(object).unwrap()
         };
-        let controlled_by = |uid: &str| {
+        let controlled_by = |kind: &str, name: &str, uid: &str| {
             json!({ "ownerReferences": [
                 { "apiVersion": "v1", "kind": "ConfigMap", "name": "other", "uid": "u-0" },
-                { "apiVersion": "apps.devctl.io/v1", "kind": "WebApp", "name": "web",
-                  "uid": uid, "controller": true },
+                reference(kind, name, uid),
             ] })
         };
-        assert_eq!(describe_holder(&object(controlled_by("u-1")), "u-1"), None);
+        let held = |extra: Value| describe_holder(&object(extra), "u-1", &child);
         assert_eq!(
-            describe_holder(&object(controlled_by("u-2")), "u-1").as_deref(),
-            Some("controlled by WebApp web")
+            held(controlled_by("DatabaseCluster", "shop", "u-1")),
+            Held::ByOwner
         );
         assert_eq!(
-            describe_holder(&object(json!({})), "u-1").as_deref(),
-            Some("made by payments-team")
+            held(controlled_by("WebApp", "web", "u-2")),
+            Held::ByOther("controlled by WebApp web".into())
+        );
+        // The cluster deleted before this one of the same name: the garbage collector's.
+        assert_eq!(
+            held(controlled_by("DatabaseCluster", "shop", "u-0")),
+            Held::ByPreviousOwner("DatabaseCluster shop".into())
         );
         assert_eq!(
-            describe_holder(&object(json!({ "managedFields": [] })), "u-1").as_deref(),
-            Some("made by someone else")
+            held(json!({})),
+            Held::ByOther("made by payments-team".into())
         );
+        assert_eq!(
+            held(json!({ "managedFields": [] })),
+            Held::ByOther("made by someone else".into())
+        );
+        // Orphaned by `--cascade=orphan`: made by devctl, controlled by nobody.
+        assert_eq!(
+            held(json!({ "managedFields": [
+                { "manager": FIELD_MANAGER, "operation": "Apply", "apiVersion": "v1" },
+                { "manager": "kube-controller-manager", "operation": "Update",
+                  "apiVersion": "v1", "subresource": "status" },
+            ] })),
+            Held::ByOther("left behind by a deleted owner; no object controls it".into())
+        );
+        assert!(matches!(
+            held(json!({ "deletionTimestamp": "2026-12-05T12:00:00Z" })),
+            Held::ByPreviousOwner(_)
+        ));
     }
 
     #[test]
