@@ -618,13 +618,13 @@ impl Applier {
             })
         };
         Ok(match describe_holder(&object, owner.uid, child) {
-            Held::ByOwner => Holder::Owner,
-            Held::ByPreviousOwner(previous) => Holder::Other(Error::ChildOfDeletedOwner {
+            HeldBy::Owner => Holder::Owner,
+            HeldBy::PreviousOwner(previous) => Holder::Other(Error::ChildOfDeletedOwner {
                 kind: child.kind,
                 name: child.name.clone(),
                 previous,
             }),
-            Held::ByOther(detail) => refused(detail),
+            HeldBy::Other(detail) => refused(detail),
         })
     }
 
@@ -903,16 +903,16 @@ enum Holder {
 
 /// Who holds an object of a child's name, as read from it.
 #[derive(Debug, PartialEq, Eq)]
-enum Held {
-    ByOwner,
+enum HeldBy {
+    Owner,
     /// A deleted owner of the same kind and name (another uid), or an object being deleted:
     /// the garbage collector's, gone soon.
-    ByPreviousOwner(String),
+    PreviousOwner(String),
     /// Its controller, else the field managers of its fields (status writers aside).
-    ByOther(String),
+    Other(String),
 }
 
-fn describe_holder(object: &DynamicObject, owner_uid: &str, child: &Child) -> Held {
+fn describe_holder(object: &DynamicObject, owner_uid: &str, child: &Child) -> HeldBy {
     fn controller_of(references: &[OwnerReference]) -> Option<&OwnerReference> {
         references.iter().find(|r| r.controller == Some(true))
     }
@@ -924,7 +924,7 @@ fn describe_holder(object: &DynamicObject, owner_uid: &str, child: &Child) -> He
             .unwrap_or_default(),
     );
     if controller.is_some_and(|c| c.uid == owner_uid) {
-        return Held::ByOwner;
+        return HeldBy::Owner;
     }
     let ours: Vec<OwnerReference> = child
         .body
@@ -938,13 +938,13 @@ fn describe_holder(object: &DynamicObject, owner_uid: &str, child: &Child) -> He
             .as_ref()
             .is_some_and(|o| o.kind == controller.kind && o.name == controller.name);
         return if same_name || object.metadata.deletion_timestamp.is_some() {
-            Held::ByPreviousOwner(what)
+            HeldBy::PreviousOwner(what)
         } else {
-            Held::ByOther(format!("controlled by {what}"))
+            HeldBy::Other(format!("controlled by {what}"))
         };
     }
     if object.metadata.deletion_timestamp.is_some() {
-        return Held::ByPreviousOwner("someone".to_string());
+        return HeldBy::PreviousOwner("someone".to_string());
     }
     let mut managers: Vec<&str> = object
         .metadata
@@ -956,7 +956,7 @@ fn describe_holder(object: &DynamicObject, owner_uid: &str, child: &Child) -> He
         .collect();
     managers.sort_unstable();
     managers.dedup();
-    Held::ByOther(match managers.as_slice() {
+    HeldBy::Other(match managers.as_slice() {
         [] => "made by someone else".to_string(),
         // Made by devctl, controlled by nobody: orphaned by a deletion that kept its
         // children (`--cascade=orphan`). Not adopted, as the credentials Secret is not: the
@@ -1025,24 +1025,24 @@ mod tests {
         let held = |extra: Value| describe_holder(&object(extra), "u-1", &child);
         assert_eq!(
             held(controlled_by("DatabaseCluster", "shop", "u-1")),
-            Held::ByOwner
+            HeldBy::Owner
         );
         assert_eq!(
             held(controlled_by("WebApp", "web", "u-2")),
-            Held::ByOther("controlled by WebApp web".into())
+            HeldBy::Other("controlled by WebApp web".into())
         );
         // The cluster deleted before this one of the same name: the garbage collector's.
         assert_eq!(
             held(controlled_by("DatabaseCluster", "shop", "u-0")),
-            Held::ByPreviousOwner("DatabaseCluster shop".into())
+            HeldBy::PreviousOwner("DatabaseCluster shop".into())
         );
         assert_eq!(
             held(json!({})),
-            Held::ByOther("made by payments-team".into())
+            HeldBy::Other("made by payments-team".into())
         );
         assert_eq!(
             held(json!({ "managedFields": [] })),
-            Held::ByOther("made by someone else".into())
+            HeldBy::Other("made by someone else".into())
         );
         // Orphaned by `--cascade=orphan`: made by devctl, controlled by nobody.
         assert_eq!(
@@ -1051,11 +1051,11 @@ mod tests {
                 { "manager": "kube-controller-manager", "operation": "Update",
                   "apiVersion": "v1", "subresource": "status" },
             ] })),
-            Held::ByOther("left behind by a deleted owner; no object controls it".into())
+            HeldBy::Other("left behind by a deleted owner; no object controls it".into())
         );
         assert!(matches!(
             held(json!({ "deletionTimestamp": "2026-12-05T12:00:00Z" })),
-            Held::ByPreviousOwner(_)
+            HeldBy::PreviousOwner(_)
         ));
     }
 
