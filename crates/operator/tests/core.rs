@@ -699,6 +699,100 @@ async fn a_child_someone_else_made_is_left_as_it_was() {
     );
 }
 
+/// A cluster created again under the name of one just deleted finds the old cluster's
+/// Secret until the garbage collector removes it (held here by a finalizer): that is a wait,
+/// not a stall, and the new cluster gets its own Secret once the old one is gone.
+#[tokio::test]
+async fn a_cluster_created_again_waits_for_the_old_ones_children() {
+    let cluster = devctl_testenv::shared_cluster().await.unwrap();
+    cluster.install_crds(&devctl_api::crds()).await.unwrap();
+    let namespace = cluster.create_namespace("again").await.unwrap();
+    let _operator = OperatorProcess::start(cluster, &namespace, RULES, &[]).await;
+    let client = cluster.client().await.unwrap();
+    let dbs: Api<DatabaseCluster> = Api::namespaced(client.clone(), &namespace);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let first = dbs
+        .create(&PostParams::default(), &database("shop", 1, json!({})))
+        .await
+        .unwrap();
+    let hold = json!({ "metadata": { "finalizers": ["test.devctl.io/hold"] } });
+    devctl_testenv::eventually("shop's Secret, held", TIMEOUT, || async {
+        secrets.get_opt("shop-credentials").await.ok()??;
+        secrets
+            .patch(
+                "shop-credentials",
+                &PatchParams::default(),
+                &Patch::Merge(&hold),
+            )
+            .await
+            .ok()
+    })
+    .await
+    .unwrap();
+    dbs.delete("shop", &DeleteParams::default()).await.unwrap();
+    devctl_testenv::eventually(
+        "shop deleted, its Secret being deleted",
+        TIMEOUT,
+        || async {
+            let gone = dbs.get_opt("shop").await.ok()?.is_none();
+            let secret = secrets.get("shop-credentials").await.ok()?;
+            (gone && secret.metadata.deletion_timestamp.is_some()).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let again = dbs
+        .create(&PostParams::default(), &database("shop", 1, json!({})))
+        .await
+        .unwrap();
+    assert_ne!(again.metadata.uid, first.metadata.uid);
+    let db = wait_db(
+        &dbs,
+        "shop",
+        "Ready=False, WaitingForGarbageCollection",
+        |db| {
+            condition_status(db, "Ready")
+                == Some(("False".into(), "WaitingForGarbageCollection".into()))
+        },
+    )
+    .await;
+    assert_ne!(
+        condition_status(&db, "Stalled").map(|(status, _)| status),
+        Some("True".into()),
+        "a wait, not a stall"
+    );
+    let status = db.status.unwrap();
+    let message = &devctl_api::conditions::find(&status.conditions, "Ready")
+        .unwrap()
+        .message;
+    assert!(
+        message
+            .contains("Secret shop-credentials still belongs to the deleted DatabaseCluster shop"),
+        "{message}"
+    );
+    secrets
+        .patch(
+            "shop-credentials",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+        )
+        .await
+        .unwrap();
+    let new_uid = again.metadata.uid.unwrap();
+    devctl_testenv::eventually("the new shop's own Secret", TIMEOUT, || async {
+        let secret = secrets.get_opt("shop-credentials").await.ok()??;
+        secret
+            .metadata
+            .owner_references
+            .unwrap_or_default()
+            .iter()
+            .any(|r| r.controller == Some(true) && r.uid == new_uid)
+            .then_some(())
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn a_forbidden_watch_is_a_warning_in_the_logs() {
     let cluster = devctl_testenv::shared_cluster().await.unwrap();

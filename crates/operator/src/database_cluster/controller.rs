@@ -980,11 +980,12 @@ async fn credentials(
         .kind(Secret::KIND)?
         .meta(&names.namespace, secret_name)
     {
-        if !cached.controller.as_ref().is_some_and(|c| c.is(owner_uid)) {
-            return Err(not_owned());
-        }
-        let as_we_left_it =
-            ctx.caches
+        // Controlled by another object: read below, which tells a deleted cluster's Secret
+        // the garbage collector is about to remove from someone else's.
+        let ours = cached.controller.as_ref().is_some_and(|c| c.is(owner_uid));
+        let as_we_left_it = ours
+            && ctx
+                .caches
                 .applier()
                 .unchanged(Secret::KIND, &names.namespace, secret_name, &cached);
         if as_we_left_it && !read {
@@ -1025,6 +1026,22 @@ async fn credentials(
             source,
         })?;
     let (password, regenerated) = match &live {
+        // The Secret of a deleted cluster of this name, not removed yet: a wait.
+        Some(live)
+            if !owned_by_us(live)
+                && (live.metadata.deletion_timestamp.is_some()
+                    || live.owner_references().iter().any(|r| {
+                        r.controller == Some(true)
+                            && r.kind == <DatabaseCluster as kube::Resource>::kind(&())
+                            && r.name == names.name
+                    })) =>
+        {
+            return Err(Error::ChildOfDeletedOwner {
+                kind: Secret::KIND,
+                name: secret_name.to_string(),
+                previous: format!("DatabaseCluster {}", names.name),
+            });
+        }
         Some(live) if !owned_by_us(live) => return Err(not_owned()),
         Some(live) => match secret::existing_password(live) {
             Some(password) => (password, false),
