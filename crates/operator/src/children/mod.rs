@@ -547,6 +547,25 @@ impl Applier {
             .unwrap_or(0)
     }
 
+    /// The object of `child`'s name as the API has it now (one GET; `None` when there is none).
+    async fn read(
+        client: &Client,
+        cache: &dyn KindCache,
+        namespace: &str,
+        child: &Child,
+    ) -> Result<Option<DynamicObject>> {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), namespace, cache.api_resource());
+        api.get_opt(&child.name)
+            .await
+            .map_err(|source| Error::Child {
+                action: "read",
+                kind: child.kind,
+                name: child.name.clone(),
+                source,
+            })
+    }
+
     /// The live child's full body: what the renderer already read if it is this version, the
     /// cached body for kinds cached whole, else one GET (`None` when it is gone).
     async fn fetch(
@@ -567,18 +586,8 @@ impl Applier {
         if let Some(body) = cache.body(namespace, &child.name) {
             return Ok(Some(body));
         }
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), namespace, cache.api_resource());
-        let object = api
-            .get_opt(&child.name)
-            .await
-            .map_err(|source| Error::Child {
-                action: "read",
-                kind: child.kind,
-                name: child.name.clone(),
-                source,
-            })?;
-        object
+        Self::read(client, cache, namespace, child)
+            .await?
             .map(|o| {
                 serde_json::to_value(o).map_err(|source| Error::Render {
                     kind: child.kind,
@@ -596,18 +605,7 @@ impl Applier {
         owner: Owner<'_>,
         child: &Child,
     ) -> Result<Holder> {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), owner.namespace, cache.api_resource());
-        let object = api
-            .get_opt(&child.name)
-            .await
-            .map_err(|source| Error::Child {
-                action: "read",
-                kind: child.kind,
-                name: child.name.clone(),
-                source,
-            })?;
-        let Some(object) = object else {
+        let Some(object) = Self::read(client, cache, owner.namespace, child).await? else {
             return Ok(Holder::Gone);
         };
         let refused = |detail: String| {
