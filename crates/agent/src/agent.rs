@@ -2178,11 +2178,13 @@ impl Agent {
             engine_version: probe.engine_version,
             address: Some(self.config.address()),
             heartbeat: None,
+            // The engine being down outranks everything else: an older complaint (an
+            // invalid Secret not yet corrected) would otherwise hide the crash.
             last_error: self
-                .secret_problem
+                .engine_error
                 .clone()
+                .or_else(|| self.secret_problem.clone())
                 .or_else(|| self.invalid_error.clone())
-                .or_else(|| self.engine_error.clone())
                 .or_else(|| self.role_problem.clone())
                 .or_else(|| self.restore_problem.clone())
                 .or_else(|| self.apply_error.clone())

@@ -612,9 +612,9 @@ async fn postgres_bootstraps_serves_app_rotates_password_and_restarts_on_the_sam
         })
         .await;
     assert_eq!(instance.login(second).await, Ok("app".to_string()));
-    let version = instance.set_password(second).await;
 
-    // The engine dies: reported, restarted, ready again on the same data.
+    // The engine dies while the Secret is still invalid: the crash is what is reported (it
+    // outranks the older complaint), then it restarts, ready again on the same data.
     let postmaster: i32 = std::fs::read_to_string(instance.data_dir().join("postmaster.pid"))
         .unwrap()
         .lines()
@@ -636,6 +636,7 @@ async fn postgres_bootstraps_serves_app_rotates_password_and_restarts_on_the_sam
     let crash = crash.last_error.unwrap_or_default();
     assert!(crash.contains("SIGKILL"), "{crash}");
     assert!(!crash.contains("authentication"), "{crash}");
+    let version = instance.set_password(second).await;
     let status = instance
         .wait_for_report(
             "PostgreSQL to be ready after the restart",
