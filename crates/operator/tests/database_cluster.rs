@@ -4,7 +4,7 @@ mod support;
 
 use devctl_api::database_cluster::{DatabaseCluster, KEEP_VOLUMES_ANNOTATION, Phase};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
@@ -567,6 +567,113 @@ async fn deleting_runs_the_finalizer_and_removes_children_and_volumes_unless_kep
             .iter()
             .any(|n| n.contains("propagationPolicy Orphan")),
         "{orphaned:?}"
+    );
+}
+
+/// Deleted with `--cascade=orphan` (its StatefulSet, pods, claims and Secrets stay) and
+/// created again under the same name: the new cluster adopts what the old one left — nothing
+/// made anew, the same password, the same pod — and is Ready on it; the event says so.
+#[tokio::test]
+async fn a_cluster_created_again_after_an_orphaning_delete_adopts_what_it_left() {
+    let env = start("adopt").await;
+    let dbs = env.dbs();
+    dbs.create(&PostParams::default(), &database("shop", 1))
+        .await
+        .unwrap();
+    let first = env.wait_db("shop", "Ready", |db| is_ready(db, 1)).await;
+    let first_uid = first.metadata.uid.clone().unwrap();
+    let password_before = password(&env, "shop").await;
+    let pod_before = env.api::<Pod>().get("shop-0").await.unwrap();
+    // Every kind of child the cluster has, by name, with its uid.
+    let children = [
+        ("StatefulSet", "shop"),
+        ("ConfigMap", "shop-config"),
+        ("Secret", "shop-credentials"),
+        ("Secret", "shop-replication"),
+        ("Service", "shop-rw"),
+        ("Service", "shop-headless"),
+    ];
+    let env = &env;
+    let meta = |kind: &'static str, name: &'static str| async move {
+        let meta = match kind {
+            "StatefulSet" => env.api::<StatefulSet>().get(name).await.map(|o| o.metadata),
+            "ConfigMap" => env.api::<ConfigMap>().get(name).await.map(|o| o.metadata),
+            "Secret" => env.api::<Secret>().get(name).await.map(|o| o.metadata),
+            _ => env.api::<Service>().get(name).await.map(|o| o.metadata),
+        };
+        meta.unwrap_or_else(|e| panic!("{kind} {name}: {e}"))
+    };
+    let controller = |meta: &kube::api::ObjectMeta| {
+        meta.owner_references
+            .iter()
+            .flatten()
+            .find(|r| r.controller == Some(true))
+            .map(|r| r.uid.clone())
+    };
+    let mut before = Vec::new();
+    for (kind, name) in children {
+        let meta = meta(kind, name).await;
+        assert_eq!(
+            controller(&meta).as_deref(),
+            Some(first_uid.as_str()),
+            "{kind} {name}"
+        );
+        before.push(meta.uid.unwrap());
+    }
+
+    dbs.delete("shop", &DeleteParams::orphan()).await.unwrap();
+    wait_gone(&dbs, "shop", &first_uid).await;
+    for (kind, name) in children {
+        devctl_testenv::eventually(&format!("{kind} {name} orphaned"), TIMEOUT, || async {
+            controller(&meta(kind, name).await).is_none().then_some(())
+        })
+        .await
+        .unwrap();
+    }
+
+    dbs.create(&PostParams::default(), &database("shop", 1))
+        .await
+        .unwrap();
+    let second = env
+        .wait_db("shop", "Ready on what the first left", |db| {
+            is_ready(db, 1) && db.metadata.uid.as_deref() != Some(first_uid.as_str())
+        })
+        .await;
+    let second_uid = second.metadata.uid.clone().unwrap();
+    assert_eq!(
+        condition_status(&second, "Stalled").map(|(s, _)| s),
+        Some("False".into())
+    );
+    for ((kind, name), uid) in children.into_iter().zip(&before) {
+        let meta = meta(kind, name).await;
+        assert_eq!(
+            meta.uid.as_ref(),
+            Some(uid),
+            "{kind} {name}: the same object"
+        );
+        assert_eq!(
+            controller(&meta).as_deref(),
+            Some(second_uid.as_str()),
+            "{kind} {name}: controlled by the new cluster"
+        );
+    }
+    assert_eq!(
+        password(env, "shop").await,
+        password_before,
+        "the same password"
+    );
+    let pod = env.api::<Pod>().get("shop-0").await.unwrap();
+    assert_eq!(pod.metadata.uid, pod_before.metadata.uid, "the same pod");
+    let notes: Vec<String> = support::operator_events_about(&env.client, &env.namespace, "shop")
+        .await
+        .into_iter()
+        .map(|(_, note, _)| note)
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("Adopted ") && n.contains("StatefulSet shop")),
+        "{notes:?}"
     );
 }
 

@@ -27,7 +27,7 @@ pub mod slim;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::discovery::ApiResource;
 use kube::{Client, Resource};
@@ -181,21 +181,31 @@ fn hash(body: &Value) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
     Created(&'static str, String),
+    /// An object devctl made for a deleted owner of the same name, left behind by a deletion
+    /// that kept its children (`--cascade=orphan`), now controlled by this owner.
+    Adopted(&'static str, String),
     Updated(&'static str, String),
     Deleted(&'static str, String),
 }
 
 impl Change {
-    /// `Created ConfigMap a, Secret b; updated StatefulSet c; deleted Service d`.
+    /// `Created ConfigMap a, Secret b; adopted Service e; updated StatefulSet c; deleted
+    /// Service d`.
     pub fn summary(changes: &[Change]) -> String {
         let mut parts = Vec::new();
-        for (verb, pick) in [("Created", 0u8), ("updated", 1), ("deleted", 2)] {
+        for (verb, pick) in [
+            ("Created", 0u8),
+            ("adopted", 3),
+            ("updated", 1),
+            ("deleted", 2),
+        ] {
             let items: Vec<String> = changes
                 .iter()
                 .filter_map(|c| match (c, pick) {
                     (Change::Created(k, n), 0)
                     | (Change::Updated(k, n), 1)
-                    | (Change::Deleted(k, n), 2) => Some(format!("{k} {n}")),
+                    | (Change::Deleted(k, n), 2)
+                    | (Change::Adopted(k, n), 3) => Some(format!("{k} {n}")),
                     _ => None,
                 })
                 .collect();
@@ -217,7 +227,7 @@ pub fn applied(outcome: Result<&[Change], &Error>, kind: &str) -> bool {
     outcome.is_ok_and(|changes| {
         changes
             .iter()
-            .any(|c| matches!(c, Change::Created(k, _) | Change::Updated(k, _) if *k == kind))
+            .any(|c| matches!(c, Change::Created(k, _) | Change::Adopted(k, _) | Change::Updated(k, _) if *k == kind))
     })
 }
 
@@ -617,6 +627,7 @@ impl Applier {
         };
         Ok(match describe_holder(&object, owner.uid, child) {
             HeldBy::Owner => Holder::Owner,
+            HeldBy::Orphan => Holder::Orphan,
             HeldBy::PreviousOwner(previous) => Holder::Other(Error::ChildOfDeletedOwner {
                 kind: child.kind,
                 name: child.name.clone(),
@@ -665,15 +676,22 @@ impl Applier {
         let mut live = cache.meta(owner.namespace, &child.name);
         // Labelled like ours, controlled by another object: another owner's child of that
         // name (two resources wanting one name), or the child of a deleted owner of the same
-        // name that the garbage collector has not removed yet. Never taken over. (Read again
-        // first: the cache may be behind.)
+        // name that the garbage collector has not removed yet. Never taken over. Controlled
+        // by nobody: an orphan of a deletion that kept the children, adopted if it was made
+        // for this owner's name. (Read again first: the cache may be behind.)
+        let mut adopting = false;
         if let Some(l) = &live
             && !l.controller.as_ref().is_some_and(|c| c.is(owner.uid))
-            && let Holder::Other(refused) = Self::holder(client, cache, owner, child).await?
         {
-            return Err(refused);
+            match Self::holder(client, cache, owner, child).await? {
+                Holder::Other(refused) => return Err(refused),
+                Holder::Orphan => adopting = true,
+                Holder::Owner | Holder::Gone => {}
+            }
         }
         let reason = match &live {
+            // Applied whatever it holds: the apply makes the owner its controller.
+            Some(_) if adopting => "adopting an orphan".to_string(),
             None => "missing".to_string(),
             Some(l) if l.hash.as_deref() != Some(child.hash.as_str()) => {
                 "desired state changed".to_string()
@@ -747,6 +765,12 @@ impl Applier {
                         created = false;
                         continue;
                     }
+                    Holder::Orphan => {
+                        claim = Claim::Existing;
+                        created = false;
+                        adopting = true;
+                        continue;
+                    }
                     Holder::Gone => continue,
                     Holder::Other(refused) => return Err(refused),
                 }
@@ -759,6 +783,9 @@ impl Applier {
             });
         };
         let written = applied.resource_version;
+        if adopting {
+            return Ok(Some(Change::Adopted(child.kind, child.name.clone())));
+        }
         Ok(match live {
             None if created => Some(Change::Created(child.kind, child.name.clone())),
             None => Some(Change::Updated(child.kind, child.name.clone())),
@@ -893,6 +920,9 @@ fn waves(desired: &[Child]) -> Vec<Vec<&Child>> {
 enum Holder {
     /// The owner controls it: the owner's child.
     Owner,
+    /// Made by devctl for a deleted owner of the same name and controlled by nobody: the
+    /// owner takes it over ([`orphan_of`]).
+    Orphan,
     /// Deleted since.
     Gone,
     /// Someone else's (or a deleted owner's, until the garbage collector removes it).
@@ -903,6 +933,8 @@ enum Holder {
 #[derive(Debug, PartialEq, Eq)]
 enum HeldBy {
     Owner,
+    /// Left behind for this owner's name by a deletion that kept the children.
+    Orphan,
     /// A deleted owner of the same kind and name (another uid), or an object being deleted:
     /// the garbage collector's, gone soon.
     PreviousOwner(String),
@@ -944,8 +976,44 @@ fn describe_holder(object: &DynamicObject, owner_uid: &str, child: &Child) -> He
     if object.metadata.deletion_timestamp.is_some() {
         return HeldBy::PreviousOwner("someone".to_string());
     }
-    let mut managers: Vec<&str> = object
-        .metadata
+    let wanted_labels = child
+        .body
+        .pointer("/metadata/labels")
+        .cloned()
+        .and_then(|labels| serde_json::from_value(labels).ok())
+        .unwrap_or_default();
+    match orphan_of(&object.metadata, &wanted_labels) {
+        Orphanage::Ours => {
+            let (live, wanted) = (containers(&object.data), containers(&child.body));
+            return if live == wanted {
+                HeldBy::Orphan
+            } else {
+                // Another engine's (or another app's) pods: their data is not this one's.
+                HeldBy::Other(format!(
+                    "left behind by a deleted owner of this name with containers {}, where \
+                     this resource runs {}; not adopted",
+                    live.join(", "),
+                    wanted.join(", ")
+                ))
+            };
+        }
+        Orphanage::Devctls => {
+            return HeldBy::Other(
+                "left behind by another deleted owner; no object controls it".to_string(),
+            );
+        }
+        Orphanage::NotOne => {}
+    }
+    let managers = makers(&object.metadata);
+    HeldBy::Other(match managers.as_slice() {
+        [] => "made by someone else".to_string(),
+        _ => format!("made by {}", managers.join(", ")),
+    })
+}
+
+/// The field managers of an object's fields, status writers aside, sorted.
+fn makers(meta: &ObjectMeta) -> Vec<&str> {
+    let mut managers: Vec<&str> = meta
         .managed_fields
         .iter()
         .flatten()
@@ -954,16 +1022,63 @@ fn describe_holder(object: &DynamicObject, owner_uid: &str, child: &Child) -> He
         .collect();
     managers.sort_unstable();
     managers.dedup();
-    HeldBy::Other(match managers.as_slice() {
-        [] => "made by someone else".to_string(),
-        // Made by devctl, controlled by nobody: orphaned by a deletion that kept its
-        // children (`--cascade=orphan`). Not adopted, as the credentials Secret is not: the
-        // user deletes what the new resource should make afresh.
-        [only] if *only == FIELD_MANAGER => {
-            "left behind by a deleted owner; no object controls it".to_string()
-        }
-        _ => format!("made by {}", managers.join(", ")),
-    })
+    managers
+}
+
+/// The container names of a workload's pod template (empty for other kinds).
+fn containers(body: &Value) -> Vec<&str> {
+    body.pointer("/spec/template/spec/containers")
+        .and_then(Value::as_array)
+        .map(|containers| {
+            containers
+                .iter()
+                .filter_map(|c| c.get("name").and_then(Value::as_str))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What an object nobody controls is to an owner that wants its name.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Orphanage {
+    /// Devctl made it (its field manager and `managed-by` label) for an owner of this kind
+    /// and name (the `app.kubernetes.io/name` and `instance` labels the owner gives its
+    /// children), and a deletion that kept the children (`--cascade=orphan`) left it
+    /// controlled by nobody: the owner adopts it, as a ReplicaSet adopts its pods.
+    Ours,
+    /// Devctl made it for another owner.
+    Devctls,
+    /// Controlled by an object, being deleted, or not devctl's.
+    NotOne,
+}
+
+/// Whether `meta` is an orphan devctl made for the owner whose children carry
+/// `wanted_labels`.
+pub fn orphan_of(
+    meta: &ObjectMeta,
+    wanted_labels: &std::collections::BTreeMap<String, String>,
+) -> Orphanage {
+    use devctl_api::labels::{INSTANCE, MANAGED_BY, MANAGER, NAME};
+    let controlled = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.controller == Some(true));
+    let labels = meta.labels.as_ref();
+    let label = |key: &str| labels.and_then(|l| l.get(key));
+    if controlled
+        || meta.deletion_timestamp.is_some()
+        || label(MANAGED_BY).map(String::as_str) != Some(MANAGER)
+        || !makers(meta).contains(&FIELD_MANAGER)
+    {
+        return Orphanage::NotOne;
+    }
+    let same = |key: &str| label(key).is_some() && label(key) == wanted_labels.get(key);
+    if same(NAME) && same(INSTANCE) {
+        Orphanage::Ours
+    } else {
+        Orphanage::Devctls
+    }
 }
 
 /// The object whose children are synced.
@@ -993,6 +1108,9 @@ mod tests {
         let child = Child::new::<ConfigMap>(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": { "name": "shop-config",
+                          "labels": { "app.kubernetes.io/name": "databasecluster",
+                                      "app.kubernetes.io/instance": "shop",
+                                      "app.kubernetes.io/managed-by": "devctl-operator" },
                           "ownerReferences": [reference("DatabaseCluster", "shop", "u-1")] },
         }))
         .unwrap();
@@ -1042,19 +1160,78 @@ mod tests {
             held(json!({ "managedFields": [] })),
             HeldBy::Other("made by someone else".into())
         );
-        // Orphaned by `--cascade=orphan`: made by devctl, controlled by nobody.
+        // Orphaned by `--cascade=orphan`: made by devctl for a cluster of this name,
+        // controlled by nobody — adopted. Made for another name, or by devctl's field manager
+        // without its labels: not.
+        let orphan = |instance: &str, managed_by: &str| {
+            json!({
+                "labels": { "app.kubernetes.io/name": "databasecluster",
+                            "app.kubernetes.io/instance": instance,
+                            "app.kubernetes.io/managed-by": managed_by },
+                "managedFields": [
+                    { "manager": FIELD_MANAGER, "operation": "Apply", "apiVersion": "v1" },
+                    { "manager": "kube-controller-manager", "operation": "Update",
+                      "apiVersion": "v1", "subresource": "status" },
+                ],
+            })
+        };
+        assert_eq!(held(orphan("shop", "devctl-operator")), HeldBy::Orphan);
         assert_eq!(
-            held(json!({ "managedFields": [
-                { "manager": FIELD_MANAGER, "operation": "Apply", "apiVersion": "v1" },
-                { "manager": "kube-controller-manager", "operation": "Update",
-                  "apiVersion": "v1", "subresource": "status" },
-            ] })),
-            HeldBy::Other("left behind by a deleted owner; no object controls it".into())
+            held(orphan("shop-old", "devctl-operator")),
+            HeldBy::Other("left behind by another deleted owner; no object controls it".into())
+        );
+        assert_eq!(
+            held(orphan("shop", "helm")),
+            HeldBy::Other("made by devctl-operator".into())
+        );
+        let mut controlled = orphan("shop", "devctl-operator");
+        controlled["ownerReferences"] =
+            controlled_by("WebApp", "web", "u-2")["ownerReferences"].clone();
+        assert_eq!(
+            held(controlled),
+            HeldBy::Other("controlled by WebApp web".into())
         );
         assert!(matches!(
             held(json!({ "deletionTimestamp": "2026-12-05T12:00:00Z" })),
             HeldBy::PreviousOwner(_)
         ));
+    }
+
+    #[test]
+    fn an_orphaned_workload_is_adopted_only_with_the_same_containers() {
+        use k8s_openapi::api::apps::v1::StatefulSet;
+        let labels = json!({ "app.kubernetes.io/name": "databasecluster",
+                             "app.kubernetes.io/instance": "shop",
+                             "app.kubernetes.io/managed-by": "devctl-operator" });
+        let workload = |container: &str| {
+            json!({
+                "apiVersion": "apps/v1", "kind": "StatefulSet",
+                "metadata": { "name": "shop", "labels": labels.clone() },
+                "spec": { "serviceName": "shop-headless",
+                          "selector": { "matchLabels": {} },
+                          "template": { "spec": { "containers": [
+                              { "name": container, "image": format!("{container}:16") } ] } } },
+            })
+        };
+        let child = Child::new::<StatefulSet>(workload("postgres")).unwrap();
+        let live = |container: &str| -> DynamicObject {
+            let mut body = workload(container);
+            body["metadata"]["managedFields"] = json!([
+                { "manager": FIELD_MANAGER, "operation": "Apply", "apiVersion": "apps/v1" } ]);
+            serde_json::from_value(body).unwrap()
+        };
+        assert_eq!(
+            describe_holder(&live("postgres"), "u-1", &child),
+            HeldBy::Orphan
+        );
+        assert_eq!(
+            describe_holder(&live("mysql"), "u-1", &child),
+            HeldBy::Other(
+                "left behind by a deleted owner of this name with containers mysql, where this \
+                 resource runs postgres; not adopted"
+                    .into()
+            )
+        );
     }
 
     #[test]

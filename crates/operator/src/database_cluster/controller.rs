@@ -29,7 +29,7 @@ use super::resources::{self, Inputs, Names, lease, secret};
 use super::status::{self, Observed};
 use super::switchover::{self, Primary, Step};
 use crate::children::caches::OwnerKey;
-use crate::children::{Caches, Change, Owner, applied};
+use crate::children::{Caches, Change, Orphanage, Owner, applied, orphan_of};
 use crate::context::{Context, Settings};
 use crate::error::{Error, Result};
 use crate::reconciler::{
@@ -195,7 +195,7 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     // were rendered from the status before the move, and the status write's echo wakes
     // nobody — look again at once.
     let primary_moved = (resources::stateful_set::scale_down_refused(&db).is_some()
-        && primary.current != recorded_primary(&db, &names).current)
+        && primary.current != recorded_primary(&db, &names, &pods).current)
         .then_some(Duration::ZERO);
     let timer = [step.timer, scheduled.wait, recheck, primary_moved]
         .into_iter()
@@ -280,18 +280,36 @@ const TIMER_MARGIN: Duration = Duration::from_millis(250);
 /// newer one: the watch is behind and catches up within moments.
 const LEASE_RECHECK: Duration = Duration::from_secs(1);
 
-/// The pod named in `status.currentPrimary` (the first instance until one is recorded), the
-/// switchover or failover target and the failover bookkeeping, as the status says now.
-fn recorded_primary(db: &DatabaseCluster, names: &Names) -> Primary {
+/// The pod named in `status.currentPrimary`, the switchover or failover target and the
+/// failover bookkeeping, as the status says now. Until a primary is recorded: the one pod
+/// whose agent reports it runs as primary (pods a deleted cluster of this name left running,
+/// now adopted), else the first instance.
+fn recorded_primary(db: &DatabaseCluster, names: &Names, pods: &[&Pod]) -> Primary {
     let status = db.status.as_ref();
     Primary {
         current: status
             .and_then(|s| s.current_primary.clone())
+            .or_else(|| running_primary(pods))
             .unwrap_or_else(|| format!("{}-0", names.stateful_set())),
         target: status.and_then(|s| s.target_primary.clone()),
         failed: status.and_then(|s| s.failed_primary.clone()),
         epoch: status.and_then(|s| s.failover_epoch),
         last_failover_time: status.and_then(|s| s.last_failover_time.clone()),
+    }
+}
+
+/// The only pod, not being deleted, whose agent reports the primary role.
+fn running_primary(pods: &[&Pod]) -> Option<String> {
+    let mut primaries = pods.iter().filter(|pod| {
+        pod.metadata.deletion_timestamp.is_none()
+            && InstanceStatus::from_annotations(pod.metadata.annotations.as_ref())
+                .and_then(|report| report.role)
+                .as_deref()
+                == Some(devctl_api::instance::ROLE_PRIMARY)
+    });
+    match (primaries.next(), primaries.next()) {
+        (Some(only), None) => Some(only.name_any()),
+        _ => None,
     }
 }
 
@@ -407,7 +425,7 @@ async fn primary_step(
     names: &Names,
     pods: &[&Pod],
 ) -> PrimaryStep {
-    let recorded = recorded_primary(db, names);
+    let recorded = recorded_primary(db, names, pods);
     let all_reports = reports(pods.iter());
     // A pod being deleted is no candidate and has nothing left to report.
     let live_reports = reports(
@@ -1042,7 +1060,14 @@ async fn credentials(
                 previous: format!("DatabaseCluster {}", names.name),
             });
         }
-        Some(live) if !owned_by_us(live) => return Err(not_owned()),
+        Some(live)
+            if !owned_by_us(live)
+                && orphan_of(&live.metadata, &names.owner_labels()) != Orphanage::Ours =>
+        {
+            return Err(not_owned());
+        }
+        // Ours, or left behind for this name by a deletion that kept the children: its
+        // password stays (the sync adopts it).
         Some(live) => match secret::existing_password(live) {
             Some(password) => (password, false),
             None => (secret::generate_password(), data_exists),
@@ -1088,6 +1113,9 @@ enum Volumes {
     Deleted(usize),
     /// Kept as asked (why, for the event).
     Kept(String),
+    /// Kept with everything else: deleted with the `Orphan` propagation policy, its
+    /// StatefulSet and pods stay and still use them.
+    Orphaned,
     /// Kept because deleting them could lose the only copy of the data, or was refused (why).
     KeptForSafety(String),
 }
@@ -1120,9 +1148,7 @@ async fn dispose_of_volumes(db: &DatabaseCluster, ctx: &Context, names: &Names) 
     let orphaned = db.finalizers().iter().any(|f| f == "orphan")
         || stateful_set.as_ref().is_some_and(|sts| !ours(sts));
     if orphaned {
-        return Ok(Volumes::Kept(
-            "deleted with propagationPolicy Orphan: its StatefulSet and pods stay".into(),
-        ));
+        return Ok(Volumes::Orphaned);
     }
     if let Some(backup) = db.spec.backup.as_ref().filter(|b| b.final_backup) {
         if !backup.enabled {
@@ -1381,7 +1407,12 @@ async fn cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
 
 async fn run_cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     let names = Names::of(&db)?;
-    let volumes = match dispose_of_volumes(&db, ctx, &names).await? {
+    let disposed = dispose_of_volumes(&db, ctx, &names).await?;
+    let orphaned = matches!(disposed, Volumes::Orphaned);
+    let volumes = match disposed {
+        Volumes::Orphaned => "deleted with propagationPolicy Orphan: its children, pods and \
+            volumes stay, and a cluster created again under this name adopts them"
+            .to_string(),
         Volumes::Deleted(1) => "its volume claim deleted".to_string(),
         Volumes::Deleted(deleted) => format!("its {deleted} volume claims deleted"),
         Volumes::Kept(why) => format!("its volumes are kept ({why})"),
@@ -1412,7 +1443,11 @@ async fn run_cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> 
             EventType::Normal,
             "Deleting",
             "Delete",
-            format!("Deleting the cluster; its children are garbage-collected, {volumes}"),
+            if orphaned {
+                format!("Deleting the cluster, {volumes}")
+            } else {
+                format!("Deleting the cluster; its children are garbage-collected, {volumes}")
+            },
         )
         .await;
     }
@@ -1427,4 +1462,49 @@ async fn run_cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> 
         }
     }
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use devctl_api::instance::STATUS_ANNOTATION;
+
+    fn pod(name: &str, role: Option<&str>, deleting: bool) -> Pod {
+        let mut pod = serde_json::json!({ "metadata": { "name": name } });
+        if let Some(role) = role {
+            pod["metadata"]["annotations"] = serde_json::json!({
+                STATUS_ANNOTATION: serde_json::json!({ "role": role, "ready": true }).to_string(),
+            });
+        }
+        if deleting {
+            pod["metadata"]["deletionTimestamp"] = "2026-12-05T12:00:00Z".into();
+        }
+        serde_json::from_value(pod).unwrap()
+    }
+
+    /// A cluster that adopts the running pods of a deleted one of its name starts from the
+    /// primary they run, not from its first instance.
+    #[test]
+    fn until_one_is_recorded_the_primary_is_the_pod_that_runs_as_primary() {
+        let primary_of = |pods: &[Pod]| {
+            let pods: Vec<&Pod> = pods.iter().collect();
+            running_primary(&pods)
+        };
+        let replica = pod("shop-0", Some("replica"), false);
+        let primary = pod("shop-1", Some("primary"), false);
+        assert_eq!(
+            primary_of(&[replica.clone(), primary.clone()]),
+            Some("shop-1".to_string())
+        );
+        // None reports, two claim it, or the only one is going: no answer from the pods.
+        assert_eq!(primary_of(&[pod("shop-0", None, false)]), None);
+        assert_eq!(
+            primary_of(&[primary.clone(), pod("shop-2", Some("primary"), false)]),
+            None
+        );
+        assert_eq!(
+            primary_of(&[replica, pod("shop-1", Some("primary"), true)]),
+            None
+        );
+    }
 }

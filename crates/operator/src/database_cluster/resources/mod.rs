@@ -164,6 +164,10 @@ impl Names {
     pub fn agent(&self) -> String {
         format!("{}-agent", self.name)
     }
+    /// The labels that say which cluster a child is for (`name` and `instance`).
+    pub fn owner_labels(&self) -> BTreeMap<String, String> {
+        labels::selector(APP_NAME, &self.name)
+    }
     /// Cluster DNS name of one of the services.
     pub fn dns(&self, service: &str, cluster_domain: &str) -> String {
         format!("{service}.{}.svc.{cluster_domain}", self.namespace)
