@@ -395,6 +395,76 @@ async fn invalid_web_apps_are_rejected_with_field_messages() {
     }
 }
 
+/// Deleted with `--cascade=orphan` and created again: the new WebApp adopts the same
+/// Deployment and Service (nothing made anew) and is Available on them.
+#[tokio::test]
+async fn a_web_app_created_again_after_an_orphaning_delete_adopts_what_it_left() {
+    let env = start("webapp-adopt").await;
+    let apps = env.web_apps();
+    let mut app = web_app("kept");
+    app.spec.replicas = 1;
+    apps.create(&PostParams::default(), &app).await.unwrap();
+    let first = env
+        .wait_web_app("kept", "Available", |a| available_with(a, 1))
+        .await;
+    let first_uid = first.metadata.uid.clone().unwrap();
+    let controller = |meta: &kube::api::ObjectMeta| {
+        meta.owner_references
+            .iter()
+            .flatten()
+            .find(|r| r.controller == Some(true))
+            .map(|r| r.uid.clone())
+    };
+    let deployments = env.api::<Deployment>();
+    let services = env.api::<Service>();
+    let deployment = deployments.get("kept-deployment").await.unwrap().metadata;
+    let service = services.get("kept-svc").await.unwrap().metadata;
+    assert_eq!(controller(&deployment), Some(first_uid.clone()));
+
+    apps.delete("kept", &DeleteParams::orphan()).await.unwrap();
+    tokio::time::timeout(
+        TIMEOUT,
+        await_condition(apps.clone(), "kept", conditions::is_deleted(&first_uid)),
+    )
+    .await
+    .expect("the WebApp was not deleted")
+    .unwrap();
+    devctl_testenv::eventually("the Deployment and Service orphaned", TIMEOUT, || async {
+        let d = deployments.get("kept-deployment").await.ok()?.metadata;
+        let s = services.get("kept-svc").await.ok()?.metadata;
+        (controller(&d).is_none() && controller(&s).is_none()).then_some(())
+    })
+    .await
+    .unwrap();
+
+    apps.create(&PostParams::default(), &app).await.unwrap();
+    let second = env
+        .wait_web_app("kept", "Available on what the first left", |a| {
+            available_with(a, 1) && a.metadata.uid.as_deref() != Some(first_uid.as_str())
+        })
+        .await;
+    let second_uid = second.metadata.uid.clone();
+    for (what, before, now) in [
+        (
+            "Deployment",
+            &deployment,
+            deployments.get("kept-deployment").await.unwrap().metadata,
+        ),
+        (
+            "Service",
+            &service,
+            services.get("kept-svc").await.unwrap().metadata,
+        ),
+    ] {
+        assert_eq!(now.uid, before.uid, "{what}: the same object");
+        assert_eq!(
+            controller(&now),
+            second_uid,
+            "{what}: controlled by the new WebApp"
+        );
+    }
+}
+
 #[tokio::test]
 async fn deleting_a_web_app_garbage_collects_its_children() {
     let env = start("webapp-delete").await;
