@@ -296,6 +296,10 @@ struct Agent {
     invalid_error: Option<String>,
     apply_error: Option<String>,
     engine_error: Option<String>,
+    /// Restarts of the engine after it exited on its own, the last one's time and how it
+    /// exited (reported: a crash healed within a second stays visible).
+    restarts: i32,
+    last_restart: Option<(String, String)>,
     /// The running engine's last error line and the tasks copying its output.
     engine_last_error: process::LastError,
     engine_output: Vec<tokio::task::JoinHandle<()>>,
@@ -474,6 +478,8 @@ pub async fn run(config: Config) -> Result<Outcome> {
         invalid_error: None,
         apply_error: None,
         engine_error: None,
+        restarts: 0,
+        last_restart: None,
         engine_last_error: Default::default(),
         engine_output: Vec::new(),
         probe: None,
@@ -1308,12 +1314,12 @@ impl Agent {
                             "{name} exited {failures} times in a row (last: {status}{why}); giving up"
                         )));
                     }
-                    let message = format!(
-                        "{name} exited ({status}){why}; restarting in {}s",
-                        backoff.as_secs()
-                    );
+                    let exit = format!("{name} exited ({status}){why}");
+                    let message = format!("{exit}; restarting in {}s", backoff.as_secs());
                     tracing::error!("{message}");
                     self.engine_error = Some(message);
+                    self.restarts = self.restarts.saturating_add(1);
+                    self.last_restart = Some((crate::report::now_rfc3339(), exit));
                     if let Some(outcome) = self.report().await? {
                         return Ok(outcome);
                     }
@@ -2195,6 +2201,9 @@ impl Agent {
                 .or_else(|| self.replication_apply_error.clone()),
             final_lsn: self.final_lsn.clone(),
             streaming_replicas: probe.streaming_replicas,
+            restarts: (self.restarts > 0).then_some(self.restarts),
+            last_restart_time: self.last_restart.as_ref().map(|(at, _)| at.clone()),
+            last_exit: self.last_restart.as_ref().map(|(_, exit)| exit.clone()),
             backup: self.shared.backup(),
             // The primary's archiving, while there is a destination to archive to.
             wal_archive: (self.cluster.is_some()

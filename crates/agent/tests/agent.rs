@@ -652,6 +652,16 @@ async fn postgres_bootstraps_serves_app_rotates_password_and_restarts_on_the_sam
         status.system_identifier.as_deref(),
         Some(system_identifier.as_str())
     );
+    // Healed, but not forgotten: the report still counts the restart and says how it exited.
+    assert_eq!(status.restarts, Some(1), "{status:?}");
+    assert!(
+        status
+            .last_exit
+            .as_deref()
+            .is_some_and(|e| e.contains("SIGKILL")),
+        "{status:?}"
+    );
+    assert!(status.last_restart_time.is_some(), "{status:?}");
     assert_eq!(instance.login(second).await, Ok("app".to_string()));
 
     assert!(!instance.engine_processes().is_empty());

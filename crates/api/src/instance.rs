@@ -123,6 +123,17 @@ pub struct InstanceStatus {
     /// so a replica's report from before the primary restarted cannot make the cluster Ready.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub streaming_replicas: Option<Vec<String>>,
+    /// How often the agent restarted the engine after it exited on its own (crashed, was
+    /// killed) since the agent started; absent before the first time. A crash the agent
+    /// heals within a second stays visible here after `lastError` is clear again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarts: Option<i32>,
+    /// When the engine last exited on its own (RFC 3339, UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_restart_time: Option<String>,
+    /// How it exited then, one line (e.g. `postgres exited (signal: 9 (SIGKILL))`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_exit: Option<String>,
 }
 
 /// Annotation on every instance pod (operator-written): where backups and WAL go, JSON
@@ -301,6 +312,9 @@ mod tests {
             backup: None,
             wal_archive: None,
             streaming_replicas: Some(vec!["db-1".into()]),
+            restarts: Some(1),
+            last_restart_time: Some("2026-11-30T16:59:00Z".into()),
+            last_exit: Some("postgres exited (signal: 9 (SIGKILL))".into()),
         };
         let json = serde_json::to_value(&status).unwrap();
         let mut keys: Vec<&str> = json
@@ -321,9 +335,12 @@ mod tests {
                 "heartbeat",
                 "lagBytes",
                 "lastError",
+                "lastExit",
+                "lastRestartTime",
                 "ready",
                 "receivedLSN",
                 "replayedLSN",
+                "restarts",
                 "role",
                 "streamingReplicas",
                 "systemIdentifier",

@@ -161,6 +161,63 @@ async fn postgres_and_mariadb_become_ready_when_the_engine_serves_and_db_shell_l
             .any(|l| l.starts_with("pg-0") && l.contains("primary") && l.contains("true")),
         "{out}"
     );
+    // The engine is killed: its agent restarts it on the same data, and the cluster says so
+    // once healed — the instance's restarts and how it exited, one Warning event, a RESTARTS
+    // column in `db status`.
+    let runner = env.cluster.pod_runner().unwrap();
+    let claim = runner.claim_dir(&env.namespace, "data-pg-0").unwrap();
+    let postmaster: i32 = std::fs::read_to_string(claim.join("data/postmaster.pid"))
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(postmaster, libc::SIGKILL) };
+    let pg = env
+        .wait_db("pg", "the restart recorded and Ready again", |db| {
+            ready(db)
+                && db.status.as_ref().is_some_and(|s| {
+                    s.instances
+                        .iter()
+                        .any(|i| i.name == "pg-0" && i.ready && i.restarts == Some(1))
+                })
+        })
+        .await;
+    let instance = &pg.status.unwrap().instances[0];
+    assert!(
+        instance
+            .last_exit
+            .as_deref()
+            .is_some_and(|e| e.contains("SIGKILL")),
+        "{instance:?}"
+    );
+    let restarted: Vec<String> = env
+        .events("EngineRestarted")
+        .await
+        .into_iter()
+        .filter_map(|e| e.note)
+        .collect();
+    assert_eq!(restarted.len(), 1, "{restarted:?}");
+    assert!(
+        restarted[0].starts_with("pg-0: postgres exited (signal: 9 (SIGKILL))"),
+        "{restarted:?}"
+    );
+    let kubeconfig = env.kubeconfig.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        support::devctl_ok(&kubeconfig, &["db", "status", "pg"])
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("pg-0") && l.contains(" 1 (")),
+        "{out}"
+    );
+    assert!(out.contains("RESTARTS"), "{out}");
+
     // A failing statement is the client's non-zero exit code.
     let out = env.shell("pg", "select * from no_such_table").await;
     assert!(!out.status.success());

@@ -575,6 +575,16 @@ pub struct InstanceSummary {
     /// Why the instance is not ready, or the agent's last error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// How often the agent restarted the engine after it exited on its own, since the agent
+    /// started (each time also a Warning event `EngineRestarted`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarts: Option<i32>,
+    /// When the engine last exited on its own (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_restart_time: Option<String>,
+    /// How it exited then, one line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_exit: Option<String>,
 }
 
 #[cfg(test)]

@@ -757,7 +757,9 @@ async fn status(
     if !status.instances.is_empty() {
         println!();
         table(
-            &["INSTANCE", "ROLE", "READY", "TIMELINE", "LAG", "MESSAGE"],
+            &[
+                "INSTANCE", "ROLE", "READY", "TIMELINE", "LAG", "RESTARTS", "MESSAGE",
+            ],
             &status
                 .instances
                 .iter()
@@ -768,6 +770,7 @@ async fn status(
                         i.ready.to_string(),
                         i.timeline.map_or("-".into(), |t| t.to_string()),
                         i.lag_bytes.map_or("-".into(), |l| format!("{l} B")),
+                        restarts(i.restarts, i.last_restart_time.as_deref()),
                         i.message.clone().unwrap_or_default(),
                     ]
                 })
@@ -776,6 +779,21 @@ async fn status(
     }
     print_pods_and_events(&related);
     related.check()
+}
+
+/// `kubectl get pods`' form: `0`, or `2 (5m ago)`.
+fn restarts(count: Option<i32>, last: Option<&str>) -> String {
+    let count = count.unwrap_or(0);
+    let ago = last
+        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        .map(|t| {
+            let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t);
+            format!(" ({} ago)", output::age(Some(&at)))
+        });
+    match ago {
+        Some(ago) if count > 0 => format!("{count}{ago}"),
+        _ => count.to_string(),
+    }
 }
 
 async fn promote(
@@ -941,6 +959,17 @@ async fn credentials(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn restarts_read_like_kubectls() {
+        assert_eq!(restarts(None, None), "0");
+        let five_minutes_ago = (k8s_openapi::jiff::Timestamp::now()
+            - k8s_openapi::jiff::SignedDuration::from_secs(300))
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+        assert_eq!(restarts(Some(2), Some(&five_minutes_ago)), "2 (5m ago)");
+        assert_eq!(restarts(Some(1), Some("not a time")), "1");
+    }
 
     fn cluster(annotation: Option<&str>, current: &str, target: Option<&str>) -> DatabaseCluster {
         serde_json::from_value(json!({

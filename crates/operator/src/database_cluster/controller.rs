@@ -205,9 +205,16 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     if let Some(timer) = timer {
         ctx.backoff.retry_within(&key(db.as_ref()), timer);
     }
-    let transition = (!step.events.is_empty()).then(|| Transition {
+    // A restart the status records for the first time is announced with that write.
+    let events: Vec<Announcement> = step
+        .events
+        .iter()
+        .cloned()
+        .chain(engine_restarts(&db, &pods))
+        .collect();
+    let transition = (!events.is_empty()).then(|| Transition {
         resource_version: db.resource_version(),
-        events: step.events.clone(),
+        events,
     });
     let (action, recorded) = report_transition(
         ctx,
@@ -296,6 +303,38 @@ fn recorded_primary(db: &DatabaseCluster, names: &Names, pods: &[&Pod]) -> Prima
         epoch: status.and_then(|s| s.failover_epoch),
         last_failover_time: status.and_then(|s| s.last_failover_time.clone()),
     }
+}
+
+/// A Warning `EngineRestarted` for each instance whose agent reports an engine restart the
+/// status does not record yet (told apart by its time: an agent started again counts from
+/// zero).
+fn engine_restarts(db: &DatabaseCluster, pods: &[&Pod]) -> Vec<Announcement> {
+    let recorded = |name: &str| {
+        db.status
+            .as_ref()
+            .and_then(|s| s.instances.iter().find(|i| i.name == name))
+            .and_then(|i| i.last_restart_time.clone())
+    };
+    pods.iter()
+        .filter_map(|pod| {
+            let name = pod.name_any();
+            let report = InstanceStatus::from_annotations(pod.metadata.annotations.as_ref())?;
+            let at = report.last_restart_time?;
+            (recorded(&name).as_deref() != Some(at.as_str())).then(|| Announcement {
+                type_: EventType::Warning,
+                reason: "EngineRestarted",
+                action: "Restart".into(),
+                note: format!(
+                    "{name}: {} at {at}; its agent restarted it ({} since the agent started)",
+                    report.last_exit.as_deref().unwrap_or("the engine exited"),
+                    match report.restarts.unwrap_or(1) {
+                        1 => "1 restart".to_string(),
+                        n => format!("{n} restarts"),
+                    }
+                ),
+            })
+        })
+        .collect()
 }
 
 /// The only pod, not being deleted, whose agent reports the primary role.
@@ -1480,6 +1519,63 @@ mod tests {
             pod["metadata"]["deletionTimestamp"] = "2026-12-05T12:00:00Z".into();
         }
         serde_json::from_value(pod).unwrap()
+    }
+
+    /// One Warning per restart the status has not recorded: none for a report without
+    /// restarts or one the status already shows; a new one after the agent started again.
+    #[test]
+    fn an_engine_restart_is_announced_once() {
+        let with_restart = |name: &str, at: Option<&str>, count: i32| -> Pod {
+            let mut report = serde_json::json!({ "role": "primary", "ready": true });
+            if let Some(at) = at {
+                report["restarts"] = count.into();
+                report["lastRestartTime"] = at.into();
+                report["lastExit"] = "postgres exited (signal: 9 (SIGKILL))".into();
+            }
+            serde_json::from_value(serde_json::json!({ "metadata": {
+                "name": name,
+                "annotations": { STATUS_ANNOTATION: report.to_string() },
+            } }))
+            .unwrap()
+        };
+        let cluster = |recorded: Option<&str>| -> DatabaseCluster {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "db.devctl.io/v1beta1", "kind": "DatabaseCluster",
+                "metadata": { "name": "shop", "namespace": "ns" },
+                "spec": { "engine": "postgres", "version": "16.4", "storage": { "size": "1Gi" } },
+                "status": { "instances": [
+                    { "name": "shop-0", "ready": true, "lastRestartTime": recorded } ] },
+            }))
+            .unwrap()
+        };
+        let announced = |db: &DatabaseCluster, pod: &Pod| engine_restarts(db, &[pod]);
+        let earlier = "2026-12-05T12:00:00Z";
+        let later = "2026-12-05T12:05:00Z";
+        assert!(announced(&cluster(None), &with_restart("shop-0", None, 0)).is_empty());
+        let news = announced(&cluster(None), &with_restart("shop-0", Some(earlier), 1));
+        assert_eq!(news.len(), 1);
+        assert_eq!(news[0].reason, "EngineRestarted");
+        assert_eq!(
+            news[0].note,
+            "shop-0: postgres exited (signal: 9 (SIGKILL)) at 2026-12-05T12:00:00Z; its agent \
+             restarted it (1 restart since the agent started)"
+        );
+        assert!(
+            announced(
+                &cluster(Some(earlier)),
+                &with_restart("shop-0", Some(earlier), 1)
+            )
+            .is_empty()
+        );
+        // The agent started again and counts from one: still news.
+        assert_eq!(
+            announced(
+                &cluster(Some(earlier)),
+                &with_restart("shop-0", Some(later), 1)
+            )
+            .len(),
+            1
+        );
     }
 
     /// A cluster that adopts the running pods of a deleted one of its name starts from the

@@ -338,6 +338,9 @@ pub fn observe(pods: &[&Pod], replicas: i32, credentials_version: Option<&str>) 
             timeline: report.as_ref().and_then(|r| r.timeline),
             lag_bytes: report.as_ref().and_then(|r| r.lag_bytes),
             message,
+            restarts: report.as_ref().and_then(|r| r.restarts),
+            last_restart_time: report.as_ref().and_then(|r| r.last_restart_time.clone()),
+            last_exit: report.as_ref().and_then(|r| r.last_exit.clone()),
         });
     }
     instances.credentials_applied =
