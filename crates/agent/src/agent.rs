@@ -1281,15 +1281,16 @@ impl Agent {
                         .await
                         .filter(|_| log_explains_exit(&status));
                     // The WAL past a restore's target time reaches the store within the
-                    // source's archive_timeout: waited for, not counted as failures.
-                    if last_error
+                    // source's archive_timeout: waited for, not counted as failures (nor
+                    // reported as restarts).
+                    let waiting_for_wal = last_error
                         .as_deref()
                         .is_some_and(|line| line.contains(RECOVERY_TARGET_NOT_REACHED))
                         && waiting_for_target_wal
                             .get_or_insert_with(tokio::time::Instant::now)
                             .elapsed()
-                            < RECOVERY_TARGET_WAIT
-                    {
+                            < RECOVERY_TARGET_WAIT;
+                    if waiting_for_wal {
                         failures = 0;
                     }
                     let why = last_error
@@ -1318,8 +1319,10 @@ impl Agent {
                     let message = format!("{exit}; restarting in {}s", backoff.as_secs());
                     tracing::error!("{message}");
                     self.engine_error = Some(message);
-                    self.restarts = self.restarts.saturating_add(1);
-                    self.last_restart = Some((crate::report::now_rfc3339(), exit));
+                    if !waiting_for_wal {
+                        self.restarts = self.restarts.saturating_add(1);
+                        self.last_restart = Some((crate::report::now_rfc3339(), exit));
+                    }
                     if let Some(outcome) = self.report().await? {
                         return Ok(outcome);
                     }

@@ -631,6 +631,53 @@ async fn a_cluster_created_again_after_an_orphaning_delete_adopts_what_it_left()
         .unwrap();
     }
 
+    // Created again with other replicas: adopting would scale pods it did not make, so
+    // nothing is adopted (not even the children listed before the StatefulSet) and it says
+    // why. Deleting it leaves the orphans and their volumes as they were.
+    dbs.create(&PostParams::default(), &database("shop", 2))
+        .await
+        .unwrap();
+    let refused = env
+        .wait_db("shop", "Stalled with ChildNotOwned", |db| {
+            db.metadata.uid.as_deref() != Some(first_uid.as_str())
+                && condition_status(db, "Stalled") == Some(("True".into(), "ChildNotOwned".into()))
+        })
+        .await;
+    let message =
+        &devctl_api::conditions::find(&refused.status.as_ref().unwrap().conditions, "Stalled")
+            .unwrap()
+            .message;
+    assert!(
+        message.contains(
+            "running 1 × postgres (postgres:16.2), where this resource asks for 2 × postgres"
+        ),
+        "{message}"
+    );
+    for (kind, name) in children {
+        assert_eq!(
+            controller(&meta(kind, name).await),
+            None,
+            "{kind} {name}: not adopted"
+        );
+    }
+    let refused_uid = refused.metadata.uid.clone().unwrap();
+    dbs.delete("shop", &DeleteParams::default()).await.unwrap();
+    wait_gone(&dbs, "shop", &refused_uid).await;
+    for ((kind, name), uid) in children.into_iter().zip(&before) {
+        assert_eq!(
+            meta(kind, name).await.uid.as_ref(),
+            Some(uid),
+            "{kind} {name}: still there"
+        );
+    }
+    assert!(
+        env.api::<PersistentVolumeClaim>()
+            .get_opt("data-shop-0")
+            .await
+            .unwrap()
+            .is_some()
+    );
+
     dbs.create(&PostParams::default(), &database("shop", 1))
         .await
         .unwrap();

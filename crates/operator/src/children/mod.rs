@@ -811,6 +811,19 @@ impl Applier {
         desired: &[Child],
         kinds: &[&'static str],
     ) -> Result<Vec<Change>> {
+        // A workload of the owner's name that another object controls or that cannot be
+        // adopted stops the sync before anything is written: the children listed before it
+        // (its configuration, Secrets, Services) are not adopted or changed for pods that
+        // stay someone else's.
+        for child in desired.iter().filter(|c| WORKLOADS.contains(&c.kind)) {
+            let cache = caches.kind(child.kind)?;
+            if let Some(live) = cache.meta(owner.namespace, &child.name)
+                && !live.controller.as_ref().is_some_and(|c| c.is(owner.uid))
+                && let Holder::Other(refused) = Self::holder(client, cache, owner, child).await?
+            {
+                return Err(refused);
+            }
+        }
         let mut changes = Vec::new();
         for batch in waves(desired)
             .iter()
@@ -984,16 +997,17 @@ fn describe_holder(object: &DynamicObject, owner_uid: &str, child: &Child) -> He
         .unwrap_or_default();
     match orphan_of(&object.metadata, &wanted_labels) {
         Orphanage::Ours => {
-            let (live, wanted) = (containers(&object.data), containers(&child.body));
+            let (live, wanted) = (workload(&object.data), workload(&child.body));
             return if live == wanted {
                 HeldBy::Orphan
             } else {
-                // Another engine's (or another app's) pods: their data is not this one's.
+                // Another engine's pods, another version's, or another number of them: the
+                // apply would roll or scale pods that run on data this resource did not
+                // write (an upgrade or a scale-down is a change of a cluster it runs).
                 HeldBy::Other(format!(
-                    "left behind by a deleted owner of this name with containers {}, where \
-                     this resource runs {}; not adopted",
-                    live.join(", "),
-                    wanted.join(", ")
+                    "left behind by a deleted owner of this name running {live}, where this \
+                     resource asks for {wanted}; not adopted — create it as it was to adopt \
+                     it, then change it"
                 ))
             };
         }
@@ -1025,17 +1039,28 @@ fn makers(meta: &ObjectMeta) -> Vec<&str> {
     managers
 }
 
-/// The container names of a workload's pod template (empty for other kinds).
-fn containers(body: &Value) -> Vec<&str> {
-    body.pointer("/spec/template/spec/containers")
+/// A workload's replicas and containers, `1 × postgres (postgres:16.2)` (empty for other
+/// kinds): what must be the same for an orphaned workload to be adopted.
+fn workload(body: &Value) -> String {
+    let Some(containers) = body
+        .pointer("/spec/template/spec/containers")
         .and_then(Value::as_array)
-        .map(|containers| {
-            containers
-                .iter()
-                .filter_map(|c| c.get("name").and_then(Value::as_str))
-                .collect()
+    else {
+        return String::new();
+    };
+    let containers: Vec<String> = containers
+        .iter()
+        .map(|c| {
+            let field = |key: &str| c.get(key).and_then(Value::as_str).unwrap_or("?");
+            format!("{} ({})", field("name"), field("image"))
         })
-        .unwrap_or_default()
+        .collect();
+    // A missing `replicas` is the API's default, one.
+    let replicas = body
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    format!("{replicas} × {}", containers.join(", "))
 }
 
 /// What an object nobody controls is to an owner that wants its name.
@@ -1198,7 +1223,7 @@ mod tests {
     }
 
     #[test]
-    fn an_orphaned_workload_is_adopted_only_with_the_same_containers() {
+    fn an_orphaned_workload_is_adopted_only_as_it_was() {
         use k8s_openapi::api::apps::v1::StatefulSet;
         let labels = json!({ "app.kubernetes.io/name": "databasecluster",
                              "app.kubernetes.io/instance": "shop",
@@ -1224,11 +1249,27 @@ mod tests {
             describe_holder(&live("postgres"), "u-1", &child),
             HeldBy::Orphan
         );
+        // Another version, or another number of pods: not adopted either.
+        let mut upgraded = live("postgres");
+        upgraded.data["spec"]["template"]["spec"]["containers"][0]["image"] = "postgres:15".into();
+        let mut scaled = live("postgres");
+        scaled.data["spec"]["replicas"] = 3.into();
+        for (other, running) in [
+            (upgraded, "1 × postgres (postgres:15)"),
+            (scaled, "3 × postgres (postgres:16)"),
+        ] {
+            assert!(
+                matches!(describe_holder(&other, "u-1", &child),
+                         HeldBy::Other(m) if m.contains(&format!("running {running}, where"))),
+                "{running}"
+            );
+        }
         assert_eq!(
             describe_holder(&live("mysql"), "u-1", &child),
             HeldBy::Other(
-                "left behind by a deleted owner of this name with containers mysql, where this \
-                 resource runs postgres; not adopted"
+                "left behind by a deleted owner of this name running 1 × mysql (mysql:16), \
+                 where this resource asks for 1 × postgres (postgres:16); not adopted — create \
+                 it as it was to adopt it, then change it"
                     .into()
             )
         );

@@ -195,7 +195,8 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     // were rendered from the status before the move, and the status write's echo wakes
     // nobody — look again at once.
     let primary_moved = (resources::stateful_set::scale_down_refused(&db).is_some()
-        && primary.current != recorded_primary(&db, &names, &pods).current)
+        && primary.current
+            != recorded_primary(&db, &names, &pods, lock_holder(ctx, &names).as_deref()).current)
         .then_some(Duration::ZERO);
     let timer = [step.timer, scheduled.wait, recheck, primary_moved]
         .into_iter()
@@ -291,12 +292,17 @@ const LEASE_RECHECK: Duration = Duration::from_secs(1);
 /// failover bookkeeping, as the status says now. Until a primary is recorded: the one pod
 /// whose agent reports it runs as primary (pods a deleted cluster of this name left running,
 /// now adopted), else the first instance.
-fn recorded_primary(db: &DatabaseCluster, names: &Names, pods: &[&Pod]) -> Primary {
+fn recorded_primary(
+    db: &DatabaseCluster,
+    names: &Names,
+    pods: &[&Pod],
+    lock_holder: Option<&str>,
+) -> Primary {
     let status = db.status.as_ref();
     Primary {
         current: status
             .and_then(|s| s.current_primary.clone())
-            .or_else(|| running_primary(pods))
+            .or_else(|| running_primary(pods, lock_holder))
             .unwrap_or_else(|| format!("{}-0", names.stateful_set())),
         target: status.and_then(|s| s.target_primary.clone()),
         failed: status.and_then(|s| s.failed_primary.clone()),
@@ -307,8 +313,13 @@ fn recorded_primary(db: &DatabaseCluster, names: &Names, pods: &[&Pod]) -> Prima
 
 /// A Warning `EngineRestarted` for each instance whose agent reports an engine restart the
 /// status does not record yet (told apart by its time: an agent started again counts from
-/// zero).
+/// zero; restarts between two reconciles are one event naming the count).
 fn engine_restarts(db: &DatabaseCluster, pods: &[&Pod]) -> Vec<Announcement> {
+    // A cluster's first status: the pods' restarts (if any: pods of a deleted cluster of this
+    // name it adopts) are older than the cluster, so not its news.
+    if db.status.is_none() {
+        return Vec::new();
+    }
     let recorded = |name: &str| {
         db.status
             .as_ref()
@@ -337,19 +348,32 @@ fn engine_restarts(db: &DatabaseCluster, pods: &[&Pod]) -> Vec<Announcement> {
         .collect()
 }
 
-/// The only pod, not being deleted, whose agent reports the primary role.
-fn running_primary(pods: &[&Pod]) -> Option<String> {
-    let mut primaries = pods.iter().filter(|pod| {
-        pod.metadata.deletion_timestamp.is_none()
-            && InstanceStatus::from_annotations(pod.metadata.annotations.as_ref())
-                .and_then(|report| report.role)
-                .as_deref()
-                == Some(devctl_api::instance::ROLE_PRIMARY)
-    });
-    match (primaries.next(), primaries.next()) {
-        (Some(only), None) => Some(only.name_any()),
-        _ => None,
+/// The pod, not being deleted, whose agent reports the primary role: the only one, or the
+/// one of them that holds the primary lock (`lock_holder`; a fenced former primary may still
+/// show its last report). `None` when the pods do not say.
+fn running_primary(pods: &[&Pod], lock_holder: Option<&str>) -> Option<String> {
+    let primaries: Vec<String> = pods
+        .iter()
+        .filter(|pod| {
+            pod.metadata.deletion_timestamp.is_none()
+                && InstanceStatus::from_annotations(pod.metadata.annotations.as_ref())
+                    .and_then(|report| report.role)
+                    .as_deref()
+                    == Some(devctl_api::instance::ROLE_PRIMARY)
+        })
+        .map(|pod| pod.name_any())
+        .collect();
+    match primaries.as_slice() {
+        [only] => Some(only.clone()),
+        _ => lock_holder
+            .filter(|holder| primaries.iter().any(|p| p == holder))
+            .map(str::to_string),
     }
+}
+
+/// Who holds the cluster's primary lock, as the cache saw it.
+fn lock_holder(ctx: &Context, names: &Names) -> Option<String> {
+    observe_lease(ctx, names).and_then(|(_, observation)| observation.holder)
 }
 
 /// The cluster's pods from the cache.
@@ -464,14 +488,17 @@ async fn primary_step(
     names: &Names,
     pods: &[&Pod],
 ) -> PrimaryStep {
-    let recorded = recorded_primary(db, names, pods);
+    let observed_lease = observe_lease(ctx, names);
+    let holder = observed_lease
+        .as_ref()
+        .and_then(|(_, observation)| observation.holder.as_deref());
+    let recorded = recorded_primary(db, names, pods, holder);
     let all_reports = reports(pods.iter());
     // A pod being deleted is no candidate and has nothing left to report.
     let live_reports = reports(
         pods.iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none()),
     );
-    let observed_lease = observe_lease(ctx, names);
     let high_availability = lease::failover_timeout(db).and(db.spec.high_availability.as_ref());
     let requested = switchover::requested(db);
     let step = failover::plan(&failover::Inputs {
@@ -1552,6 +1579,16 @@ mod tests {
         let earlier = "2026-12-05T12:00:00Z";
         let later = "2026-12-05T12:05:00Z";
         assert!(announced(&cluster(None), &with_restart("shop-0", None, 0)).is_empty());
+        // No status yet: the restarts of pods it adopts are older than the cluster.
+        let mut new_cluster = cluster(None);
+        new_cluster.status = None;
+        assert!(
+            announced(
+                &new_cluster,
+                &with_restart("shop-0", Some("2026-12-05T11:00:00Z"), 4)
+            )
+            .is_empty()
+        );
         let news = announced(&cluster(None), &with_restart("shop-0", Some(earlier), 1));
         assert_eq!(news.len(), 1);
         assert_eq!(news[0].reason, "EngineRestarted");
@@ -1584,7 +1621,7 @@ mod tests {
     fn until_one_is_recorded_the_primary_is_the_pod_that_runs_as_primary() {
         let primary_of = |pods: &[Pod]| {
             let pods: Vec<&Pod> = pods.iter().collect();
-            running_primary(&pods)
+            running_primary(&pods, None)
         };
         let replica = pod("shop-0", Some("replica"), false);
         let primary = pod("shop-1", Some("primary"), false);
@@ -1602,5 +1639,10 @@ mod tests {
             primary_of(&[replica, pod("shop-1", Some("primary"), true)]),
             None
         );
+        // Two say so (a fenced former primary's last report): the lock holder among them.
+        let two = [primary.clone(), pod("shop-2", Some("primary"), false)];
+        let two: Vec<&Pod> = two.iter().collect();
+        assert_eq!(running_primary(&two, Some("shop-2")), Some("shop-2".into()));
+        assert_eq!(running_primary(&two, Some("shop-0")), None);
     }
 }
