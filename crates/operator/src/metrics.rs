@@ -15,6 +15,7 @@
 //! the current phase), `devctl_cluster_created_timestamp_seconds`,
 //! `devctl_cluster_desired_replicas`, `devctl_cluster_replicas`,
 //! `devctl_cluster_ready_replicas`, `devctl_cluster_replication_lag_bytes{...,pod}`,
+//! `devctl_cluster_engine_restarts{...,pod}`,
 //! `devctl_cluster_last_backup_timestamp_seconds`,
 //! `devctl_cluster_next_scheduled_backup_timestamp_seconds`,
 //! `devctl_cluster_backup_schedule_interval_seconds`, `devctl_cluster_failovers_total` and
@@ -135,6 +136,7 @@ struct ClusterFamilies {
     replicas: Family<ClusterLabels, Gauge>,
     ready_replicas: Family<ClusterLabels, Gauge>,
     lag_bytes: Family<InstanceLabels, Gauge>,
+    engine_restarts: Family<InstanceLabels, Gauge>,
     last_backup: Family<ClusterLabels, FloatGauge>,
     next_backup: Family<ClusterLabels, FloatGauge>,
     schedule_interval: Family<ClusterLabels, FloatGauge>,
@@ -148,6 +150,7 @@ struct ClusterFamilies {
 struct ExportedCluster {
     phase: Option<&'static str>,
     lag_pods: Vec<String>,
+    restart_pods: Vec<String>,
     /// The schedule the interval was computed for, and the interval: scanning a cron
     /// expression's runs is the one costly step, and the schedule rarely changes.
     schedule: Option<(String, Option<f64>)>,
@@ -164,6 +167,8 @@ pub struct ClusterSnapshot {
     pub ready_replicas: i64,
     /// Reported lag per pod; instances that report none (the primary) have no series.
     pub lag_bytes: Vec<(String, i64)>,
+    /// Engine restarts per pod since its agent started; pods without any have no series.
+    pub engine_restarts: Vec<(String, i64)>,
     pub last_backup: Option<f64>,
     pub next_scheduled_backup: Option<f64>,
     /// `spec.backup.schedule` while scheduled backups are on.
@@ -199,6 +204,11 @@ impl ClusterSnapshot {
                 .instances
                 .iter()
                 .filter_map(|i| Some((i.name.clone(), i.lag_bytes?)))
+                .collect(),
+            engine_restarts: status
+                .instances
+                .iter()
+                .filter_map(|i| Some((i.name.clone(), i64::from(i.restarts?))))
                 .collect(),
             last_backup: seconds(status.last_backup.as_deref()),
             next_scheduled_backup: seconds(status.next_scheduled_backup.as_deref()),
@@ -607,6 +617,23 @@ impl Metrics {
             f.lag_bytes.get_or_create(&instance(pod)).set(*lag);
         }
         state.lag_pods = snapshot.lag_bytes.iter().map(|(p, _)| p.clone()).collect();
+        for gone in state
+            .restart_pods
+            .iter()
+            .filter(|p| !snapshot.engine_restarts.iter().any(|(q, _)| q == *p))
+        {
+            f.engine_restarts.remove(&instance(gone));
+        }
+        for (pod, restarts) in &snapshot.engine_restarts {
+            f.engine_restarts
+                .get_or_create(&instance(pod))
+                .set(*restarts);
+        }
+        state.restart_pods = snapshot
+            .engine_restarts
+            .iter()
+            .map(|(p, _)| p.clone())
+            .collect();
         set_or_remove(&f.last_backup, &labels, snapshot.last_backup);
         set_or_remove(&f.next_backup, &labels, snapshot.next_scheduled_backup);
         let interval = match (&snapshot.schedule, &state.schedule) {
@@ -670,6 +697,13 @@ impl Metrics {
         }
         for pod in &state.lag_pods {
             f.lag_bytes.remove(&InstanceLabels {
+                namespace: namespace.into(),
+                cluster: name.into(),
+                pod: pod.as_str().into(),
+            });
+        }
+        for pod in &state.restart_pods {
+            f.engine_restarts.remove(&InstanceLabels {
                 namespace: namespace.into(),
                 cluster: name.into(),
                 pod: pod.as_str().into(),
@@ -781,6 +815,11 @@ fn register_cluster_families(registry: &mut Registry, f: &ClusterFamilies) {
         "devctl_cluster_replication_lag_bytes",
         "Bytes of WAL/binlog a replica has not replayed yet, as its agent reports (status.instances[].lagBytes)",
         f.lag_bytes.clone(),
+    );
+    registry.register(
+        "devctl_cluster_engine_restarts",
+        "Times an instance's agent restarted its engine after it exited on its own, since the agent started (status.instances[].restarts); resets when the agent restarts",
+        f.engine_restarts.clone(),
     );
     registry.register(
         "devctl_cluster_last_backup_timestamp_seconds",
@@ -904,6 +943,7 @@ mod tests {
             replicas: 2,
             ready_replicas: 1,
             lag_bytes: lag.iter().map(|(p, l)| (p.to_string(), *l)).collect(),
+            engine_restarts: lag.iter().map(|(p, _)| (p.to_string(), 1)).collect(),
             last_backup: Some(1_700_000_100.5),
             next_scheduled_backup: Some(1_700_086_400.0),
             schedule: Some("0 2 * * *".into()),
@@ -929,6 +969,7 @@ mod tests {
             r#"devctl_clusters{namespace="ns",phase="Running"} 2"#,
             r#"devctl_cluster_phase{namespace="ns",cluster="db",phase="Running"} 1"#,
             r#"devctl_cluster_replication_lag_bytes{namespace="ns",cluster="db",pod="db-2"} 9"#,
+            r#"devctl_cluster_engine_restarts{namespace="ns",cluster="db",pod="db-2"} 1"#,
             r#"devctl_cluster_ready_replicas{namespace="ns",cluster="db"} 1"#,
             r#"devctl_cluster_desired_replicas{namespace="ns",cluster="db"} 2"#,
             r#"devctl_cluster_last_backup_timestamp_seconds{namespace="ns",cluster="db"} 1700000100.5"#,

@@ -431,7 +431,13 @@ async fn every_metric_the_dashboard_and_alerts_use_is_exported() {
     // What the simulated agents do not report by themselves: a replica's lag and a completed
     // backup (the agents' reports are where the operator learns both).
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-    report(&pods, "db-1", json!({ "lagBytes": 4096 })).await;
+    report(
+        &pods,
+        "db-1",
+        json!({ "lagBytes": 4096, "restarts": 2, "lastRestartTime": now,
+                "lastExit": "postgres exited (signal: 9 (SIGKILL))" }),
+    )
+    .await;
     report(
         &pods,
         "db-0",
@@ -451,6 +457,7 @@ async fn every_metric_the_dashboard_and_alerts_use_is_exported() {
 
     let want = [
         r#"devctl_cluster_replication_lag_bytes{namespace="NS",cluster="db",pod="db-1"} 4096"#,
+        r#"devctl_cluster_engine_restarts{namespace="NS",cluster="db",pod="db-1"} 2"#,
         r#"devctl_cluster_failovers_total{namespace="NS",cluster="db"} 1"#,
         r#"devctl_clusters{namespace="NS",phase="Running"} 1"#,
         r#"devctl_cluster_ready_replicas{namespace="NS",cluster="db"} 2"#,
