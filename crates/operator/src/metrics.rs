@@ -606,34 +606,18 @@ impl Metrics {
             cluster: name.into(),
             pod: pod.into(),
         };
-        for gone in state
-            .lag_pods
-            .iter()
-            .filter(|p| !snapshot.lag_bytes.iter().any(|(q, _)| q == *p))
-        {
-            f.lag_bytes.remove(&instance(gone));
-        }
-        for (pod, lag) in &snapshot.lag_bytes {
-            f.lag_bytes.get_or_create(&instance(pod)).set(*lag);
-        }
-        state.lag_pods = snapshot.lag_bytes.iter().map(|(p, _)| p.clone()).collect();
-        for gone in state
-            .restart_pods
-            .iter()
-            .filter(|p| !snapshot.engine_restarts.iter().any(|(q, _)| q == *p))
-        {
-            f.engine_restarts.remove(&instance(gone));
-        }
-        for (pod, restarts) in &snapshot.engine_restarts {
-            f.engine_restarts
-                .get_or_create(&instance(pod))
-                .set(*restarts);
-        }
-        state.restart_pods = snapshot
-            .engine_restarts
-            .iter()
-            .map(|(p, _)| p.clone())
-            .collect();
+        export_per_pod(
+            &f.lag_bytes,
+            &mut state.lag_pods,
+            &snapshot.lag_bytes,
+            instance,
+        );
+        export_per_pod(
+            &f.engine_restarts,
+            &mut state.restart_pods,
+            &snapshot.engine_restarts,
+            instance,
+        );
         set_or_remove(&f.last_backup, &labels, snapshot.last_backup);
         set_or_remove(&f.next_backup, &labels, snapshot.next_scheduled_backup);
         let interval = match (&snapshot.schedule, &state.schedule) {
@@ -695,19 +679,17 @@ impl Metrics {
             f.phase.remove(&phase_labels(&labels, phase));
             count_phase(&f.clusters, namespace, phase, -1);
         }
-        for pod in &state.lag_pods {
-            f.lag_bytes.remove(&InstanceLabels {
-                namespace: namespace.into(),
-                cluster: name.into(),
-                pod: pod.as_str().into(),
-            });
-        }
-        for pod in &state.restart_pods {
-            f.engine_restarts.remove(&InstanceLabels {
-                namespace: namespace.into(),
-                cluster: name.into(),
-                pod: pod.as_str().into(),
-            });
+        for (family, pods) in [
+            (&f.lag_bytes, &state.lag_pods),
+            (&f.engine_restarts, &state.restart_pods),
+        ] {
+            for pod in pods {
+                family.remove(&InstanceLabels {
+                    namespace: namespace.into(),
+                    cluster: name.into(),
+                    pod: pod.as_str().into(),
+                });
+            }
         }
         for family in [&f.desired_replicas, &f.replicas, &f.ready_replicas] {
             family.remove(&labels);
@@ -763,6 +745,26 @@ fn count_phase(
     if now <= 0 {
         clusters.remove(&labels);
     }
+}
+
+/// Sets one series per pod of `values` and removes those of pods in `exported` (what the
+/// last update set) that `values` no longer has; `exported` then names the pods set now.
+fn export_per_pod(
+    family: &Family<InstanceLabels, Gauge>,
+    exported: &mut Vec<String>,
+    values: &[(String, i64)],
+    instance: impl Fn(&str) -> InstanceLabels,
+) {
+    for gone in exported
+        .iter()
+        .filter(|p| !values.iter().any(|(q, _)| q == *p))
+    {
+        family.remove(&instance(gone));
+    }
+    for (pod, value) in values {
+        family.get_or_create(&instance(pod)).set(*value);
+    }
+    *exported = values.iter().map(|(p, _)| p.clone()).collect();
 }
 
 fn set_or_remove(

@@ -603,13 +603,7 @@ async fn a_cluster_created_again_after_an_orphaning_delete_adopts_what_it_left()
         };
         meta.unwrap_or_else(|e| panic!("{kind} {name}: {e}"))
     };
-    let controller = |meta: &kube::api::ObjectMeta| {
-        meta.owner_references
-            .iter()
-            .flatten()
-            .find(|r| r.controller == Some(true))
-            .map(|r| r.uid.clone())
-    };
+    let controller = support::controller_uid;
     let mut before = Vec::new();
     for (kind, name) in children {
         let meta = meta(kind, name).await;

@@ -408,13 +408,7 @@ async fn a_web_app_created_again_after_an_orphaning_delete_adopts_what_it_left()
         .wait_web_app("kept", "Available", |a| available_with(a, 1))
         .await;
     let first_uid = first.metadata.uid.clone().unwrap();
-    let controller = |meta: &kube::api::ObjectMeta| {
-        meta.owner_references
-            .iter()
-            .flatten()
-            .find(|r| r.controller == Some(true))
-            .map(|r| r.uid.clone())
-    };
+    let controller = support::controller_uid;
     let deployments = env.api::<Deployment>();
     let services = env.api::<Service>();
     let deployment = deployments.get("kept-deployment").await.unwrap().metadata;

@@ -492,3 +492,12 @@ async fn events_matching(
         })
         .collect()
 }
+
+/// The uid of the object that controls `meta` (its controller owner reference), if any.
+pub fn controller_uid(meta: &kube::api::ObjectMeta) -> Option<String> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))
+        .map(|r| r.uid.clone())
+}
