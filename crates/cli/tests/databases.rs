@@ -150,12 +150,7 @@ async fn postgres_and_mariadb_become_ready_when_the_engine_serves_and_db_shell_l
     }
 
     // `db status` lists each instance.
-    let kubeconfig = env.kubeconfig.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        support::devctl_ok(&kubeconfig, &["db", "status", "pg"])
-    })
-    .await
-    .unwrap();
+    let out = env.devctl_ok(&["db", "status", "pg"]).await;
     assert!(
         out.lines()
             .any(|l| l.starts_with("pg-0") && l.contains("primary") && l.contains("true")),
@@ -205,12 +200,7 @@ async fn postgres_and_mariadb_become_ready_when_the_engine_serves_and_db_shell_l
         restarted[0].starts_with("pg-0: postgres exited (signal: 9 (SIGKILL))"),
         "{restarted:?}"
     );
-    let kubeconfig = env.kubeconfig.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        support::devctl_ok(&kubeconfig, &["db", "status", "pg"])
-    })
-    .await
-    .unwrap();
+    let out = env.devctl_ok(&["db", "status", "pg"]).await;
     assert!(
         out.lines()
             .any(|l| l.starts_with("pg-0") && l.contains(" 1 (")),

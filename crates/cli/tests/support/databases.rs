@@ -292,6 +292,19 @@ impl Env {
         super::stdout(&out).trim().to_string()
     }
 
+    /// `devctl ARGS` against this cluster, off the runtime's threads; its stdout, asserting
+    /// it succeeded.
+    pub async fn devctl_ok(&self, args: &[&str]) -> String {
+        let kubeconfig = self.kubeconfig.clone();
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            super::devctl_ok(&kubeconfig, &args)
+        })
+        .await
+        .unwrap()
+    }
+
     async fn shell_args(&self, args: &[&str]) -> std::process::Output {
         let kubeconfig = self.kubeconfig.clone();
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
