@@ -259,13 +259,12 @@ impl Env {
 
     /// `devctl db shell NAME -- -c SQL` (off the runtime's threads: it blocks).
     pub async fn shell(&self, name: &str, sql: &str) -> std::process::Output {
-        self.shell_args(&["db", "shell", name, "--", "-c", sql])
-            .await
+        self.devctl(&["db", "shell", name, "--", "-c", sql]).await
     }
 
     /// `devctl db shell NAME --instance POD -- -A -t -c SQL`: one instance, unaligned rows.
     pub async fn instance_sql(&self, name: &str, pod: &str, sql: &str) -> std::process::Output {
-        self.shell_args(&[
+        self.devctl(&[
             "db",
             "shell",
             name,
@@ -295,17 +294,11 @@ impl Env {
     /// `devctl ARGS` against this cluster, off the runtime's threads; its stdout, asserting
     /// it succeeded.
     pub async fn devctl_ok(&self, args: &[&str]) -> String {
-        let kubeconfig = self.kubeconfig.clone();
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        tokio::task::spawn_blocking(move || {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            super::devctl_ok(&kubeconfig, &args)
-        })
-        .await
-        .unwrap()
+        super::succeeded(args, self.devctl(args).await)
     }
 
-    async fn shell_args(&self, args: &[&str]) -> std::process::Output {
+    /// `devctl ARGS` against this cluster, off the runtime's threads.
+    async fn devctl(&self, args: &[&str]) -> std::process::Output {
         let kubeconfig = self.kubeconfig.clone();
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         tokio::task::spawn_blocking(move || {

@@ -36,7 +36,11 @@ pub fn stderr(output: &Output) -> String {
 
 /// Runs `devctl` and fails the test (with its output) unless it exits 0.
 pub fn devctl_ok(kubeconfig: &Path, args: &[&str]) -> String {
-    let out = devctl(kubeconfig, args);
+    succeeded(args, devctl(kubeconfig, args))
+}
+
+/// The stdout of `devctl ARGS`, failing the test (with its output) unless it exited 0.
+pub fn succeeded(args: &[&str], out: Output) -> String {
     assert!(
         out.status.success(),
         "devctl {args:?} failed ({}):\n{}{}",

@@ -759,16 +759,11 @@ impl Applier {
             if claim == Claim::New && exists && attempts < 4 {
                 match Self::holder(client, cache, owner, child).await? {
                     // Ours, though the cache does not show it (its labels were changed):
-                    // repaired like any drifted child.
-                    Holder::Owner => {
+                    // repaired like any drifted child. An orphan made for this owner: adopted.
+                    holder @ (Holder::Owner | Holder::Orphan) => {
                         claim = Claim::Existing;
                         created = false;
-                        continue;
-                    }
-                    Holder::Orphan => {
-                        claim = Claim::Existing;
-                        created = false;
-                        adopting = true;
+                        adopting = matches!(holder, Holder::Orphan);
                         continue;
                     }
                     Holder::Gone => continue,
