@@ -380,6 +380,12 @@ async fn defaults_from_the_engine_are_written_into_admitted_objects() {
         )
         .await
         .unwrap();
+    // Admitted with the finalizer: no operator runs here, so the webhook put it there.
+    assert_eq!(
+        created.metadata.finalizers.as_deref(),
+        Some(&[devctl_api::database_cluster::FINALIZER.to_string()][..]),
+        "the finalizer added at admission"
+    );
     let requests = created.spec.resources.unwrap().requests.unwrap();
     assert_eq!(requests["cpu"].0, "250m", "cpu defaulted");
     assert_eq!(requests["memory"].0, "1Gi", "what the user set is kept");

@@ -225,10 +225,11 @@ pub struct BackupSpec {
     #[schemars(regex(pattern = r"^\s*\S+(\s+\S+){4}\s*$"))]
     pub schedule: String,
 
-    /// Days to keep backups (1-3650), default 7.
-    #[serde(default = "default_retention")]
+    /// Days to keep backups (1-3650). When neither this nor `keepLast` is set, 7; with
+    /// `keepLast` alone, backups are kept by count only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 3650))]
-    pub retention: i32,
+    pub retention: Option<i32>,
 
     /// Keep at most this many completed backups of the cluster, scheduled or on demand (the
     /// newest; failed ones older than the last kept go too); with `retention`, a backup goes
@@ -260,12 +261,19 @@ pub struct BackupSpec {
 }
 
 impl BackupSpec {
+    /// Days backups are kept: `retention`, or [`DEFAULT_RETENTION_DAYS`] when `keepLast` is
+    /// unset too; `None` when only the count limits them.
+    pub fn retention_days(&self) -> Option<i32> {
+        self.retention
+            .or(self.keep_last.is_none().then_some(DEFAULT_RETENTION_DAYS))
+    }
+
     /// `backup: {}`: scheduled backups on, every other field at its default.
     pub fn enabled_with_defaults() -> Self {
         Self {
             enabled: true,
             schedule: default_backup_schedule(),
-            retention: default_retention(),
+            retention: None,
             keep_last: None,
             keep_backups_on_delete: false,
             final_backup: false,
@@ -366,9 +374,8 @@ fn default_backup_schedule() -> String {
     "0 2 * * *".into()
 }
 
-fn default_retention() -> i32 {
-    7
-}
+/// Days backups are kept when the spec sets neither `retention` nor `keepLast`.
+pub const DEFAULT_RETENTION_DAYS: i32 = 7;
 
 /// High availability settings.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]

@@ -297,7 +297,12 @@ pub async fn prune(
         .into_iter()
         .filter(|b| b.spec.cluster.name == names.name)
         .collect();
-    let expired = schedule::expired(&mine, spec.keep_last, spec.retention, Timestamp::now());
+    let expired = schedule::expired(
+        &mine,
+        spec.keep_last,
+        spec.retention_days(),
+        Timestamp::now(),
+    );
     if expired.is_empty() {
         return None;
     }
@@ -352,10 +357,9 @@ pub async fn prune(
             "BackupExpired",
             &format!("Expire {}", backup.name_any()),
             format!(
-                "Deleted backup {} (retention: keepLast {:?}, {} days)",
+                "Deleted backup {} (retention: {})",
                 backup.name_any(),
-                spec.keep_last,
-                spec.retention
+                schedule::policy(spec.keep_last, spec.retention_days())
             ),
         )
         .await;

@@ -62,14 +62,25 @@ pub fn final_backup_name(cluster: &str) -> String {
     format!("{cluster}-final")
 }
 
+/// The retention rules in words, for events: `keepLast 2, 7 days`.
+pub fn policy(keep_last: Option<i32>, retention_days: Option<i32>) -> String {
+    let count = keep_last.map(|k| format!("keepLast {k}"));
+    let age = retention_days.map(|d| format!("{d} days"));
+    [count, age]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Which finished backups retention removes (pure): beyond the newest `keep_last`
 /// completed ones (and failed ones older than the last of those), or older than
-/// `retention_days`, but never the newest completed one.
+/// `retention_days` (no age limit when `None`), but never the newest completed one.
 /// Running and pending backups are never touched.
 pub fn expired(
     backups: &[DatabaseBackup],
     keep_last: Option<i32>,
-    retention_days: i32,
+    retention_days: Option<i32>,
     now: Timestamp,
 ) -> Vec<&DatabaseBackup> {
     let started = |b: &DatabaseBackup| {
@@ -89,11 +100,12 @@ pub fn expired(
     let newest_completed = finished
         .iter()
         .position(|b| phase(b) == Some(BackupPhase::Completed));
-    let cutoff = now
-        .checked_sub(k8s_openapi::jiff::SignedDuration::from_hours(
-            24 * i64::from(retention_days.max(1)),
+    let cutoff = retention_days.map(|days| {
+        now.checked_sub(k8s_openapi::jiff::SignedDuration::from_hours(
+            24 * i64::from(days.max(1)),
         ))
-        .unwrap_or(Timestamp::MIN);
+        .unwrap_or(Timestamp::MIN)
+    });
     let mut completed_seen = 0;
     let mut out = Vec::new();
     for (index, backup) in finished.iter().enumerate() {
@@ -113,9 +125,11 @@ pub fn expired(
                 completed_seen >= k
             }
         });
-        let too_old = started(backup)
-            .parse::<Timestamp>()
-            .is_ok_and(|t| t < cutoff);
+        let too_old = cutoff.is_some_and(|cutoff| {
+            started(backup)
+                .parse::<Timestamp>()
+                .is_ok_and(|t| t < cutoff)
+        });
         if too_many || too_old {
             out.push(*backup);
         }
@@ -126,6 +140,7 @@ pub fn expired(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use devctl_api::database_cluster::v1beta1::{BackupSpec, DEFAULT_RETENTION_DAYS};
 
     fn t(s: &str) -> Timestamp {
         s.parse().unwrap()
@@ -182,14 +197,14 @@ mod tests {
         let names = |v: Vec<&DatabaseBackup>| -> Vec<String> {
             v.iter().map(|b| b.metadata.name.clone().unwrap()).collect()
         };
-        assert_eq!(names(expired(&backups, Some(2), 7, now)), ["b", "a"]);
+        assert_eq!(names(expired(&backups, Some(2), Some(7), now)), ["b", "a"]);
         let old = vec![backup(
             "old",
             "2026-01-01T00:00:00Z",
             BackupPhase::Completed,
         )];
         assert!(
-            expired(&old, None, 7, now).is_empty(),
+            expired(&old, None, Some(7), now).is_empty(),
             "the newest completed stays"
         );
     }
@@ -210,12 +225,73 @@ mod tests {
         };
         // Kept: e and d (the two newest completed) and f, a failure newer than them (it
         // says what went wrong last). c failed before d was taken, b is one too many.
-        assert_eq!(names(expired(&backups, Some(2), 7, now)), ["c", "b", "a"]);
+        assert_eq!(
+            names(expired(&backups, Some(2), Some(7), now)),
+            ["c", "b", "a"]
+        );
         // Only failures and no completed one: none is older than a kept completed backup.
         let failures = vec![
             backup("x", "2026-11-30T11:01:00Z", BackupPhase::Failed),
             backup("y", "2026-11-30T11:02:00Z", BackupPhase::Failed),
         ];
-        assert!(expired(&failures, Some(1), 7, now).is_empty());
+        assert!(expired(&failures, Some(1), Some(7), now).is_empty());
+    }
+
+    #[test]
+    fn keep_last_alone_keeps_by_count_however_old() {
+        let now = t("2026-11-30T12:00:00Z");
+        let daily: Vec<DatabaseBackup> = (1..=20)
+            .map(|day| {
+                backup(
+                    &format!("d{day:02}"),
+                    &format!("2026-11-{day:02}T02:00:00Z"),
+                    BackupPhase::Completed,
+                )
+            })
+            .collect();
+        let names = |v: Vec<&DatabaseBackup>| -> Vec<String> {
+            v.iter().map(|b| b.metadata.name.clone().unwrap()).collect()
+        };
+        let spec = |keep_last: Option<i32>, retention: Option<i32>| BackupSpec {
+            keep_last,
+            retention,
+            ..BackupSpec::enabled_with_defaults()
+        };
+        // `keepLast: 15` alone: fifteen backups stay, the oldest 29 days old.
+        let count_only = spec(Some(15), None);
+        assert_eq!(count_only.retention_days(), None);
+        assert_eq!(
+            names(expired(
+                &daily,
+                count_only.keep_last,
+                count_only.retention_days(),
+                now
+            )),
+            ["d05", "d04", "d03", "d02", "d01"]
+        );
+        assert_eq!(
+            policy(count_only.keep_last, count_only.retention_days()),
+            "keepLast 15"
+        );
+        // Neither set: seven days.
+        let neither = spec(None, None);
+        assert_eq!(neither.retention_days(), Some(DEFAULT_RETENTION_DAYS));
+        assert_eq!(
+            expired(&daily, neither.keep_last, neither.retention_days(), now).len(),
+            19,
+            "all are older than seven days; the newest completed one stays"
+        );
+        // Both: either rule removes a backup.
+        let both = spec(Some(15), Some(20));
+        assert_eq!(
+            policy(both.keep_last, both.retention_days()),
+            "keepLast 15, 20 days"
+        );
+        assert_eq!(
+            names(expired(&daily, both.keep_last, both.retention_days(), now)),
+            [
+                "d10", "d09", "d08", "d07", "d06", "d05", "d04", "d03", "d02", "d01"
+            ]
+        );
     }
 }

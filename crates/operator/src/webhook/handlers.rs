@@ -3,7 +3,7 @@
 //! `AdmissionReview` or `ConversionReview` answer the API server can read.
 
 use devctl_api::database_cluster::admission::{self, AdmissionSettings};
-use devctl_api::database_cluster::{DatabaseCluster, conversion};
+use devctl_api::database_cluster::{DatabaseCluster, FINALIZER, conversion};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
 use kube::core::{DynamicObject, Status};
@@ -52,7 +52,8 @@ pub fn validate(body: &[u8], settings: &AdmissionSettings) -> Vec<u8> {
     })
 }
 
-/// `POST /mutate-…`: the defaults of [`admission::defaults`] as a JSON patch.
+/// `POST /mutate-…`: the defaults of [`admission::defaults`], and on a create the operator's
+/// finalizer, as a JSON patch.
 pub fn mutate(body: &[u8]) -> Vec<u8> {
     respond(body, |request| {
         let response = AdmissionResponse::from(&request);
@@ -61,7 +62,10 @@ pub fn mutate(body: &[u8]) -> Vec<u8> {
         let Some(Ok(db)) = cluster_of(request.object.as_ref()) else {
             return Ok(response);
         };
-        let operations = admission::defaults(&db.spec);
+        let mut operations = admission::defaults(&db.spec);
+        if request.operation == Operation::Create {
+            operations.extend(finalizer(&db));
+        }
         if operations.is_empty() {
             return Ok(response);
         }
@@ -173,6 +177,24 @@ fn respond(
     to_bytes(&review)
 }
 
+/// The operation that adds the operator's finalizer to a new cluster, unless it has it.
+///
+/// The reconciler adds it too (the webhooks are optional), but a cluster admitted with it
+/// saves the first reconcile one write: the configuration sends only the namespaces this
+/// operator watches, so no cluster that nobody reconciles is held by it.
+fn finalizer(db: &DatabaseCluster) -> Option<serde_json::Value> {
+    let value = serde_json::Value::from(FINALIZER);
+    match db.metadata.finalizers.as_deref() {
+        Some(finalizers) if finalizers.iter().any(|f| f == FINALIZER) => None,
+        Some(_) => Some(
+            serde_json::json!({ "op": "add", "path": "/metadata/finalizers/-", "value": value }),
+        ),
+        None => Some(
+            serde_json::json!({ "op": "add", "path": "/metadata/finalizers", "value": [value] }),
+        ),
+    }
+}
+
 /// The DatabaseCluster in a request (`None` when there is no object).
 fn cluster_of(object: Option<&DynamicObject>) -> Option<Result<DatabaseCluster, String>> {
     let object = object?;
@@ -260,14 +282,55 @@ mod tests {
         let answer = response(&mutate(&review("CREATE", new, Value::Null)));
         assert_eq!(answer["allowed"], true);
         assert_eq!(answer["patchType"], "JSONPatch");
+        let patch = patch_of(&answer);
+        assert_eq!(patch[0]["path"], "/spec/resources");
+    }
+
+    fn patch_of(answer: &Value) -> Value {
         let patch: Vec<u8> = serde_json::from_value(answer["patch"].clone()).unwrap_or_else(|_| {
             use base64::Engine as _;
             base64::engine::general_purpose::STANDARD
                 .decode(answer["patch"].as_str().unwrap())
                 .unwrap()
         });
-        let patch: Value = serde_json::from_slice(&patch).unwrap();
-        assert_eq!(patch[0]["path"], "/spec/resources");
+        serde_json::from_slice(&patch).unwrap()
+    }
+
+    #[test]
+    fn a_create_gets_the_finalizer_once_and_an_update_none() {
+        let spec = json!({ "engine": "postgres", "version": "16.2", "storage": { "size": "1Gi" },
+                           "resources": { "requests": { "cpu": "1", "memory": "1Gi" } } });
+        let answer = response(&mutate(&review(
+            "CREATE",
+            cluster(spec.clone()),
+            Value::Null,
+        )));
+        assert_eq!(
+            patch_of(&answer),
+            json!([{ "op": "add", "path": "/metadata/finalizers", "value": [FINALIZER] }])
+        );
+
+        let mut other = cluster(spec.clone());
+        other["metadata"]["finalizers"] = json!(["example.com/keep"]);
+        let answer = response(&mutate(&review("CREATE", other, Value::Null)));
+        assert_eq!(
+            patch_of(&answer),
+            json!([{ "op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER }])
+        );
+
+        let mut ours = cluster(spec.clone());
+        ours["metadata"]["finalizers"] = json!([FINALIZER]);
+        let answer = response(&mutate(&review("CREATE", ours, Value::Null)));
+        assert!(answer.get("patch").is_none_or(Value::is_null), "{answer}");
+
+        // Updates are the reconciler's: an object being deleted may gain no finalizer, and a
+        // spec change of one must still be admitted.
+        let answer = response(&mutate(&review(
+            "UPDATE",
+            cluster(spec.clone()),
+            cluster(spec),
+        )));
+        assert!(answer.get("patch").is_none_or(Value::is_null), "{answer}");
     }
 
     #[test]
