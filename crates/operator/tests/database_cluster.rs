@@ -877,6 +877,50 @@ async fn minor_upgrades_roll_and_downgrades_are_refused() {
     );
 }
 
+/// The mutating webhook admits a new cluster with the finalizer (tests/webhooks.rs); its
+/// first reconcile then spends no write on it, and one created without the webhooks gets it
+/// from the reconciler.
+#[tokio::test]
+async fn a_cluster_admitted_with_the_finalizer_costs_no_finalizer_write() {
+    let env = start("admitted").await;
+    let audit = env.cluster.audit_log().unwrap();
+    let mark = audit.mark();
+    let mut admitted = database("admitted", 1);
+    admitted.metadata.finalizers = Some(vec![devctl_api::database_cluster::FINALIZER.into()]);
+    env.dbs()
+        .create(&PostParams::default(), &admitted)
+        .await
+        .unwrap();
+    env.dbs()
+        .create(&PostParams::default(), &database("plain", 1))
+        .await
+        .unwrap();
+    for name in ["admitted", "plain"] {
+        let db = env.wait_db(name, "Ready", |db| is_ready(db, 1)).await;
+        assert_eq!(
+            db.finalizers(),
+            [devctl_api::database_cluster::FINALIZER],
+            "{name}"
+        );
+    }
+    let finalizer_writes = |name: &str| {
+        audit
+            .requests_since(mark)
+            .unwrap()
+            .into_iter()
+            .filter(|r| {
+                r.user == OPERATOR_USER
+                    && r.is_write()
+                    && r.resource == "databaseclusters"
+                    && r.subresource.is_none()
+                    && r.name.as_deref() == Some(name)
+            })
+            .count()
+    };
+    assert_eq!(finalizer_writes("admitted"), 0, "no write adds what is there");
+    assert_eq!(finalizer_writes("plain"), 1, "the reconciler adds it once");
+}
+
 #[tokio::test]
 async fn a_denied_child_becomes_a_condition_and_an_event_and_is_retried_with_backoff() {
     let env = start("denied").await;
