@@ -917,7 +917,11 @@ async fn a_cluster_admitted_with_the_finalizer_costs_no_finalizer_write() {
             })
             .count()
     };
-    assert_eq!(finalizer_writes("admitted"), 0, "no write adds what is there");
+    assert_eq!(
+        finalizer_writes("admitted"),
+        0,
+        "no write adds what is there"
+    );
     assert_eq!(finalizer_writes("plain"), 1, "the reconciler adds it once");
 }
 

@@ -62,10 +62,7 @@ pub fn mutate(body: &[u8]) -> Vec<u8> {
         let Some(Ok(db)) = cluster_of(request.object.as_ref()) else {
             return Ok(response);
         };
-        let mut operations = admission::defaults(&db.spec);
-        if request.operation == Operation::Create {
-            operations.extend(finalizer(&db));
-        }
+        let operations = mutation(&db, &request.operation);
         if operations.is_empty() {
             return Ok(response);
         }
@@ -175,6 +172,16 @@ fn respond(
         kind: kube::core::admission::META_KIND.into(),
     };
     to_bytes(&review)
+}
+
+/// What the mutating webhook changes in `db` for this operation, as JSON Patch operations
+/// (RFC 6902): the engine's defaults, and on a create the finalizer.
+pub fn mutation(db: &DatabaseCluster, operation: &Operation) -> Vec<serde_json::Value> {
+    let mut operations = admission::defaults(&db.spec);
+    if *operation == Operation::Create {
+        operations.extend(finalizer(db));
+    }
+    operations
 }
 
 /// The operation that adds the operator's finalizer to a new cluster, unless it has it.
