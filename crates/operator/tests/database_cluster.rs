@@ -903,15 +903,12 @@ async fn a_cluster_admitted_with_the_finalizer_costs_no_finalizer_write() {
             "{name}"
         );
     }
+    let writes = env.operator_writes_since(mark);
     let finalizer_writes = |name: &str| {
-        audit
-            .requests_since(mark)
-            .unwrap()
-            .into_iter()
+        writes
+            .iter()
             .filter(|r| {
-                r.user == OPERATOR_USER
-                    && r.is_write()
-                    && r.resource == "databaseclusters"
+                r.resource == "databaseclusters"
                     && r.subresource.is_none()
                     && r.name.as_deref() == Some(name)
             })

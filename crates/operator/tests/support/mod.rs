@@ -124,11 +124,21 @@ impl Env {
             .unwrap();
             self.next_reconcile(name).await;
         }
-        audit
+        self.operator_writes_since(mark)
+    }
+
+    /// The write requests the operator made in this namespace since `mark`, from the audit
+    /// log (other tests share the control plane and the operator's user).
+    pub fn operator_writes_since(
+        &self,
+        mark: devctl_testenv::audit::AuditMark,
+    ) -> Vec<devctl_testenv::audit::Request> {
+        self.cluster
+            .audit_log()
+            .expect("the shared cluster logs audit events")
             .requests_since(mark)
             .unwrap()
             .into_iter()
-            // Other tests share the control plane and the operator's user.
             .filter(|r| {
                 r.user == OPERATOR_USER
                     && r.is_write()
