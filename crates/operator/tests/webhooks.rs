@@ -21,6 +21,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use serde_json::json;
@@ -395,6 +396,37 @@ async fn defaults_from_the_engine_are_written_into_admitted_objects() {
     assert!(stderr(&get).contains(WARNING), "{}", stderr(&get));
     let beta = fx.kubectl(&["get", "databaseclusters.v1beta1.db.devctl.io"], None);
     assert!(!stderr(&beta).contains("deprecated"), "{}", stderr(&beta));
+}
+
+/// GitOps tools create and re-apply with server-side apply; the finalizer the webhook added
+/// to the create must survive their next apply of the same manifest (which does not list it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admission_finalizer_survives_a_server_side_re_apply() {
+    let _turn = SERIAL.lock().await;
+    let fx = Fixture::start("webhook-ssa", |_| {}).await;
+    let manifest = json!({
+        "apiVersion": "db.devctl.io/v1beta1", "kind": "DatabaseCluster",
+        "metadata": { "name": "gitops" },
+        "spec": { "engine": "postgres", "version": "16.2", "storage": { "size": "1Gi" } },
+    });
+    let apply = PatchParams::apply("gitops-tool");
+    for round in ["create", "re-apply", "re-apply with a spec change"] {
+        let mut manifest = manifest.clone();
+        if round == "re-apply with a spec change" {
+            manifest["spec"]["storage"]["size"] = json!("2Gi");
+        }
+        let applied = fx
+            .dbs()
+            .patch("gitops", &apply, &Patch::Apply(&manifest))
+            .await
+            .unwrap();
+        assert_eq!(
+            applied.finalizers(),
+            [devctl_api::database_cluster::FINALIZER],
+            "after the {round}: {:?}",
+            applied.metadata.managed_fields
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
