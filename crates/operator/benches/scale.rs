@@ -60,6 +60,9 @@
 //!   `restart 403`:
 //!   metrics of the second process.
 //! - `restart operator CPU` / `restart operator RSS`: /proc, the second process at that point.
+//! - `restart control plane CPU`: /proc, CPU seconds kube-apiserver and etcd used from the
+//!   first process's stop until then (the restart's reads, plus the control plane's own
+//!   background work over those seconds).
 //! - `calibration CPU`: thread CPU time of a fixed piece of work like the operator's (a pod's
 //!   JSON decoded into k8s-openapi's `Pod` and encoded again, 50,000 times, in the bench
 //!   process), before the operator starts and after it stopped: a reading of the machine's
@@ -183,6 +186,22 @@ fn cpu_seconds(pid: u32) -> f64 {
         + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
     // SAFETY: sysconf has no preconditions.
     ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// CPU seconds used so far by the API server and etcd, by name.
+fn control_plane_cpu(cluster: &Cluster) -> Vec<(String, f64)> {
+    let pids = cluster.pids();
+    ["kube-apiserver", "etcd"]
+        .into_iter()
+        .map(|name| {
+            let seconds = pids
+                .iter()
+                .filter(|(n, _)| n == name)
+                .map(|(_, pid)| cpu_seconds(*pid))
+                .sum();
+            (name.to_string(), seconds)
+        })
+        .collect()
 }
 
 /// CPU time and memory of a process at one moment.
@@ -894,6 +913,7 @@ async fn main() -> Result<(), Error> {
     // Restart: stop, start again, wait for a reconcile per cluster, then 10 s more.
     let stopped = operator.stop().await?;
     let restart_mark = audit.mark();
+    let control_plane_before = control_plane_cpu(&cluster);
     let restarted = Instant::now();
     let mut operator = Operator::start(
         &kubeconfig,
@@ -904,6 +924,11 @@ async fn main() -> Result<(), Error> {
     let reconciled_after = operator.wait_for_reconciles(count, restarted).await?;
     tokio::time::sleep(RESTART_SETTLE).await;
     let restart_writes = operator_writes(audit, restart_mark)?;
+    let control_plane_restart: Vec<(String, f64)> = control_plane_cpu(&cluster)
+        .into_iter()
+        .zip(&control_plane_before)
+        .map(|((name, after), (_, before))| (name, after - before))
+        .collect();
     let after_restart = operator.scrape()?;
     let usage_restart = operator.usage();
     operator.stop().await?;
@@ -1040,6 +1065,14 @@ async fn main() -> Result<(), Error> {
         format!("{:.2} s", usage_restart.cpu_seconds),
     );
     row("restart operator RSS", usage_restart.memory());
+    row(
+        "restart control plane CPU",
+        control_plane_restart
+            .iter()
+            .map(|(name, seconds)| format!("{name} {seconds:.2} s"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
     row(
         "calibration CPU",
         format!(
