@@ -35,8 +35,6 @@ pub struct Request {
     pub code: Option<u16>,
     /// When the API server received the request (RFC 3339, microseconds).
     pub received: Option<String>,
-    /// Path and query, e.g. `/api/v1/namespaces/a/configmaps/b?resourceVersion=12`.
-    pub uri: String,
 }
 
 impl Request {
@@ -68,8 +66,6 @@ struct RawEvent {
     response_status: Option<RawStatus>,
     #[serde(default)]
     request_received_timestamp: Option<String>,
-    #[serde(default, rename = "requestURI")]
-    request_uri: String,
 }
 
 #[derive(Deserialize, Default)]
@@ -141,7 +137,6 @@ impl AuditLog {
                     name: object.and_then(|o| o.name),
                     code: e.response_status.and_then(|s| s.code),
                     received: e.request_received_timestamp,
-                    uri: e.request_uri,
                 }
             })
             .collect())

@@ -14,9 +14,8 @@
 //! its status and the server's bookkeeping, see [`slim`]), and the applier remembers the
 //! `resourceVersion` and fingerprint each of its applies returned. A child whose version or
 //! fingerprint is the one we left is ours as we left it; only otherwise is its full body
-//! fetched (one GET, served from the API server's watch cache at a version not older than
-//! ours) and compared. Steady state therefore costs zero writes and zero reads; after a
-//! restart (an empty record) each child is read once, from that cache rather than etcd.
+//! fetched (one GET) and compared. Steady state therefore costs zero writes and zero reads;
+//! after a restart (an empty record) each child is read once.
 //!
 //! Caches of children are shared by all controllers, one per kind ([`caches`]).
 
@@ -577,34 +576,6 @@ impl Applier {
             })
     }
 
-    /// The object of `child`'s name at `version` (the one the cache holds) or newer, from the
-    /// API server's watch cache rather than a quorum read of etcd: after a restart every
-    /// child is read once, and a thousand clusters' children would otherwise be thousands of
-    /// etcd reads within seconds. `Some(None)` when it is gone; `None` when the server could
-    /// not answer from its cache (it lagged behind `version` for too long, say), for the
-    /// caller to read the usual way.
-    async fn read_not_older_than(
-        client: &Client,
-        cache: &dyn KindCache,
-        namespace: &str,
-        child: &Child,
-        version: &str,
-    ) -> Option<Option<DynamicObject>> {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), namespace, cache.api_resource());
-        match api
-            .get_with(&child.name, &kube::api::GetParams::at(version))
-            .await
-        {
-            Ok(object) => Some(Some(object)),
-            Err(kube::Error::Api(status)) if status.code == 404 => Some(None),
-            Err(error) => {
-                tracing::debug!(kind = child.kind, name = %child.name, %error, "reading from the watch cache failed; reading from etcd");
-                None
-            }
-        }
-    }
-
     /// The live child's full body: what the renderer already read if it is this version, the
     /// cached body for kinds cached whole, else one GET (`None` when it is gone).
     async fn fetch(
@@ -625,23 +596,15 @@ impl Applier {
         if let Some(body) = cache.body(namespace, &child.name) {
             return Ok(Some(body));
         }
-        let from_watch_cache = match live.resource_version.as_deref() {
-            Some(version) => {
-                Self::read_not_older_than(client, cache, namespace, child, version).await
-            }
-            None => None,
-        };
-        let read = match from_watch_cache {
-            Some(read) => read,
-            None => Self::read(client, cache, namespace, child).await?,
-        };
-        read.map(|o| {
-            serde_json::to_value(o).map_err(|source| Error::Render {
-                kind: child.kind,
-                source,
+        Self::read(client, cache, namespace, child)
+            .await?
+            .map(|o| {
+                serde_json::to_value(o).map_err(|source| Error::Render {
+                    kind: child.kind,
+                    source,
+                })
             })
-        })
-        .transpose()
+            .transpose()
     }
 
     /// Who holds the object of `child`'s name that a create found, or that the cache shows
