@@ -877,6 +877,69 @@ async fn minor_upgrades_roll_and_downgrades_are_refused() {
     );
 }
 
+/// A cluster admitted with the finalizer and deleted before it ever made a data volume holds
+/// no data: its deletion takes no final backup and does not wait for one, though
+/// `finalBackup` asks for it.
+#[tokio::test]
+async fn a_cluster_deleted_before_it_ran_takes_no_final_backup() {
+    let cluster = devctl_testenv::shared_cluster().await.unwrap();
+    cluster.install_crds(&devctl_api::crds()).await.unwrap();
+    let namespace = cluster.create_namespace("never-ran").await.unwrap();
+    let mut operator = support::OperatorProcess::start(
+        cluster,
+        &namespace,
+        devctl_operator::manifests::RULES,
+        &[],
+    )
+    .await;
+    operator.wait_ready().await;
+    // Stopped: nothing reconciles the cluster between its creation and its deletion.
+    operator.stop();
+    let client = cluster.client().await.unwrap();
+    let dbs: kube::Api<DatabaseCluster> = kube::Api::namespaced(client.clone(), &namespace);
+    let mut db = database("never-ran", 1);
+    db.metadata.finalizers = Some(vec![devctl_api::database_cluster::FINALIZER.into()]);
+    db.spec.backup = Some(
+        serde_json::from_value(json!({
+            "enabled": true, "finalBackup": true,
+            "destination": { "endpoint": "https://127.0.0.1:9", "bucket": "none",
+                             "credentialsSecret": "no-such-secret" },
+        }))
+        .unwrap(),
+    );
+    let created = dbs.create(&PostParams::default(), &db).await.unwrap();
+    dbs.delete("never-ran", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    operator.restart();
+    // The default finalBackupTimeout is 10 minutes: waiting for a backup would show here.
+    wait_gone(&dbs, "never-ran", &created.uid().unwrap()).await;
+    let backups: kube::Api<devctl_api::database_backup::DatabaseBackup> =
+        kube::Api::namespaced(client.clone(), &namespace);
+    assert!(
+        backups.get_opt("never-ran-final").await.unwrap().is_none(),
+        "no final backup of a cluster that never ran"
+    );
+    let events: kube::Api<Event> = kube::Api::namespaced(client, &namespace);
+    let skipped: Vec<Event> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("FinalBackupSkipped"))
+        .collect();
+    assert!(
+        skipped.iter().any(|e| e.type_.as_deref() == Some("Normal")
+            && e.note
+                .as_deref()
+                .is_some_and(|n| n.contains("never made a data volume"))),
+        "{skipped:#?}\n{}",
+        operator.logs()
+    );
+}
+
 /// The mutating webhook admits a new cluster with the finalizer (tests/webhooks.rs); its
 /// first reconcile then spends no write on it, and one created without the webhooks gets it
 /// from the reconciler.

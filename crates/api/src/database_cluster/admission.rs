@@ -281,6 +281,35 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_stored_default_retention_is_no_hidden_field_for_v1alpha1_writes() {
+        // Stored while the schema defaulted `retention` to 7.
+        let mut value = base();
+        value["backup"] = json!({ "enabled": true, "retention": 7 });
+        let old = spec(value);
+        let via = |old| Request {
+            old,
+            running_version: None,
+            via_v1alpha1: true,
+        };
+        // A v1alpha1 `backupsEnabled: true` write converts to the defaults (no retention).
+        let mut value = base();
+        value["backup"] = json!({ "enabled": true });
+        let new = spec(value);
+        assert!(validate(&new, via(Some(&old)), &AdmissionSettings::default()).is_empty());
+        // With `keepLast`, 7 days is a rule of its own: changing it is still refused.
+        let mut value = base();
+        value["backup"] = json!({ "enabled": true, "retention": 7, "keepLast": 3 });
+        let old = spec(value);
+        let mut value = base();
+        value["backup"] = json!({ "enabled": true, "keepLast": 3 });
+        let new = spec(value);
+        assert_eq!(
+            validate(&new, via(Some(&old)), &AdmissionSettings::default()).len(),
+            1
+        );
+    }
+
     fn spec(value: Value) -> DatabaseClusterSpec {
         serde_json::from_value(value).unwrap()
     }

@@ -177,6 +177,12 @@ pub fn hidden_in_v1alpha1(spec: &v1beta1::DatabaseClusterSpec) -> Value {
     });
     let backup = spec.backup.clone().and_then(|mut b| {
         b.enabled = true;
+        // `retention: 7` without `keepLast` means what no retention means, and clusters
+        // created while the schema defaulted it have it stored: a v1alpha1 write that
+        // leaves it out changes nothing.
+        if b.keep_last.is_none() && b.retention == Some(v1beta1::DEFAULT_RETENTION_DAYS) {
+            b.retention = None;
+        }
         (b != default_enabled_backup()).then_some(b)
     });
     let hidden = Preserved {

@@ -434,6 +434,25 @@ pub async fn final_backup(db: &DatabaseCluster, ctx: &Context, names: &Names) ->
     let existing = match existing {
         Some(b) => b,
         None => {
+            // Deleted before it ever made a data volume (admitted with the finalizer and
+            // deleted before its first reconcile, say): there is nothing to back up, and
+            // waiting for a backup of a database that never ran would only hold the deletion.
+            match super::controller::live_data_claims(ctx, names).await {
+                Ok(claims) if claims.is_empty() => {
+                    publish(
+                        ctx,
+                        db,
+                        EventType::Normal,
+                        "FinalBackupSkipped",
+                        "Delete",
+                        "No final backup: the cluster never made a data volume, so it holds no data; deleting the cluster".into(),
+                    )
+                    .await;
+                    return None;
+                }
+                Ok(_) => {}
+                Err(e) => return skip(format!("listing the cluster's data volumes: {e}")).await,
+            }
             let Some(object) = backup_object(db, &name, false) else {
                 return skip("the cluster has no uid".into()).await;
             };

@@ -86,9 +86,9 @@ async fn reconcile(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     }
     if db.metadata.deletion_timestamp.is_none() && !db.finalizers().iter().any(|f| f == FINALIZER) {
         // A new cluster (or one whose finalizer was removed by hand): the finalizer goes on in
-        // the same round trips as the children, which do not depend on it — a new cluster
-        // has no data for a final backup, and a deletion meanwhile still removes the
-        // children through their owner references.
+        // the same round trips as the children, which do not depend on it — a deletion
+        // meanwhile still removes the children through their owner references, and a cluster
+        // without a data volume gets no final backup.
         let (added, applied) = tokio::join!(
             ensure_finalizer(&api, FINALIZER, db.clone()),
             apply(db, ctx)
@@ -1173,6 +1173,30 @@ fn data_claim_prefix(names: &Names) -> String {
     )
 }
 
+/// The cluster's data claims as the API has them now (listed live: a claim the StatefulSet
+/// made a moment ago may not be cached yet).
+pub(super) async fn live_data_claims(
+    ctx: &Context,
+    names: &Names,
+) -> kube::Result<Vec<PersistentVolumeClaim>> {
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let selector = format!(
+        "{}={},{}={}",
+        labels::NAME,
+        resources::APP_NAME,
+        labels::INSTANCE,
+        names.name
+    );
+    let prefix = data_claim_prefix(names);
+    Ok(api
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await?
+        .items
+        .into_iter()
+        .filter(|c| c.name_any().starts_with(&prefix))
+        .collect())
+}
+
 /// What the deletion of a cluster did with its volumes.
 enum Volumes {
     /// This many data claims deleted (or going already).
@@ -1230,7 +1254,8 @@ async fn dispose_of_volumes(db: &DatabaseCluster, ctx: &Context, names: &Names) 
                 && b.status.as_ref().and_then(|s| s.phase)
                     == Some(devctl_api::database_backup::BackupPhase::Completed)
         });
-        if !completed {
+        // A cluster that never made a data volume has nothing a backup could hold.
+        if !completed && !live_data_claims(ctx, names).await?.is_empty() {
             return Ok(Volumes::KeptForSafety(format!(
                 "spec.backup.finalBackup asked for a final backup and {name} did not complete"
             )));
@@ -1262,21 +1287,7 @@ async fn dispose_of_volumes(db: &DatabaseCluster, ctx: &Context, names: &Names) 
         }
     }
     let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    let selector = format!(
-        "{}={},{}={}",
-        labels::NAME,
-        resources::APP_NAME,
-        labels::INSTANCE,
-        names.name
-    );
-    let prefix = data_claim_prefix(names);
-    let claims: Vec<PersistentVolumeClaim> = api
-        .list(&kube::api::ListParams::default().labels(&selector))
-        .await?
-        .items
-        .into_iter()
-        .filter(|c| c.name_any().starts_with(&prefix))
-        .collect();
+    let claims = live_data_claims(ctx, names).await?;
     for claim in &claims {
         let name = claim.name_any();
         let params = kube::api::DeleteParams {

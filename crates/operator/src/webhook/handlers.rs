@@ -187,8 +187,8 @@ pub fn mutation(db: &DatabaseCluster, operation: &Operation) -> Vec<serde_json::
 /// The operation that adds the operator's finalizer to a new cluster, unless it has it.
 ///
 /// The reconciler adds it too (the webhooks are optional), but a cluster admitted with it
-/// saves the first reconcile one write: the configuration sends only the namespaces this
-/// operator watches, so no cluster that nobody reconciles is held by it.
+/// saves the first reconcile one write. The configuration sends only the namespaces this
+/// operator watches, so no cluster outside them is held by it.
 fn finalizer(db: &DatabaseCluster) -> Option<serde_json::Value> {
     let value = serde_json::Value::from(FINALIZER);
     match db.metadata.finalizers.as_deref() {
