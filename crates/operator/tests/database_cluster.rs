@@ -921,20 +921,14 @@ async fn a_cluster_deleted_before_it_ran_takes_no_final_backup() {
         backups.get_opt("never-ran-final").await.unwrap().is_none(),
         "no final backup of a cluster that never ran"
     );
-    let events: kube::Api<Event> = kube::Api::namespaced(client, &namespace);
-    let skipped: Vec<Event> = events
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("FinalBackupSkipped"))
-        .collect();
+    let skipped = support::events_matching(&client, &namespace, "never-ran", |e| {
+        e.reason.as_deref() == Some("FinalBackupSkipped") && e.type_.as_deref() == Some("Normal")
+    })
+    .await;
     assert!(
-        skipped.iter().any(|e| e.type_.as_deref() == Some("Normal")
-            && e.note
-                .as_deref()
-                .is_some_and(|n| n.contains("never made a data volume"))),
+        skipped
+            .iter()
+            .any(|(_, note, _)| note.contains("never made a data volume")),
         "{skipped:#?}\n{}",
         operator.logs()
     );

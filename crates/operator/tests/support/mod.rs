@@ -476,7 +476,8 @@ fn published_by_the_operator(event: &k8s_openapi::api::events::v1::Event) -> boo
     event.reporting_controller.as_deref() == Some(devctl_operator::context::CONTROLLER_NAME)
 }
 
-async fn events_matching(
+/// Events about `name` that `keep` accepts, as [`events_about`] shows them.
+pub async fn events_matching(
     client: &kube::Client,
     namespace: &str,
     name: &str,
