@@ -730,13 +730,16 @@ async fn a_cluster_created_again_waits_for_the_old_ones_children() {
     .await
     .unwrap();
     dbs.delete("shop", &DeleteParams::default()).await.unwrap();
+    // Its other Secret is not held: the garbage collector removes it, which may take a
+    // moment after the cluster goes; only the held one may be left when shop comes again.
     devctl_testenv::eventually(
-        "shop deleted, its Secret being deleted",
+        "shop deleted, its held Secret being deleted, its other Secret gone",
         TIMEOUT,
         || async {
             let gone = dbs.get_opt("shop").await.ok()?.is_none();
             let secret = secrets.get("shop-credentials").await.ok()?;
-            (gone && secret.metadata.deletion_timestamp.is_some()).then_some(())
+            let replication_gone = secrets.get_opt("shop-replication").await.ok()?.is_none();
+            (gone && secret.metadata.deletion_timestamp.is_some() && replication_gone).then_some(())
         },
     )
     .await
