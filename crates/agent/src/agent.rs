@@ -28,7 +28,10 @@ use crate::credentials::{Credentials, REPLICATION_USER, ReplicationCredentials, 
 use crate::engine::{Engine, Probe, prepare_dir, primary_conninfo, write_private};
 use crate::error::{Error, Result, one_line};
 use crate::health::{self, Health};
-use crate::lease::{PrimaryLock, renew_deadline, renew_interval};
+use crate::lease::{
+    AcquireError, PrimaryLock, effective_duration, fence_stop_timeout, renew_deadline,
+    renew_interval,
+};
 use crate::process;
 use crate::report::{Reporter, WriteError};
 
@@ -98,7 +101,8 @@ enum Action {
     Fence(String),
 }
 
-/// How long a fenced engine gets for its fast shutdown before SIGKILL.
+/// How long a fenced engine gets for its fast shutdown before SIGKILL without a primary lock
+/// (with one: [`fence_stop_timeout`] of its duration).
 pub const FENCE_STOP_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Why this instance must not be (or stay) the primary: the operator has declared a
@@ -343,6 +347,11 @@ struct Agent {
     lock_problem: Option<String>,
     /// Failover: the epoch for which this replica stopped its WAL receiver.
     failover_ack: Option<i64>,
+    /// Failover: the epoch and when this replica saw its WAL receiver stopped (the test hook
+    /// [`crate::test_hooks::FAILOVER_ACK_DELAY_MS`] counts from there).
+    failover_stopped: Option<(i64, Instant)>,
+    /// Faults a test injects ([`crate::test_hooks`]); none outside tests.
+    hooks: crate::test_hooks::TestHooks,
     /// The timeline last received while streaming: once the receiver stops, the probe falls
     /// back to the last restartpoint's, which may be older.
     stream_timeline: Option<i64>,
@@ -435,6 +444,8 @@ pub async fn run(config: Config) -> Result<Outcome> {
         lock,
         lock_problem: None,
         failover_ack: None,
+        failover_stopped: None,
+        hooks: crate::test_hooks::TestHooks::from_env(),
         stream_timeline: None,
         sync_applied: None,
         rejoining: None,
@@ -632,7 +643,7 @@ impl Agent {
                 let standby = self.engine.is_standby();
                 let target = view.target_primary.clone();
                 let away = failover_away(&view, &me);
-                let lock_duration = view.lock_duration;
+                let lock_duration = self.lock_duration();
                 match view.current_primary {
                     None => Some("waiting for status.currentPrimary".to_string()),
                     Some(primary) if primary == me && !bootstrapped && view.initialized => {
@@ -1210,7 +1221,11 @@ impl Agent {
                     }
                     let clean = match &action {
                         Action::Fence(_) => {
-                            let clean = self.stop_within(&mut child, FENCE_STOP_TIMEOUT).await;
+                            let timeout = self
+                                .lock_duration()
+                                .map(fence_stop_timeout)
+                                .unwrap_or(FENCE_STOP_TIMEOUT);
+                            let clean = self.stop_within(&mut child, timeout).await;
                             if let Some(lock) = self.lock.as_mut() {
                                 lock.drop_hold();
                             }
@@ -1394,7 +1409,7 @@ impl Agent {
         let mut awaiting: Option<AwaitingReplicas> = None;
         loop {
             // Only a primary under high availability tends the lock.
-            let lock_due = match (self.mode, self.view().lock_duration) {
+            let lock_due = match (self.mode, self.lock_duration()) {
                 (Mode::Primary, Some(_)) if self.lock.is_some() => Some(next_lock),
                 _ => None,
             };
@@ -1403,12 +1418,23 @@ impl Agent {
                 // stop the engine before anything else runs.
                 biased;
                 _ = sleep_until_opt(lock_due) => {
-                    if let Some(reason) = self.tend_lock().await {
+                    // The hold lapses on time even while a renewal hangs: its own timer.
+                    let lapse = self
+                        .lock_duration()
+                        .and_then(|d| self.lock.as_ref().and_then(|lock| lock.lapses_at(d)));
+                    let fence = match lapse {
+                        Some(at) => tokio::time::timeout_at(at, self.tend_lock())
+                            .await
+                            .unwrap_or_else(|_| {
+                                Some("the primary lock's renew deadline passed while renewing it".into())
+                            }),
+                        None => self.tend_lock().await,
+                    };
+                    if let Some(reason) = fence {
                         return Ok(Exit::Act(Action::Fence(reason)));
                     }
                     let interval = self
-                        .view()
-                        .lock_duration
+                        .lock_duration()
                         .map(renew_interval)
                         .unwrap_or(PROBE_INTERVAL);
                     next_lock = tokio::time::Instant::now() + interval;
@@ -1452,7 +1478,7 @@ impl Agent {
                     // A primary's hold on the lock lapses on time even while a probe or a
                     // report hangs (the lock arm cannot run meanwhile): the deadline bounds
                     // them, and missing it fences.
-                    let lapse = match (self.mode, self.view().lock_duration, self.lock.as_ref()) {
+                    let lapse = match (self.mode, self.lock_duration(), self.lock.as_ref()) {
                         (Mode::Primary, Some(d), Some(lock)) => lock.lapses_at(d),
                         _ => None,
                     };
@@ -1506,6 +1532,16 @@ impl Agent {
         (streaming < expected).then_some(streaming)
     }
 
+    /// The primary lock's duration, while high availability is on: the larger of the spec's
+    /// (as this agent sees it) and the Lease's ([`effective_duration`]).
+    fn lock_duration(&self) -> Option<Duration> {
+        let own = self.view().lock_duration?;
+        Some(match &self.lock {
+            Some(lock) => effective_duration(own, lock.view.borrow().lease.as_ref()),
+            None => own,
+        })
+    }
+
     /// The cluster as last seen (empty for the MySQL family).
     fn view(&self) -> ClusterView {
         self.cluster
@@ -1520,7 +1556,7 @@ impl Agent {
     /// network), the lock held by another pod, or a failover away from here.
     async fn tend_lock(&mut self) -> Option<String> {
         let view = self.view();
-        let duration = view.lock_duration?;
+        let duration = self.lock_duration()?;
         if self.mode != Mode::Primary {
             return None;
         }
@@ -1550,7 +1586,13 @@ impl Agent {
         }
         match lock.acquire(duration).await {
             Ok(()) => self.lock_problem = None,
+            // A fresh read names another holder: this hold is over, whatever our clock says
+            // (after a suspended VM resumes, its monotonic clock has not advanced).
+            Err(AcquireError::HeldBy { holder, .. }) if had_hold => {
+                return Some(format!("the primary lock is held by {holder}"));
+            }
             Err(why) => {
+                let why = why.to_string();
                 if self.lock_problem.as_deref() != Some(why.as_str()) {
                     tracing::warn!("renewing the primary lock: {why}");
                 }
@@ -1630,6 +1672,19 @@ impl Agent {
                             }
                         }
                     };
+                    if !promoted
+                        && probe.role == devctl_api::instance::ROLE_PRIMARY
+                        && self.action.is_none()
+                    {
+                        // Out of recovery without being promoted by this agent (a promotion
+                        // that completed after its call gave up): it accepts writes while it
+                        // does not hold the lock. Stop it; it rejoins (rewinds) as a standby,
+                        // or runs as the primary if it is the target and wins the lock.
+                        self.action = Some(Action::Fence(
+                            "the engine accepts writes although this instance runs as a replica"
+                                .into(),
+                        ));
+                    }
                     if !promoted {
                         self.tick_replica(probe, resolve_problem).await;
                         self.health.set_ready(self.ready);
@@ -1878,7 +1933,19 @@ impl Agent {
     async fn tick_failover(&mut self, view: &ClusterView, probe: &Probe) -> bool {
         let epoch = view.failover_epoch;
         let stopped = self.conninfo_applied.as_deref() == Some("") && probe.wal_receiver.is_none();
-        if stopped && self.failover_ack != Some(epoch) {
+        if stopped && self.failover_stopped.is_none_or(|(e, _)| e != epoch) {
+            self.failover_stopped = Some((epoch, Instant::now()));
+        }
+        let held_back = self.hooks.failover_ack_delay().is_some_and(|delay| {
+            self.failover_stopped
+                .is_some_and(|(_, at)| at.elapsed() < delay)
+        });
+        if stopped && held_back && self.failover_ack != Some(epoch) {
+            tracing::info!(
+                epoch,
+                "test hook: holding the failover acknowledgement back"
+            );
+        } else if stopped && self.failover_ack != Some(epoch) {
             tracing::info!(
                 epoch,
                 received = ?probe.received_lsn,
@@ -1893,7 +1960,7 @@ impl Agent {
             self.switchover_problem = None;
             return false;
         }
-        if let (Some(duration), Some(lock)) = (view.lock_duration, self.lock.as_mut())
+        if let (Some(duration), Some(lock)) = (self.lock_duration(), self.lock.as_mut())
             && let Err(why) = lock.acquire(duration).await
         {
             let why = format!("failover to this pod: {why}");
@@ -1906,13 +1973,7 @@ impl Agent {
         tracing::info!(epoch, "elected by the operator: promoting");
         match self.engine.promote().await {
             Ok(()) => {
-                tracing::info!("promoted: running as the primary");
-                // Promotion took time: renew at once rather than at the next lock tick.
-                if let (Some(duration), Some(lock)) = (view.lock_duration, self.lock.as_mut())
-                    && let Err(why) = lock.acquire(duration).await
-                {
-                    tracing::warn!("renewing the primary lock after promotion: {why}");
-                }
+                self.promoted(self.lock_duration()).await;
                 true
             }
             Err(e) => {
@@ -1920,6 +1981,25 @@ impl Agent {
                 false
             }
         }
+    }
+
+    /// The engine left recovery (a switchover or failover target): renew the lock at once
+    /// (the promotion took time), and checkpoint in the background — best effort, nothing
+    /// waits for it: the instance is the primary from the moment it accepts writes.
+    async fn promoted(&mut self, lock_duration: Option<Duration>) {
+        tracing::info!("promoted: running as the primary");
+        if let (Some(duration), Some(lock)) = (lock_duration, self.lock.as_mut())
+            && let Err(why) = lock.acquire(duration).await
+        {
+            tracing::warn!("renewing the primary lock after promotion: {why}");
+        }
+        let (engine, hooks) = (self.engine.clone(), self.hooks.clone());
+        tokio::spawn(async move {
+            match engine.checkpoint_after_promotion(&hooks).await {
+                Ok(()) => tracing::info!("checkpointed after the promotion"),
+                Err(e) => tracing::warn!("CHECKPOINT after the promotion (best effort): {e}"),
+            }
+        });
     }
 
     /// Primary: `synchronous_standby_names` in line with `spec.replication.synchronous`.
@@ -1968,7 +2048,7 @@ impl Agent {
                 Some(final_lsn) => match self.engine.switchover_progress(&final_lsn).await {
                     Ok(Some(why)) => format!("switchover to this pod: {why}"),
                     Err(e) => format!("switchover to this pod: {e}"),
-                    Ok(None) if self.gate_primary(self.view().lock_duration).await.is_err() => {
+                    Ok(None) if self.gate_primary(self.lock_duration()).await.is_err() => {
                         format!(
                             "switchover to this pod: {}",
                             self.lock_problem.clone().unwrap_or_default()
@@ -1978,7 +2058,7 @@ impl Agent {
                         tracing::info!(%final_lsn, %old, "replayed the old primary's shutdown checkpoint: promoting");
                         match self.engine.promote().await {
                             Ok(()) => {
-                                tracing::info!("promoted: running as the primary");
+                                self.promoted(self.lock_duration()).await;
                                 return true;
                             }
                             Err(e) => format!("switchover to this pod: promoting: {e}"),
@@ -2029,7 +2109,7 @@ impl Agent {
     async fn tick_replica(&mut self, probe: Probe, resolve_problem: Option<String>) {
         let mut conninfo_error = None;
         let failing_over = self.view().failed_primary.is_some();
-        let desired = if failing_over {
+        let desired = if failing_over || self.hooks.wal_receiver_stopped() {
             // Failover: stop the WAL receiver so the position reported is final.
             Some(String::new())
         } else {

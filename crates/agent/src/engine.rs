@@ -695,17 +695,52 @@ impl Engine {
         )))
     }
 
-    /// Planned switchover, target: `pg_promote(true, 60)`, then a checkpoint (so the control
-    /// file, and the reported timeline, are the new timeline's at once).
+    /// Promotes this standby (switchover or failover target): `pg_promote(true, 60)`; `Ok`
+    /// once the server has left recovery, whatever the function answered. The CHECKPOINT
+    /// that used to follow here is [`Self::checkpoint_after_promotion`], off the critical path.
     pub async fn promote(&self) -> Result<(), String> {
-        let out = self
+        let asked = self
             .admin_sql_timeout("SELECT pg_promote(true, 60);\n", Duration::from_secs(75))
-            .await?;
-        if out.trim() != "t" {
-            return Err(format!(
-                "pg_promote did not complete within 60s ({})",
-                out.trim()
-            ));
+            .await;
+        // What counts is whether the engine left recovery, not what the function answered:
+        // it may answer `f` after its wait while the promotion completes, or its session may
+        // fail after the promotion took effect. Either way a server that accepts writes is a
+        // primary and must be treated as one (held to the lock, or fenced).
+        match self.in_recovery().await {
+            Ok(false) => Ok(()),
+            Ok(true) => Err(match asked {
+                Ok(out) => format!(
+                    "pg_promote did not complete within 60s ({}); still in recovery",
+                    out.trim()
+                ),
+                Err(e) => format!("{e}; still in recovery"),
+            }),
+            Err(e) => Err(match asked {
+                Ok(_) => format!("asking whether the promotion took effect: {e}"),
+                Err(asked) => asked,
+            }),
+        }
+    }
+
+    /// PostgreSQL: whether the running server is in recovery (a standby, or not promoted yet).
+    pub async fn in_recovery(&self) -> Result<bool, String> {
+        let out = self.admin_sql("SELECT pg_is_in_recovery();\n").await?;
+        match out.trim() {
+            "t" => Ok(true),
+            "f" => Ok(false),
+            other => Err(format!("pg_is_in_recovery() answered {other:?}")),
+        }
+    }
+
+    /// A CHECKPOINT (up to 5 minutes): after a promotion, so the new timeline's first
+    /// restartpoint is close and a crash soon after replays little. Best effort: nothing
+    /// waits for it. The test hook [`crate::test_hooks::CHECKPOINT_AFTER_PROMOTE`] fails it.
+    pub async fn checkpoint_after_promotion(
+        &self,
+        hooks: &crate::test_hooks::TestHooks,
+    ) -> Result<(), String> {
+        if hooks.checkpoint_after_promote_fails() {
+            return Err("CHECKPOINT failed (test hook checkpoint-after-promote=fail)".into());
         }
         self.admin_sql_timeout("CHECKPOINT;\n", Duration::from_secs(300))
             .await
@@ -1114,8 +1149,11 @@ impl Engine {
                     .admin_sql(
                         "SELECT pg_is_in_recovery(), \
                          (SELECT system_identifier FROM pg_control_system()), \
-                         COALESCE((SELECT received_tli FROM pg_stat_wal_receiver), \
-                                  (SELECT timeline_id FROM pg_control_checkpoint())), \
+                         CASE WHEN pg_is_in_recovery() \
+                              THEN COALESCE((SELECT received_tli FROM pg_stat_wal_receiver), \
+                                            (SELECT timeline_id FROM pg_control_checkpoint())) \
+                              ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int \
+                         END, \
                          current_setting('server_version'), \
                          pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn(), \
                          pg_wal_lsn_diff(GREATEST(pg_last_wal_receive_lsn(), \

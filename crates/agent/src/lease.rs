@@ -33,6 +33,69 @@ pub fn renew_interval(duration: Duration) -> Duration {
     (duration / 10).clamp(Duration::from_millis(200), Duration::from_secs(3))
 }
 
+/// The shortest lock duration the API allows (`spec.highAvailability.failoverTimeout` ≥ 5s).
+pub const MIN_DURATION: Duration = Duration::from_secs(5);
+
+/// How long a fencing engine gets for its fast shutdown before SIGKILL: a fifth of the
+/// duration, at most 3 s. The renew deadline plus this stays well below the duration a
+/// candidate waits before it takes the lock over (see the budget test), also at the
+/// shortest duration.
+pub fn fence_stop_timeout(duration: Duration) -> Duration {
+    (duration / 5).min(Duration::from_secs(3))
+}
+
+/// The duration holders and takers go by: the larger of the Lease's `leaseDurationSeconds`
+/// (written by the operator) and this agent's own view of the spec. Agents learn of a spec
+/// change at different times; with the larger one a lowered `failoverTimeout` never makes a
+/// taker impatient while the holder still fences on the old, longer one.
+pub fn effective_duration(own: Duration, lease: Option<&Lease>) -> Duration {
+    let written = lease
+        .and_then(|l| l.spec.as_ref())
+        .and_then(|s| s.lease_duration_seconds)
+        .and_then(|secs| u64::try_from(secs).ok())
+        .map(Duration::from_secs)
+        .unwrap_or_default();
+    own.max(written)
+}
+
+/// Why the lock was not taken or renewed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireError {
+    /// A read of the Lease (our last write's record, or a fresh read) names another holder.
+    HeldBy { holder: String, message: String },
+    /// Anything else: the API server did not answer in time, refused, the record changed.
+    Failed(String),
+}
+
+impl std::fmt::Display for AcquireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::HeldBy { message, .. } | Self::Failed(message) => f.write_str(message),
+        }
+    }
+}
+
+impl From<AcquireError> for String {
+    fn from(e: AcquireError) -> Self {
+        e.to_string()
+    }
+}
+
+/// The time one attempt to take or renew the lock may take, as a whole (every request of
+/// it): until the hold lapses when it is held (it must learn in time that it failed), and
+/// never more than half the renew deadline.
+pub fn attempt_deadline(
+    started: Instant,
+    lapses_at: Option<Instant>,
+    duration: Duration,
+) -> Instant {
+    let bound = started + renew_deadline(duration) / 2;
+    match lapses_at {
+        Some(at) => at.min(bound).max(started + Duration::from_millis(100)),
+        None => bound,
+    }
+}
+
 /// Whether `me` may write itself into a Lease held by `holder` whose record this process has
 /// seen unchanged for `unchanged_for` (pure: the takeover rule).
 pub fn may_take(
@@ -167,23 +230,19 @@ impl PrimaryLock {
         self.written = None;
     }
 
-    /// Takes or renews the lock (one write, a second after a conflict). `Err` says why not.
-    pub async fn acquire(&mut self, duration: Duration) -> Result<(), String> {
+    /// Takes or renews the lock (one write, a second after a conflict), all of it within
+    /// [`attempt_deadline`]. `Err` says why not; [`AcquireError::HeldBy`] when a read shows
+    /// another holder.
+    pub async fn acquire(&mut self, duration: Duration) -> Result<(), AcquireError> {
         let started = Instant::now();
-        // A holder's attempt never outlasts its hold: it must learn in time that it failed.
-        let timeout = match self.lapses_at(duration) {
-            Some(at) => at
-                .saturating_duration_since(started)
-                .min(renew_deadline(duration) / 2)
-                .max(Duration::from_millis(100)),
-            None => renew_deadline(duration) / 2,
-        };
+        let deadline = attempt_deadline(started, self.lapses_at(duration), duration);
+        let timeout = deadline.saturating_duration_since(started);
         let mut fresh = false;
         for _ in 0..2 {
-            let current = match self.current(fresh, timeout).await {
-                Ok(lease) => lease,
-                Err(e) => return Err(e),
-            };
+            let current = self
+                .current(fresh, deadline, timeout)
+                .await
+                .map_err(AcquireError::Failed)?;
             let view = self.view.borrow().clone();
             let same_record = view.lease.as_ref().map(|l| &l.metadata.resource_version)
                 == Some(&current.metadata.resource_version);
@@ -194,7 +253,12 @@ impl PrimaryLock {
             };
             let spec = current.spec.clone().unwrap_or_default();
             let holder = spec.holder_identity.as_deref();
-            may_take(holder, &self.me, unchanged_for, duration)?;
+            if let Err(message) = may_take(holder, &self.me, unchanged_for, duration) {
+                return Err(AcquireError::HeldBy {
+                    holder: holder.unwrap_or_default().to_string(),
+                    message,
+                });
+            }
             let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
             let mut next = current.clone();
             let mut next_spec = spec.clone();
@@ -206,8 +270,8 @@ impl PrimaryLock {
             next_spec.renew_time = Some(now);
             next.spec = Some(next_spec);
             next.metadata.managed_fields = None;
-            match tokio::time::timeout(
-                timeout,
+            match tokio::time::timeout_at(
+                deadline,
                 self.api.replace(&self.name, &PostParams::default(), &next),
             )
             .await
@@ -226,33 +290,38 @@ impl PrimaryLock {
                     fresh = true;
                 }
                 Ok(Err(e)) => {
-                    return Err(format!(
+                    return Err(AcquireError::Failed(format!(
                         "writing the primary lock {}: {}",
                         self.name,
                         one_line(&e.to_string())
-                    ));
+                    )));
                 }
                 Err(_) => {
-                    return Err(format!(
+                    return Err(AcquireError::Failed(format!(
                         "writing the primary lock {}: no answer within {}ms",
                         self.name,
                         timeout.as_millis()
-                    ));
+                    )));
                 }
             }
         }
-        Err(format!(
+        Err(AcquireError::Failed(format!(
             "the primary lock {} changed while this pod tried to take it",
             self.name
-        ))
+        )))
     }
 
     /// The record to build on: our last write while it is current, else a fresh read.
-    async fn current(&mut self, fresh: bool, timeout: Duration) -> Result<Lease, String> {
+    async fn current(
+        &mut self,
+        fresh: bool,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<Lease, String> {
         if !fresh && let Some(written) = &self.written {
             return Ok(written.clone());
         }
-        match tokio::time::timeout(timeout, self.api.get_opt(&self.name)).await {
+        match tokio::time::timeout_at(deadline, self.api.get_opt(&self.name)).await {
             Ok(Ok(Some(lease))) => Ok(lease),
             Ok(Ok(None)) => Err(format!(
                 "the primary lock {} does not exist (the operator creates it)",
@@ -327,12 +396,61 @@ mod tests {
 
     #[test]
     fn the_holder_fences_well_before_a_candidate_may_take_over() {
-        // Renewals start every interval; several fit in the deadline; the deadline plus a
-        // fast shutdown stay below the duration a candidate must wait.
-        for secs in [5, 10, 30, 600] {
+        // Renewals start every interval; several fit in the deadline; the deadline plus the
+        // engine's fenced stop (SIGKILL at the latest) stay below the duration a candidate
+        // must wait, with at least a second to spare, from the shortest allowed duration up.
+        for secs in [MIN_DURATION.as_secs(), 6, 10, 30, 600] {
             let d = Duration::from_secs(secs);
             assert!(renew_deadline(d) < d / 2);
             assert!(renew_interval(d) * 2 < renew_deadline(d));
+            let fenced_by = renew_deadline(d) + fence_stop_timeout(d);
+            assert!(
+                fenced_by + Duration::from_secs(1) < d,
+                "duration {d:?}: the holder is stopped only {fenced_by:?} after its last renewal started"
+            );
         }
+    }
+
+    #[test]
+    fn one_attempt_never_outlasts_the_hold_nor_half_the_deadline() {
+        let start = Instant::now();
+        let d = Duration::from_secs(10);
+        // Not held: half the renew deadline (2 s) for the whole attempt.
+        assert_eq!(
+            attempt_deadline(start, None, d),
+            start + Duration::from_secs(2)
+        );
+        // Held, lapsing in 1 s: the attempt ends then, whatever requests remain.
+        let lapse = start + Duration::from_secs(1);
+        assert_eq!(attempt_deadline(start, Some(lapse), d), lapse);
+        // Lapsing later than the bound: the bound.
+        assert_eq!(
+            attempt_deadline(start, Some(start + Duration::from_secs(3)), d),
+            start + Duration::from_secs(2)
+        );
+    }
+
+    #[test]
+    fn holders_and_takers_go_by_the_larger_of_the_lease_and_their_own_view() {
+        use k8s_openapi::api::coordination::v1::LeaseSpec;
+        let lease = |secs| Lease {
+            spec: Some(LeaseSpec {
+                lease_duration_seconds: Some(secs),
+                ..LeaseSpec::default()
+            }),
+            ..Lease::default()
+        };
+        let own = Duration::from_secs(10);
+        // The spec was lowered to 10 s; the Lease still says 30 s (or the other way round).
+        assert_eq!(
+            effective_duration(own, Some(&lease(30))),
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            effective_duration(Duration::from_secs(30), Some(&lease(10))),
+            Duration::from_secs(30)
+        );
+        assert_eq!(effective_duration(own, None), own);
+        assert_eq!(effective_duration(own, Some(&lease(-1))), own);
     }
 }

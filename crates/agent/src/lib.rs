@@ -187,6 +187,7 @@ pub mod lease;
 pub mod process;
 pub mod report;
 pub mod store;
+pub mod test_hooks;
 pub mod wal;
 
 use std::time::Duration;

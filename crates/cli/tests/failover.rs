@@ -425,11 +425,18 @@ async fn without_auto_failover_a_lost_primary_is_reported_and_promote_fails_over
     }
     let runner = env.cluster.pod_runner().unwrap();
     runner.kill_and_hold(&env.namespace, "fm-0").unwrap();
+    // First the pod is not ready (the agent is gone), then the lock lapses: the primary is
+    // lost, and the condition says what to do.
     let db = env
-        .wait_db("fm", "Degraded PrimaryUnavailable", |db| {
-            support::databases::condition(db, "Degraded")
-                .is_some_and(|(s, r, _)| s == "True" && r == "PrimaryUnavailable")
-        })
+        .wait_db(
+            "fm",
+            "Degraded PrimaryUnavailable naming the way out",
+            |db| {
+                support::databases::condition(db, "Degraded").is_some_and(|(s, r, m)| {
+                    s == "True" && r == "PrimaryUnavailable" && m.contains("lock")
+                })
+            },
+        )
         .await;
     let (_, _, message) = support::databases::condition(&db, "Degraded").unwrap();
     assert!(message.contains("devctl db promote"), "{message}");
@@ -820,4 +827,248 @@ async fn a_target_that_dies_before_promoting_is_replaced_by_a_new_election() {
     wait_streaming(&env, "ft", "ft-2", "ft-0").await;
     env.wait_ready_with("ft", 3).await;
     assert_eq!(checksum_with(&env, "ft", "ft-1", 100).await, before);
+}
+
+/// Asks each of `pods` ten times a second, over a session of its own that stays open, whether
+/// it acknowledges a probe commit ([`workload::WriteProbe`]): the issue's meaning of writable.
+struct Prober {
+    pods: Vec<String>,
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<Vec<(Instant, bool)>>>,
+}
+
+impl Prober {
+    async fn start(env: &Env, passfile: &std::path::Path, pods: &[&str]) -> Self {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let mut tasks = Vec::new();
+        for pod in pods {
+            let mut probe = workload::WriteProbe::new(passfile, &address(env, pod).await);
+            let stopped = stopped.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut samples = Vec::new();
+                while !*stopped.borrow() {
+                    let at = Instant::now();
+                    samples.push((at, probe.writable().await));
+                    tokio::time::sleep_until((at + Duration::from_millis(100)).into()).await;
+                }
+                samples
+            }));
+        }
+        Self {
+            pods: pods.iter().map(|p| p.to_string()).collect(),
+            stop,
+            tasks,
+        }
+    }
+
+    /// Stops probing; asserts that no two instances were ever writable at once, and returns
+    /// the pods writable at the last sample.
+    async fn finish(self) -> Vec<String> {
+        let _ = self.stop.send(true);
+        let mut runs: Vec<(usize, Instant, Instant)> = Vec::new();
+        let mut last = Vec::new();
+        for (index, task) in self.tasks.into_iter().enumerate() {
+            let samples = task.await.unwrap();
+            assert!(
+                samples.len() >= 20,
+                "too few probes of {}: {}",
+                self.pods[index],
+                samples.len()
+            );
+            let mut open: Option<(Instant, Instant)> = None;
+            for (at, writable) in &samples {
+                open = match (open, writable) {
+                    (Some((from, _)), true) => Some((from, *at)),
+                    (None, true) => Some((*at, *at)),
+                    (Some((from, to)), false) => {
+                        runs.push((index, from, to));
+                        None
+                    }
+                    (None, false) => None,
+                };
+            }
+            if let Some((from, to)) = open {
+                runs.push((index, from, to));
+                last.push(self.pods[index].clone());
+            }
+        }
+        for (a, from_a, to_a) in &runs {
+            for (b, from_b, to_b) in &runs {
+                assert!(
+                    a == b || to_a < from_b || to_b < from_a,
+                    "{} and {} were writable at once",
+                    self.pods[*a],
+                    self.pods[*b]
+                );
+            }
+        }
+        last
+    }
+}
+
+/// Issue #45, item 1: with asynchronous replication the replica that received the most is
+/// elected although it acknowledges the failover last, and nothing it received is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_asynchronous_failover_elects_the_most_advanced_replica_even_when_it_answers_last() {
+    let env = Env::start("failover-advanced").await;
+    env.create_spec("fa", spec(3, true, false)).await;
+    env.wait_ready_with("fa", 3).await;
+    env.shell_ok(
+        "fa",
+        "create table t (v bigint primary key, pod text); insert into t select g, 'seed' from generate_series(1, 100) g",
+    )
+    .await;
+    let seeded = checksum_with(&env, "fa", "fa-0", 100).await;
+    for pod in ["fa-1", "fa-2"] {
+        assert_eq!(checksum_with(&env, "fa", pod, 100).await, seeded);
+    }
+    // fa-2 stops receiving; fa-1 receives 100 more rows.
+    let runner = env.cluster.pod_runner().unwrap();
+    runner
+        .set_agent_hooks(&env.namespace, "fa-2", "wal-receiver=stop")
+        .unwrap();
+    devctl_testenv::eventually("fa-2 to stop streaming", READY_TIMEOUT, || async {
+        let out = env
+            .instance_sql("fa", "fa-2", "select count(*) from pg_stat_wal_receiver")
+            .await;
+        (support::stdout(&out).trim() == "0").then_some(())
+    })
+    .await
+    .unwrap();
+    env.shell_ok(
+        "fa",
+        "insert into t select g, 'later' from generate_series(101, 200) g",
+    )
+    .await;
+    let advanced = checksum_with(&env, "fa", "fa-1", 200).await;
+    assert_eq!(
+        env.instance_sql_ok("fa", "fa-2", "select count(*) from t")
+            .await,
+        "100",
+        "fa-2 was to fall behind"
+    );
+
+    // fa-1 acknowledges the failover seconds after fa-2 (within failoverTimeout).
+    runner
+        .set_agent_hooks(&env.namespace, "fa-1", "failover-ack-delay-ms=4000")
+        .unwrap();
+    runner.kill_and_hold(&env.namespace, "fa-0").unwrap();
+    runner.set_agent_hooks(&env.namespace, "fa-2", "").unwrap();
+    let db = wait_new_primary(&env, "fa", "fa-0").await;
+    let status = db.status.unwrap();
+    assert_eq!(
+        status.current_primary.as_deref(),
+        Some("fa-1"),
+        "the first replica to answer was elected, not the most advanced\nfa-1 agent log:\n{}",
+        env.agent_log("fa-1")
+    );
+    assert_eq!(status.failover_epoch, Some(1));
+    // Every row fa-1 had received is on the new primary, and the others follow it.
+    assert_eq!(checksum_with(&env, "fa", "fa-1", 200).await, advanced);
+    runner.set_agent_hooks(&env.namespace, "fa-1", "").unwrap();
+    wait_streaming(&env, "fa", "fa-1", "fa-2").await;
+    assert_eq!(checksum_with(&env, "fa", "fa-2", 200).await, advanced);
+    runner.release(&env.namespace, "fa-0").unwrap();
+    wait_streaming(&env, "fa", "fa-1", "fa-0").await;
+    env.wait_ready_with("fa", 3).await;
+}
+
+/// Issue #45, item 2: a CHECKPOINT that fails right after the promotion does not leave a
+/// writable engine behind an agent that still acts as a replica: the failover completes with
+/// exactly one writable primary, which holds the lock, and no second target is elected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_that_fails_after_the_promotion_still_ends_with_one_writable_primary() {
+    let env = Env::start("failover-checkpoint").await;
+    env.create_spec("fc", spec(3, true, true)).await;
+    env.wait_ready_with("fc", 3).await;
+    env.shell_ok("fc", "create table t (v bigint primary key, pod text)")
+        .await;
+    let runner = env.cluster.pod_runner().unwrap();
+    for pod in ["fc-1", "fc-2"] {
+        runner
+            .set_agent_hooks(&env.namespace, pod, "checkpoint-after-promote=fail")
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let passfile = passfile(&env, "fc", &dir).await;
+    let prober = Prober::start(&env, &passfile, &["fc-0", "fc-1", "fc-2"]).await;
+    let writer = Writer::start(&env, "fc", passfile.clone());
+    writer
+        .wait_acks_from("fc-0", 10, SystemTime::UNIX_EPOCH)
+        .await;
+
+    let killed_at = SystemTime::now();
+    runner.kill_and_hold(&env.namespace, "fc-0").unwrap();
+    // A killed agent's pod is not Ready, as a kubelet's failing probe would show (item 8).
+    devctl_testenv::eventually("fc-0 to be marked not Ready", READY_TIMEOUT, || async {
+        let pod = env
+            .api::<k8s_openapi::api::core::v1::Pod>()
+            .get("fc-0")
+            .await
+            .ok()?;
+        let ready = pod
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "Ready")?;
+        (ready.status == "False").then_some(())
+    })
+    .await
+    .unwrap();
+    let db = env
+        .wait_db("fc", "the failover to be done", |db| {
+            db.status.as_ref().is_some_and(|s| {
+                s.current_primary.as_deref().is_some_and(|p| p != "fc-0")
+                    && s.target_primary.is_none()
+            })
+        })
+        .await;
+    let status = db.status.unwrap();
+    let new = status.current_primary.clone().unwrap();
+    assert_eq!(
+        status.failover_epoch,
+        Some(1),
+        "a second target was elected"
+    );
+    writer.wait_acks_from(&new, 10, killed_at).await;
+    let log = full_log(&env, &new);
+    assert!(
+        log.contains("CHECKPOINT after the promotion (best effort)"),
+        "the hook did not fail the CHECKPOINT on {new}:\n{log}"
+    );
+    let lease: k8s_openapi::api::coordination::v1::Lease =
+        env.api().get("fc-primary").await.unwrap();
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some(new.as_str())
+    );
+    let acks = writer.finish().await;
+    assert_eq!(
+        prober.finish().await,
+        vec![new.clone()],
+        "writable at the end"
+    );
+    assert!(
+        env.events("FailoverTargetLost").await.is_empty(),
+        "a second target was elected"
+    );
+    // Synchronous replication: every acknowledged row is on the new primary.
+    let rows: BTreeSet<i64> = env
+        .instance_sql_ok("fc", &new, "select v from t order by v")
+        .await
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    let lost: Vec<i64> = acks
+        .iter()
+        .map(|a| a.value)
+        .filter(|v| !rows.contains(v))
+        .collect();
+    assert!(lost.is_empty(), "acknowledged rows lost: {lost:?}");
+    for pod in ["fc-1", "fc-2"] {
+        runner.set_agent_hooks(&env.namespace, pod, "").unwrap();
+    }
+    runner.release(&env.namespace, "fc-0").unwrap();
+    wait_streaming(&env, "fc", &new, "fc-0").await;
+    env.wait_ready_with("fc", 3).await;
 }

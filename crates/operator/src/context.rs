@@ -9,6 +9,7 @@ use kube::Client;
 
 use crate::backoff::Backoff;
 use crate::children::Caches;
+use crate::database_cluster::failover_liveness::FailoverLiveness;
 use crate::metrics::Metrics;
 use crate::status_writes::StatusWrites;
 
@@ -98,6 +99,8 @@ pub struct Context {
     pub backoff: Backoff,
     /// Status writes whose echo the cache has not shown yet ([`StatusWrites`]).
     pub status_writes: StatusWrites,
+    /// What the replicas' reports were when each failover under way started.
+    pub failover_liveness: FailoverLiveness,
     pub settings: Settings,
 }
 
@@ -115,6 +118,7 @@ impl Context {
             caches,
             backoff: Backoff::default(),
             status_writes: StatusWrites::default(),
+            failover_liveness: FailoverLiveness::default(),
             settings,
         }
     }

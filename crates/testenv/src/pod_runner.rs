@@ -115,6 +115,15 @@ pub const DATABASE_SECRET_SELECTOR: &str = "app.kubernetes.io/name=databaseclust
 /// Environment variable naming the `devctl-agent` binary for [`PodBacking::processes`].
 pub const AGENT_BIN_ENV: &str = "DEVCTL_AGENT_BIN";
 
+/// The variable naming an agent's test hooks file (`devctl_agent::test_hooks`); only the
+/// runner sets it, never anything the operator renders.
+pub const AGENT_TEST_HOOKS_ENV: &str = "DEVCTL_AGENT_TEST_HOOKS";
+
+/// The test hooks file of the agents of pods named `pod` (`<root>/hooks/<namespace>_<pod>`).
+fn hooks_path(root: &Path, namespace: &str, pod: &str) -> PathBuf {
+    root.join("hooks").join(format!("{namespace}_{pod}"))
+}
+
 /// How long stopping the runner waits for agents after SIGTERM before SIGKILL.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -318,6 +327,7 @@ impl PodRunner {
         }
         make_dir(&root, None, 0o755)?;
         make_dir(&root.join("logs"), None, 0o755)?;
+        make_dir(&root.join("hooks"), None, 0o755)?;
         let shared = SharedState::default();
         let faults = Arc::new(watch::Sender::new(0));
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -369,6 +379,20 @@ impl PodRunner {
             .pods
             .get(&(namespace.to_string(), pod.to_string()))
             .map(|r| r.log.clone())
+    }
+
+    /// Sets the test hooks of the agents of pods named `pod` (`key=value` lines, see
+    /// `devctl_agent::test_hooks`), read by a running agent at its next hook point and by
+    /// every agent started later; empty text clears them.
+    pub fn set_agent_hooks(&self, namespace: &str, pod: &str, hooks: &str) -> Result<(), Error> {
+        let path = hooks_path(&self.root, namespace, pod);
+        let staged = path.with_extension("new");
+        std::fs::write(&staged, hooks)
+            .and_then(|()| {
+                std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o644))
+            })
+            .and_then(|()| std::fs::rename(&staged, &path))
+            .map_err(|e| Error::io(format!("write the agent hooks {}", path.display()), e))
     }
 
     /// Every agent exit of pods named `pod` (all uids), oldest first.
@@ -1642,6 +1666,8 @@ async fn run_pod(
 
     let mut backoff = RESTART_BACKOFF_MIN;
     let mut starts = 0u32;
+    // The pod's Ready condition was set False after an agent exit.
+    let mut marked_unready = false;
     loop {
         if held(&ctx, &key) && wait_released(&ctx, &key, &log, &mut stop).await {
             break;
@@ -1695,8 +1721,22 @@ async fn run_pod(
             }
         };
         starts += 1;
-        // Taken off `running` (under the lock) before it is reaped.
-        let exit = agent.supervise(&mut stop).await;
+        // Taken off `running` (under the lock) before it is reaped. A pod marked not ready
+        // when its last agent went is Ready again once the new one's readiness probe passes.
+        let exit = {
+            let mut supervise = std::pin::pin!(agent.supervise(&mut stop));
+            let mut probe = std::pin::pin!(probe_until_ready(&ctx, &pod, ports.1, &log));
+            let mut probing = marked_unready;
+            loop {
+                tokio::select! {
+                    exit = &mut supervise => break exit,
+                    _ = &mut probe, if probing => {
+                        probing = false;
+                        marked_unready = false;
+                    }
+                }
+            }
+        };
         lock(&ctx.shared)
             .exits
             .entry(key.clone())
@@ -1714,6 +1754,9 @@ async fn run_pod(
         if exit.requested {
             break;
         }
+        // What a kubelet's failing readiness probe would show: the operator must not count
+        // an instance whose agent is gone by its last report.
+        marked_unready |= set_pod_ready(&ctx, &pod, false, &log).await;
         if held(&ctx, &key) {
             // Released: started again at once, the hold standing in for the back-off.
             if wait_released(&ctx, &key, &log, &mut stop).await {
@@ -1735,6 +1778,66 @@ async fn run_pod(
     // The pod's volumes go with it (claims stay).
     let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(pod_dir)).await;
     drop(guards);
+}
+
+/// Sets the pod's `Ready` and `ContainersReady` conditions (the pod's uid as precondition: a
+/// replacement of the same name is not touched). Returns whether it was written.
+async fn set_pod_ready(ctx: &Ctx, pod: &Pod, ready: bool, log: &Path) -> bool {
+    let namespace = pod.namespace().unwrap_or_default();
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let status = if ready { "True" } else { "False" };
+    let reason = if ready { None } else { Some("AgentExited") };
+    let condition = |type_: &str| {
+        serde_json::json!({
+            "type": type_, "status": status, "lastTransitionTime": now, "reason": reason,
+        })
+    };
+    let patch = serde_json::json!({
+        "metadata": { "uid": pod.uid() },
+        "status": { "conditions": [condition("Ready"), condition("ContainersReady")] },
+    });
+    match api
+        .patch_status(
+            &pod.name_any(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Strategic(patch),
+        )
+        .await
+    {
+        Ok(_) => {
+            note(log, &format!("pod marked Ready={status}"));
+            true
+        }
+        Err(e) => {
+            note(log, &format!("cannot mark the pod Ready={status}: {e}"));
+            false
+        }
+    }
+}
+
+/// Polls the agent's `/readyz` on `health_port` (as a kubelet's readiness probe would, every
+/// half second) until it answers 200, then marks the pod Ready.
+async fn probe_until_ready(ctx: &Ctx, pod: &Pod, health_port: u16, log: &Path) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let answer = async {
+            let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, health_port)).await?;
+            stream
+                .write_all(b"GET /readyz HTTP/1.0\r\nHost: localhost\r\n\r\n")
+                .await?;
+            let mut head = [0u8; 12];
+            stream.read_exact(&mut head).await?;
+            Ok::<_, std::io::Error>(head)
+        };
+        let ok = tokio::time::timeout(Duration::from_secs(1), answer)
+            .await
+            .is_ok_and(|r| r.is_ok_and(|head| head.ends_with(b" 200")));
+        if ok && set_pod_ready(ctx, pod, true, log).await {
+            return;
+        }
+    }
 }
 
 /// Whether agents of pods named `key` must not start ([`PodRunner::kill_and_hold`]).
@@ -1981,6 +2084,12 @@ async fn prepare(
     env.insert("USER".into(), plan.run_as.user.clone());
     env.insert("LOGNAME".into(), plan.run_as.user.clone());
     env.insert("KUBECONFIG".into(), kubeconfig.display().to_string());
+    env.insert(
+        AGENT_TEST_HOOKS_ENV.into(),
+        hooks_path(&ctx.root, &namespace, &pod.name_any())
+            .display()
+            .to_string(),
+    );
     env.entry("LANG".into()).or_insert_with(|| "C.UTF-8".into());
     for passed in ["RUST_LOG", "RUST_BACKTRACE"] {
         if let Ok(value) = std::env::var(passed) {

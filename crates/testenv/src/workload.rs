@@ -103,6 +103,99 @@ pub async fn writable(passfile: &Path, address: &(String, String)) -> bool {
         .is_ok_and(|out| out == "f")
 }
 
+/// How long a probe commit may take before its instance counts as not writable (and its
+/// session is replaced).
+pub const PROBE_LIMIT: Duration = Duration::from_secs(1);
+
+/// Asks one instance, over a session of its own that stays open between probes, whether it
+/// acknowledges a commit: `select txid_current()` assigns a transaction id, so its commit
+/// writes a commit record (and waits for synchronous standbys like any write). A standby
+/// refuses it; a fenced or stopped primary does not answer. A session that fails or does not
+/// answer within [`PROBE_LIMIT`] is dropped and the next probe opens a new one.
+pub struct WriteProbe {
+    passfile: PathBuf,
+    address: (String, String),
+    session: Option<ProbeSession>,
+}
+
+struct ProbeSession {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl WriteProbe {
+    pub fn new(passfile: &Path, address: &(String, String)) -> Self {
+        Self {
+            passfile: passfile.to_path_buf(),
+            address: address.clone(),
+            session: None,
+        }
+    }
+
+    fn open(&self) -> std::io::Result<ProbeSession> {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new("psql")
+            .args(["-X", "-A", "-t", "-q"])
+            .env("PGHOST", &self.address.0)
+            .env("PGPORT", &self.address.1)
+            .env("PGUSER", "app")
+            .env("PGDATABASE", "app")
+            .env("PGPASSFILE", &self.passfile)
+            .env("PGCONNECT_TIMEOUT", "1")
+            .env_remove("PGPASSWORD")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(std::io::Error::other("psql without pipes"));
+        };
+        Ok(ProbeSession {
+            child,
+            stdin,
+            stdout: tokio::io::BufReader::new(stdout).lines(),
+        })
+    }
+
+    /// Whether a probe commit is acknowledged now, within [`PROBE_LIMIT`].
+    pub async fn writable(&mut self) -> bool {
+        use tokio::io::AsyncWriteExt;
+        if self.session.is_none() {
+            self.session = self.open().ok();
+        }
+        let Some(session) = self.session.as_mut() else {
+            return false;
+        };
+        let asked = async {
+            session
+                .stdin
+                .write_all(b"select txid_current();\n\\echo devctl-probe-done\n")
+                .await?;
+            session.stdin.flush().await?;
+            let mut committed = false;
+            while let Some(line) = session.stdout.next_line().await? {
+                let line = line.trim();
+                if line == "devctl-probe-done" {
+                    return Ok::<_, std::io::Error>(committed);
+                }
+                committed |= !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit());
+            }
+            Err(std::io::Error::other("the session ended"))
+        };
+        match tokio::time::timeout(PROBE_LIMIT, asked).await {
+            Ok(Ok(committed)) => committed,
+            _ => {
+                if let Some(mut session) = self.session.take() {
+                    let _ = session.child.start_kill();
+                }
+                false
+            }
+        }
+    }
+}
+
 /// One acknowledged row: its value, the pod that acknowledged it and when (wall clock).
 #[derive(Clone, Debug)]
 pub struct Ack {

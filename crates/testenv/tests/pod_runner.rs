@@ -440,6 +440,29 @@ async fn an_agent_that_exits_is_restarted_and_its_exits_are_recorded() {
         assert_eq!(exit.last_line.as_deref(), Some("giving up"), "{exit:?}");
     }
     assert_ne!(exits[0].pid, exits[1].pid);
+    // As a kubelet's failing readiness probe would show: no agent, not Ready (kwok alone
+    // keeps the pod Ready whatever runs). This agent never answers /readyz, so it stays so.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let ready = eventually("crash-0 to be marked not Ready", TIMEOUT, || async {
+        let pod = pods.get("crash-0").await.ok()?;
+        let conditions = pod.status?.conditions?;
+        let status = |t: &str| {
+            conditions
+                .iter()
+                .find(|c| c.type_ == t)
+                .map(|c| (c.status.clone(), c.reason.clone()))
+        };
+        (status("Ready")?.0 == "False").then(|| (status("Ready"), status("ContainersReady")))
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        ready,
+        (
+            Some(("False".into(), Some("AgentExited".into()))),
+            Some(("False".into(), Some("AgentExited".into())))
+        )
+    );
     let gap = exits[1].at.duration_since(exits[0].at).unwrap_or_default();
     assert!(
         gap >= Duration::from_millis(900),

@@ -1,6 +1,7 @@
 //! Watches, reconcile and error policy of the DatabaseCluster controller: the thin async
 //! shell around the pure desired state (`resources`) and status (`status`).
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -501,6 +502,14 @@ async fn primary_step(
     );
     let high_availability = lease::failover_timeout(db).and(db.spec.high_availability.as_ref());
     let requested = switchover::requested(db);
+    let cluster_key = (names.namespace.clone(), names.name.clone());
+    let live = match (&recorded.failed, recorded.epoch) {
+        (Some(_), Some(epoch)) => ctx.failover_liveness.live(cluster_key.clone(), epoch, pods),
+        _ => {
+            ctx.failover_liveness.forget(&cluster_key);
+            BTreeSet::new()
+        }
+    };
     let step = failover::plan(&failover::Inputs {
         cluster: &names.name,
         high_availability,
@@ -522,6 +531,7 @@ async fn primary_step(
             .get(FORCE_FAILOVER_ANNOTATION)
             .is_some_and(|v| v == "true"),
         since_start: since(recorded.last_failover_time.as_deref()),
+        live: &live,
     });
     match step {
         failover::Step::Idle { expires_in } => {
@@ -583,6 +593,7 @@ async fn primary_step(
                     ..PrimaryStep::unchanged(recorded)
                 };
             }
+            ctx.failover_liveness.started(cluster_key, epoch, pods);
             PrimaryStep {
                 events: vec![Announcement {
                     type_: EventType::Warning,
@@ -644,6 +655,7 @@ async fn primary_step(
                     ..PrimaryStep::unchanged(recorded)
                 };
             }
+            ctx.failover_liveness.started(cluster_key, epoch, pods);
             PrimaryStep {
                 events: vec![Announcement {
                     type_: EventType::Warning,

@@ -24,6 +24,7 @@
 //! the `-rw` Service stops sending clients to it as soon as its role label goes.
 
 use std::cmp::Reverse;
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use devctl_api::database_cluster::{HighAvailabilitySpec, SynchronousSpec};
@@ -69,6 +70,9 @@ pub struct Inputs<'a> {
     pub forced: bool,
     /// Time since the failover under way started (`status.lastFailoverTime`).
     pub since_start: Duration,
+    /// During a failover: the pods that showed life since it started (running, their report
+    /// changed since, as the operator's watch saw it: [`super::failover_liveness`]).
+    pub live: &'a BTreeSet<String>,
 }
 
 /// What to do about failover in this reconcile.
@@ -173,8 +177,10 @@ pub fn most_advanced<'a>(candidates: &[(&'a str, &InstanceStatus)]) -> Option<&'
 /// standbys, so any `m − k + 1` of them include one that has it — never fewer, however long
 /// it takes (a human can still pick a replica). `FIRST k` is treated the same way: which
 /// standbys were the first `k` at the moment of the failure is not known. Asynchronous:
-/// every live replica, or after a further `timeout` at least one (a replica that died with
-/// the primary does not block the failover forever).
+/// every live replica (one that showed life since the failover started, whether it has
+/// acknowledged yet or not), or once `timeout` (`failoverTimeout`) has passed since the
+/// failover started, at least one: a live replica slower than that, or one that dies during the
+/// wait, does not hold the failover up for longer.
 pub fn enough_acknowledged(
     synchronous: Option<&SynchronousSpec>,
     replicas: i32,
@@ -454,9 +460,11 @@ fn carry_on(inputs: &Inputs<'_>, failed: &str) -> Step {
                 .copied()
                 .filter(|(_, r)| r.failover_epoch == Some(epoch))
                 .collect();
+            // Live: acknowledged, or showed life since the start (`ready` cannot say it: a
+            // replica is ready only while it streams, and nothing streams from a lost primary).
             let live = replicas
                 .iter()
-                .filter(|(_, r)| r.ready || r.failover_epoch == Some(epoch))
+                .filter(|(name, r)| r.failover_epoch == Some(epoch) || inputs.live.contains(*name))
                 .count();
             let timeout = inputs
                 .high_availability
@@ -578,6 +586,8 @@ mod tests {
         /// `spec.highAvailability` off (no lock is tended).
         ha_off: bool,
         forced: bool,
+        /// Pods that showed life since the failover started.
+        live: BTreeSet<String>,
     }
 
     impl Case {
@@ -592,6 +602,7 @@ mod tests {
                 since_start: Duration::ZERO,
                 ha_off: false,
                 forced: false,
+                live: BTreeSet::new(),
             }
         }
 
@@ -611,6 +622,7 @@ mod tests {
                 primary_ready,
                 forced: self.forced,
                 since_start: self.since_start,
+                live: &self.live,
             })
         }
     }
@@ -760,6 +772,7 @@ mod tests {
             primary_ready: false,
             forced: false,
             since_start: Duration::ZERO,
+            live: &BTreeSet::new(),
         });
         assert_eq!(step, Step::Idle { expires_in: None });
         // The next epoch follows the last one.
@@ -900,6 +913,7 @@ mod tests {
         // Positions acknowledged for an older epoch do not count.
         let mut case = Case::new(pending(2), Some(lease(Some("db-0"), true, 40)));
         case.reports = reports(Some(1));
+        case.live = ["db-1", "db-2"].map(String::from).into();
         assert_eq!(case.plan(), Step::Pending { recheck_in: None });
         // One of two: asynchronous waits for the other, or the further timeout.
         case.reports[1].1 = Some(replica(1, "0/3000000", "0/3000000", Some(2)));
@@ -916,7 +930,9 @@ mod tests {
         case.since_start = Duration::ZERO;
         case.reports = reports(Some(2));
         assert_eq!(case.plan(), Step::Elect("db-2".into()));
-        // A replica that is down does not hold up an asynchronous election.
+        // A replica whose report did not change since the start (its agent is dead) does not
+        // hold up an asynchronous election.
+        case.live.remove("db-2");
         case.reports[2].1 = Some(InstanceStatus {
             ready: false,
             ..replica(1, "0/3000100", "0/3000000", None)
@@ -929,6 +945,44 @@ mod tests {
         });
         case.since_start = Duration::from_secs(3600);
         assert_eq!(case.plan(), Step::Pending { recheck_in: None });
+    }
+
+    #[test]
+    fn an_asynchronous_election_waits_for_a_live_replica_that_is_slow_to_acknowledge() {
+        // Nothing streams once the primary is gone: no replica is ready. db-1 acknowledged
+        // first; db-2 is further ahead and alive (its report changed since the start) but
+        // has not acknowledged yet.
+        let mut case = Case::new(pending(1), Some(lease(Some("db-0"), true, 40)));
+        case.reports[1].1 = Some(InstanceStatus {
+            ready: false,
+            ..replica(1, "0/3000000", "0/3000000", Some(1))
+        });
+        case.reports[2].1 = Some(InstanceStatus {
+            ready: false,
+            ..replica(1, "0/3000100", "0/3000000", None)
+        });
+        case.live = ["db-1", "db-2"].map(String::from).into();
+        case.since_start = Duration::from_secs(5);
+        assert_eq!(
+            case.plan(),
+            Step::Pending {
+                recheck_in: Some(Duration::from_secs(25))
+            },
+            "the first acknowledgement does not win while a live replica has not answered"
+        );
+        // It answers: the most advanced wins.
+        case.reports[2].1 = Some(InstanceStatus {
+            ready: false,
+            ..replica(1, "0/3000100", "0/3000000", Some(1))
+        });
+        assert_eq!(case.plan(), Step::Elect("db-2".into()));
+        // It never answers: the wait is bounded by failoverTimeout from the start.
+        case.reports[2].1 = Some(InstanceStatus {
+            ready: false,
+            ..replica(1, "0/3000100", "0/3000000", None)
+        });
+        case.since_start = Duration::from_secs(30);
+        assert_eq!(case.plan(), Step::Elect("db-1".into()));
     }
 
     #[test]

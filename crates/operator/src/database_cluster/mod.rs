@@ -4,6 +4,7 @@ pub mod backup;
 pub mod backup_lifecycle;
 pub mod controller;
 pub mod failover;
+pub mod failover_liveness;
 pub mod instances;
 pub mod pods;
 pub mod resources;
