@@ -29,7 +29,7 @@ use crate::engine::{Engine, Probe, prepare_dir, primary_conninfo, write_private}
 use crate::error::{Error, Result, one_line};
 use crate::health::{self, Health};
 use crate::lease::{
-    AcquireError, PrimaryLock, effective_duration, fence_stop_timeout, renew_deadline,
+    AcquireError, LockDurations, PrimaryLock, fence_stop_timeout, lock_durations, renew_deadline,
     renew_interval,
 };
 use crate::process;
@@ -100,6 +100,14 @@ enum Action {
     /// pod holds it, or the operator declared a failover away from it.
     Fence(String),
 }
+
+/// The CHECKPOINT after a promotion is retried this often, this many times (PostgreSQL's own
+/// spread end-of-recovery checkpoint has completed by then).
+const CHECKPOINT_RETRY_INTERVAL: Duration = Duration::from_secs(5);
+const CHECKPOINT_RETRIES: u32 = 60;
+/// How long a former primary waits for the new primary's control file to show a timeline
+/// past its own before it rewinds anyway.
+const REJOIN_TIMELINE_WAIT: Duration = Duration::from_secs(60);
 
 /// How long a fenced engine gets for its fast shutdown before SIGKILL without a primary lock
 /// (with one: [`fence_stop_timeout`] of its duration).
@@ -341,6 +349,8 @@ struct Agent {
     action: Option<Action>,
     /// A former primary rejoining as a standby: when to give up and re-clone.
     rejoin_deadline: Option<Instant>,
+    /// Since when a former primary waits for the new primary's checkpointed timeline.
+    rejoin_timeline_wait: Option<Instant>,
     /// PostgreSQL: the primary lock (used while `spec.highAvailability.enabled`).
     lock: Option<PrimaryLock>,
     /// Why the lock was not taken or renewed last time.
@@ -445,6 +455,7 @@ pub async fn run(config: Config) -> Result<Outcome> {
         lock_problem: None,
         failover_ack: None,
         failover_stopped: None,
+        rejoin_timeline_wait: None,
         hooks: crate::test_hooks::TestHooks::from_env(),
         stream_timeline: None,
         sync_applied: None,
@@ -643,7 +654,7 @@ impl Agent {
                 let standby = self.engine.is_standby();
                 let target = view.target_primary.clone();
                 let away = failover_away(&view, &me);
-                let lock_duration = self.lock_duration();
+                let lock_duration = self.lock_durations();
                 match view.current_primary {
                     None => Some("waiting for status.currentPrimary".to_string()),
                     Some(primary) if primary == me && !bootstrapped && view.initialized => {
@@ -857,7 +868,7 @@ impl Agent {
 
     /// High availability: takes (or renews) the primary lock before the engine may run as the
     /// primary; `Err` says why not (also kept in `lock_problem`).
-    async fn gate_primary(&mut self, duration: Option<Duration>) -> Result<(), String> {
+    async fn gate_primary(&mut self, duration: Option<LockDurations>) -> Result<(), String> {
         let (Some(duration), Some(lock)) = (duration, self.lock.as_mut()) else {
             return Ok(());
         };
@@ -901,6 +912,27 @@ impl Agent {
                 "this instance holds a former primary's data; waiting for the new primary {primary} to report ready as the primary"
             ));
         }
+        // pg_rewind before PostgreSQL 16 takes the source's timeline from its control file,
+        // which names the new timeline only after the promotion's checkpoint: rewinding
+        // earlier finds "no rewind required" and the standby cannot follow.
+        let own = self
+            .engine
+            .control_data()
+            .await
+            .ok()
+            .and_then(|c| c.timeline);
+        let theirs = report.as_ref().and_then(|r| r.timeline);
+        let waiting_since = *self.rejoin_timeline_wait.get_or_insert_with(Instant::now);
+        if let Some(own) = own
+            && theirs.is_none_or(|t| t <= own)
+            && waiting_since.elapsed() < REJOIN_TIMELINE_WAIT
+        {
+            return Err(format!(
+                "this instance holds a former primary's data (timeline {own}); waiting for the new primary {primary} to checkpoint its new timeline (it reports {})",
+                theirs.map_or_else(|| "none".to_string(), |t| t.to_string())
+            ));
+        }
+        self.rejoin_timeline_wait = None;
         let address = resolve_primary(&self.pods, &self.config, primary).await?;
         self.write_passfile()?;
         // Its history may have forked from the new primary's (writes after the last WAL the
@@ -1532,14 +1564,19 @@ impl Agent {
         (streaming < expected).then_some(streaming)
     }
 
-    /// The primary lock's duration, while high availability is on: the larger of the spec's
-    /// (as this agent sees it) and the Lease's ([`effective_duration`]).
-    fn lock_duration(&self) -> Option<Duration> {
+    /// The primary lock's durations, while high availability is on, from the spec (as this
+    /// agent sees it) and the Lease ([`lock_durations`]).
+    fn lock_durations(&self) -> Option<LockDurations> {
         let own = self.view().lock_duration?;
         Some(match &self.lock {
-            Some(lock) => effective_duration(own, lock.view.borrow().lease.as_ref()),
-            None => own,
+            Some(lock) => lock_durations(own, lock.view.borrow().lease.as_ref()),
+            None => lock_durations(own, None),
         })
+    }
+
+    /// The duration this instance fences on as the holder ([`LockDurations::hold`]).
+    fn lock_duration(&self) -> Option<Duration> {
+        self.lock_durations().map(|d| d.hold)
     }
 
     /// The cluster as last seen (empty for the MySQL family).
@@ -1556,7 +1593,8 @@ impl Agent {
     /// network), the lock held by another pod, or a failover away from here.
     async fn tend_lock(&mut self) -> Option<String> {
         let view = self.view();
-        let duration = self.lock_duration()?;
+        let durations = self.lock_durations()?;
+        let duration = durations.hold;
         if self.mode != Mode::Primary {
             return None;
         }
@@ -1584,7 +1622,7 @@ impl Agent {
             self.lock_problem = Some(format!("not renewing the primary lock: {error}"));
             return None;
         }
-        match lock.acquire(duration).await {
+        match lock.acquire(durations).await {
             Ok(()) => self.lock_problem = None,
             // A fresh read names another holder: this hold is over, whatever our clock says
             // (after a suspended VM resumes, its monotonic clock has not advanced).
@@ -1660,7 +1698,7 @@ impl Agent {
                 self.tend_backup(&probe);
                 if self.mode == Mode::Replica {
                     let view = self.view();
-                    let promoted = if view.failed_primary.is_some() {
+                    let mut promoted = if view.failed_primary.is_some() {
                         self.tick_failover(&view, &probe).await
                     } else {
                         self.failover_ack = None;
@@ -1676,14 +1714,26 @@ impl Agent {
                         && probe.role == devctl_api::instance::ROLE_PRIMARY
                         && self.action.is_none()
                     {
-                        // Out of recovery without being promoted by this agent (a promotion
-                        // that completed after its call gave up): it accepts writes while it
-                        // does not hold the lock. Stop it; it rejoins (rewinds) as a standby,
-                        // or runs as the primary if it is the target and wins the lock.
-                        self.action = Some(Action::Fence(
-                            "the engine accepts writes although this instance runs as a replica"
-                                .into(),
-                        ));
+                        // Out of recovery without a promotion this tick: one that completed
+                        // after its call gave up. The engine accepts writes, so it runs as
+                        // the primary only if this pod is the one named and holds the lock;
+                        // otherwise it is stopped at once and rejoins (rewinds) as a standby.
+                        let me = self.config.pod_name.as_str();
+                        let named = view.failed_primary.as_deref() != Some(me)
+                            && (view.target_primary.as_deref() == Some(me)
+                                || view.current_primary.as_deref() == Some(me));
+                        if named && self.gate_primary(self.lock_durations()).await.is_ok() {
+                            tracing::info!(
+                                "the engine left recovery after its promotion call returned: running as the primary"
+                            );
+                            self.promoted(self.lock_durations()).await;
+                            promoted = true;
+                        } else {
+                            self.action = Some(Action::Fence(
+                                "the engine accepts writes although this instance runs as a replica"
+                                    .into(),
+                            ));
+                        }
                     }
                     if !promoted {
                         self.tick_replica(probe, resolve_problem).await;
@@ -1960,7 +2010,7 @@ impl Agent {
             self.switchover_problem = None;
             return false;
         }
-        if let (Some(duration), Some(lock)) = (self.lock_duration(), self.lock.as_mut())
+        if let (Some(duration), Some(lock)) = (self.lock_durations(), self.lock.as_mut())
             && let Err(why) = lock.acquire(duration).await
         {
             let why = format!("failover to this pod: {why}");
@@ -1973,7 +2023,7 @@ impl Agent {
         tracing::info!(epoch, "elected by the operator: promoting");
         match self.engine.promote().await {
             Ok(()) => {
-                self.promoted(self.lock_duration()).await;
+                self.promoted(self.lock_durations()).await;
                 true
             }
             Err(e) => {
@@ -1986,7 +2036,7 @@ impl Agent {
     /// The engine left recovery (a switchover or failover target): renew the lock at once
     /// (the promotion took time), and checkpoint in the background — best effort, nothing
     /// waits for it: the instance is the primary from the moment it accepts writes.
-    async fn promoted(&mut self, lock_duration: Option<Duration>) {
+    async fn promoted(&mut self, lock_duration: Option<LockDurations>) {
         tracing::info!("promoted: running as the primary");
         if let (Some(duration), Some(lock)) = (lock_duration, self.lock.as_mut())
             && let Err(why) = lock.acquire(duration).await
@@ -1995,9 +2045,21 @@ impl Agent {
         }
         let (engine, hooks) = (self.engine.clone(), self.hooks.clone());
         tokio::spawn(async move {
-            match engine.checkpoint_after_promotion(&hooks).await {
-                Ok(()) => tracing::info!("checkpointed after the promotion"),
-                Err(e) => tracing::warn!("CHECKPOINT after the promotion (best effort): {e}"),
+            // Retried while it fails (for at most [`CHECKPOINT_RETRIES`] tries): a former
+            // primary rewinds only once the new timeline is in the control file.
+            for attempt in 1..=CHECKPOINT_RETRIES {
+                match engine.checkpoint_after_promotion(&hooks).await {
+                    Ok(()) => {
+                        tracing::info!("checkpointed after the promotion");
+                        return;
+                    }
+                    Err(e) if attempt == 1 => tracing::warn!(
+                        "CHECKPOINT after the promotion (best effort, retried every {}s): {e}",
+                        CHECKPOINT_RETRY_INTERVAL.as_secs()
+                    ),
+                    Err(_) => {}
+                }
+                tokio::time::sleep(CHECKPOINT_RETRY_INTERVAL).await;
             }
         });
     }
@@ -2048,7 +2110,7 @@ impl Agent {
                 Some(final_lsn) => match self.engine.switchover_progress(&final_lsn).await {
                     Ok(Some(why)) => format!("switchover to this pod: {why}"),
                     Err(e) => format!("switchover to this pod: {e}"),
-                    Ok(None) if self.gate_primary(self.lock_duration()).await.is_err() => {
+                    Ok(None) if self.gate_primary(self.lock_durations()).await.is_err() => {
                         format!(
                             "switchover to this pod: {}",
                             self.lock_problem.clone().unwrap_or_default()
@@ -2058,7 +2120,7 @@ impl Agent {
                         tracing::info!(%final_lsn, %old, "replayed the old primary's shutdown checkpoint: promoting");
                         match self.engine.promote().await {
                             Ok(()) => {
-                                self.promoted(self.lock_duration()).await;
+                                self.promoted(self.lock_durations()).await;
                                 return true;
                             }
                             Err(e) => format!("switchover to this pod: promoting: {e}"),

@@ -732,9 +732,14 @@ impl Engine {
         }
     }
 
-    /// A CHECKPOINT (up to 5 minutes): after a promotion, so the new timeline's first
-    /// restartpoint is close and a crash soon after replays little. Best effort: nothing
-    /// waits for it. The test hook [`crate::test_hooks::CHECKPOINT_AFTER_PROMOTE`] fails it.
+    /// A CHECKPOINT (up to 5 minutes) after a promotion. Until one completes, the control
+    /// file (and so the reported `timeline`, which comes from it) still names the old
+    /// timeline, and `pg_rewind` before PostgreSQL 16 reads the source's timeline from there:
+    /// a former primary rewinding against it would find "no rewind required". So a former
+    /// primary waits for the new primary's reported timeline to pass its own before it
+    /// rewinds, and the new primary checkpoints at once (in the background; PostgreSQL's own
+    /// end-of-recovery checkpoint is spread out over minutes). The test hook
+    /// [`crate::test_hooks::CHECKPOINT_AFTER_PROMOTE`] fails it.
     pub async fn checkpoint_after_promotion(
         &self,
         hooks: &crate::test_hooks::TestHooks,
@@ -1149,11 +1154,8 @@ impl Engine {
                     .admin_sql(
                         "SELECT pg_is_in_recovery(), \
                          (SELECT system_identifier FROM pg_control_system()), \
-                         CASE WHEN pg_is_in_recovery() \
-                              THEN COALESCE((SELECT received_tli FROM pg_stat_wal_receiver), \
-                                            (SELECT timeline_id FROM pg_control_checkpoint())) \
-                              ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int \
-                         END, \
+                         COALESCE((SELECT received_tli FROM pg_stat_wal_receiver), \
+                                  (SELECT timeline_id FROM pg_control_checkpoint())), \
                          current_setting('server_version'), \
                          pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn(), \
                          pg_wal_lsn_diff(GREATEST(pg_last_wal_receive_lsn(), \

@@ -44,18 +44,32 @@ pub fn fence_stop_timeout(duration: Duration) -> Duration {
     (duration / 5).min(Duration::from_secs(3))
 }
 
-/// The duration holders and takers go by: the larger of the Lease's `leaseDurationSeconds`
-/// (written by the operator) and this agent's own view of the spec. Agents learn of a spec
-/// change at different times; with the larger one a lowered `failoverTimeout` never makes a
-/// taker impatient while the holder still fences on the old, longer one.
-pub fn effective_duration(own: Duration, lease: Option<&Lease>) -> Duration {
+/// The lock's duration as a holder and as a taker go by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockDurations {
+    /// What the holder fences on (renew deadline, renew interval, stop timeout).
+    pub hold: Duration,
+    /// How long a taker must see another's record unchanged before it takes the lock.
+    pub take: Duration,
+}
+
+/// The durations from this agent's own view of the spec and the Lease's
+/// `leaseDurationSeconds` (written by the operator). Agents and the operator learn of a
+/// change of `failoverTimeout` at different times, so a holder fences on the shorter of the
+/// two and a taker waits for the longer: whichever of them has seen the change, a lowered
+/// `failoverTimeout` never makes a taker impatient while the holder still fences on the old,
+/// longer one (and a raised one makes the holder fence early, never late).
+pub fn lock_durations(own: Duration, lease: Option<&Lease>) -> LockDurations {
     let written = lease
         .and_then(|l| l.spec.as_ref())
         .and_then(|s| s.lease_duration_seconds)
         .and_then(|secs| u64::try_from(secs).ok())
-        .map(Duration::from_secs)
-        .unwrap_or_default();
-    own.max(written)
+        .filter(|secs| *secs > 0)
+        .map(Duration::from_secs);
+    LockDurations {
+        hold: written.map_or(own, |w| own.min(w)),
+        take: written.map_or(own, |w| own.max(w)),
+    }
 }
 
 /// Why the lock was not taken or renewed.
@@ -233,7 +247,8 @@ impl PrimaryLock {
     /// Takes or renews the lock (one write, a second after a conflict), all of it within
     /// [`attempt_deadline`]. `Err` says why not; [`AcquireError::HeldBy`] when a read shows
     /// another holder.
-    pub async fn acquire(&mut self, duration: Duration) -> Result<(), AcquireError> {
+    pub async fn acquire(&mut self, durations: LockDurations) -> Result<(), AcquireError> {
+        let duration = durations.hold;
         let started = Instant::now();
         let deadline = attempt_deadline(started, self.lapses_at(duration), duration);
         let timeout = deadline.saturating_duration_since(started);
@@ -253,7 +268,7 @@ impl PrimaryLock {
             };
             let spec = current.spec.clone().unwrap_or_default();
             let holder = spec.holder_identity.as_deref();
-            if let Err(message) = may_take(holder, &self.me, unchanged_for, duration) {
+            if let Err(message) = may_take(holder, &self.me, unchanged_for, durations.take) {
                 return Err(AcquireError::HeldBy {
                     holder: holder.unwrap_or_default().to_string(),
                     message,
@@ -431,7 +446,7 @@ mod tests {
     }
 
     #[test]
-    fn holders_and_takers_go_by_the_larger_of_the_lease_and_their_own_view() {
+    fn holders_fence_on_the_shorter_and_takers_wait_for_the_longer_duration() {
         use k8s_openapi::api::coordination::v1::LeaseSpec;
         let lease = |secs| Lease {
             spec: Some(LeaseSpec {
@@ -440,17 +455,27 @@ mod tests {
             }),
             ..Lease::default()
         };
-        let own = Duration::from_secs(10);
-        // The spec was lowered to 10 s; the Lease still says 30 s (or the other way round).
-        assert_eq!(
-            effective_duration(own, Some(&lease(30))),
-            Duration::from_secs(30)
-        );
-        assert_eq!(
-            effective_duration(Duration::from_secs(30), Some(&lease(10))),
-            Duration::from_secs(30)
-        );
-        assert_eq!(effective_duration(own, None), own);
-        assert_eq!(effective_duration(own, Some(&lease(-1))), own);
+        let (ten, thirty) = (Duration::from_secs(10), Duration::from_secs(30));
+        // failoverTimeout lowered from 30 s to 10 s. Whoever has seen what — the holder's
+        // spec view still 30 s while the operator wrote 10 s into the Lease, or the other
+        // way round — the holder is stopped before the taker may take over.
+        for (holder_view, taker_view, written) in [
+            (thirty, ten, 10),
+            (thirty, ten, 30),
+            (ten, thirty, 30),
+            (ten, ten, 30),
+            (thirty, thirty, 10),
+        ] {
+            let holder = lock_durations(holder_view, Some(&lease(written))).hold;
+            let taker = lock_durations(taker_view, Some(&lease(written))).take;
+            assert!(
+                renew_deadline(holder) + fence_stop_timeout(holder) < taker,
+                "holder sees {holder_view:?}, taker {taker_view:?}, the Lease {written}s: fenced after {holder:?}'s deadline, taken after {taker:?}"
+            );
+        }
+        let alone = lock_durations(ten, None);
+        assert_eq!((alone.hold, alone.take), (ten, ten));
+        let nonsense = lock_durations(ten, Some(&lease(-1)));
+        assert_eq!((nonsense.hold, nonsense.take), (ten, ten));
     }
 }

@@ -1350,12 +1350,21 @@ async fn postgres_planned_switchover_promotes_the_target_and_the_old_primary_rej
     .await;
 
     // db-1 promotes once it has replayed past finalLSN, with every row.
+    db1.wait_for_report("db-1 to promote", a1, |s| {
+        s.ready && s.role.as_deref() == Some("primary")
+    })
+    .await;
+    // The reported timeline is the control file's: the new one once the promotion's
+    // checkpoint (in the background) is done.
     let new = db1
-        .wait_for_report("db-1 to promote", a1, |s| {
-            s.ready && s.role.as_deref() == Some("primary")
+        .wait_for_report("db-1 to report its new timeline", a1, |s| {
+            s.timeline == Some(2)
         })
         .await;
-    assert_eq!(new.timeline, Some(2), "{new:?}");
+    assert!(
+        new.ready && new.role.as_deref() == Some("primary"),
+        "{new:?}"
+    );
     assert!(a1.stdout_contains("promoting"), "{}", a1.logs());
     assert!(!db1.data_dir().join("standby.signal").exists());
     assert_eq!(

@@ -862,8 +862,10 @@ impl Prober {
     }
 
     /// Stops probing; asserts that no two instances were ever writable at once, and returns
-    /// the pods writable at the last sample.
+    /// the pods writable at any probe of the last second (one slow commit on a loaded
+    /// machine does not make the primary look read-only).
     async fn finish(self) -> Vec<String> {
+        let stopped_at = Instant::now();
         let _ = self.stop.send(true);
         let mut runs: Vec<(usize, Instant, Instant)> = Vec::new();
         let mut last = Vec::new();
@@ -889,6 +891,10 @@ impl Prober {
             }
             if let Some((from, to)) = open {
                 runs.push((index, from, to));
+            }
+            if samples.iter().any(|(at, writable)| {
+                *writable && stopped_at.duration_since(*at) < Duration::from_secs(1)
+            }) {
                 last.push(self.pods[index].clone());
             }
         }
@@ -950,7 +956,7 @@ async fn an_asynchronous_failover_elects_the_most_advanced_replica_even_when_it_
 
     // fa-1 acknowledges the failover seconds after fa-2 (within failoverTimeout).
     runner
-        .set_agent_hooks(&env.namespace, "fa-1", "failover-ack-delay-ms=4000")
+        .set_agent_hooks(&env.namespace, "fa-1", "failover-ack-delay-ms=2500")
         .unwrap();
     runner.kill_and_hold(&env.namespace, "fa-0").unwrap();
     runner.set_agent_hooks(&env.namespace, "fa-2", "").unwrap();
@@ -1033,7 +1039,7 @@ async fn a_checkpoint_that_fails_after_the_promotion_still_ends_with_one_writabl
     writer.wait_acks_from(&new, 10, killed_at).await;
     let log = full_log(&env, &new);
     assert!(
-        log.contains("CHECKPOINT after the promotion (best effort)"),
+        log.contains("CHECKPOINT after the promotion (best effort"),
         "the hook did not fail the CHECKPOINT on {new}:\n{log}"
     );
     let lease: k8s_openapi::api::coordination::v1::Lease =

@@ -1756,7 +1756,13 @@ async fn run_pod(
         }
         // What a kubelet's failing readiness probe would show: the operator must not count
         // an instance whose agent is gone by its last report.
-        marked_unready |= set_pod_ready(&ctx, &pod, false, &log).await;
+        for _ in 0..3 {
+            if set_pod_ready(&ctx, &pod, false, &log).await {
+                marked_unready = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         if held(&ctx, &key) {
             // Released: started again at once, the hold standing in for the back-off.
             if wait_released(&ctx, &key, &log, &mut stop).await {

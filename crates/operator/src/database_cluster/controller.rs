@@ -506,7 +506,7 @@ async fn primary_step(
     let live = match (&recorded.failed, recorded.epoch) {
         (Some(_), Some(epoch)) => ctx.failover_liveness.live(cluster_key.clone(), epoch, pods),
         _ => {
-            ctx.failover_liveness.forget(&cluster_key);
+            ctx.failover_liveness.forget(&cluster_key, recorded.epoch);
             BTreeSet::new()
         }
     };
@@ -1496,6 +1496,11 @@ async fn cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
 
 async fn run_cleanup(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     let names = Names::of(&db)?;
+    // A cluster deleted during a failover leaves no note of it behind.
+    ctx.failover_liveness.forget(
+        &(names.namespace.clone(), names.name.clone()),
+        Some(i64::MAX),
+    );
     let disposed = dispose_of_volumes(&db, ctx, &names).await?;
     let orphaned = matches!(disposed, Volumes::Orphaned);
     let volumes = match disposed {

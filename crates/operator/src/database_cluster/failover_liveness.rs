@@ -24,7 +24,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 /// The reports of a cluster's pods when an epoch started.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Baseline {
     epoch: i64,
     /// Seen when the epoch started (else taken over later: everyone running counts).
@@ -56,13 +56,19 @@ fn running(pod: &Pod) -> bool {
 
 impl FailoverLiveness {
     /// Notes the reports of `pods` as epoch `epoch` of cluster `key` starts (the reconcile that
-    /// starts it, before its status is written).
+    /// starts it, before its status is written). A note of that epoch is kept: a reconcile
+    /// that ran on a cache without the status write plans the same start again, and by then
+    /// a replica's report may have changed already.
     pub fn started(&self, key: (String, String), epoch: i64, pods: &[&Pod]) {
+        let mut baselines = self.lock();
+        if baselines.get(&key).is_some_and(|b| b.epoch >= epoch) {
+            return;
+        }
         let reports = pods
             .iter()
             .map(|p| (p.name_any(), fingerprint(p)))
             .collect();
-        self.lock().insert(
+        baselines.insert(
             key,
             Baseline {
                 epoch,
@@ -77,14 +83,13 @@ impl FailoverLiveness {
     /// start, any running pod with a report).
     pub fn live(&self, key: (String, String), epoch: i64, pods: &[&Pod]) -> BTreeSet<String> {
         let mut baselines = self.lock();
-        let baseline = baselines
-            .entry(key)
-            .and_modify(|b| {
-                if b.epoch != epoch {
-                    *b = taken_over(epoch);
-                }
-            })
-            .or_insert_with(|| taken_over(epoch));
+        let stale = taken_over(epoch);
+        let baseline = match baselines.get(&key) {
+            // A cache behind a newer epoch this process started: that note stays.
+            Some(b) if b.epoch > epoch => &stale,
+            Some(b) if b.epoch == epoch => b,
+            _ => baselines.entry(key).insert_entry(stale.clone()).into_mut(),
+        };
         pods.iter()
             .filter(|p| running(p))
             .filter(|p| p.annotations().contains_key(STATUS_ANNOTATION))
@@ -95,10 +100,15 @@ impl FailoverLiveness {
             .collect()
     }
 
-    /// No failover is under way for cluster `key` (or it is gone): forget its note.
-    pub fn forget(&self, key: &(String, String)) {
+    /// No failover is under way for cluster `key` as of epoch `recorded` (or it is gone):
+    /// forget its note — unless the note is of a newer epoch, which a cache that has not
+    /// shown this process's status write yet does not know about.
+    pub fn forget(&self, key: &(String, String), recorded: Option<i64>) {
         let mut baselines = self.lock();
-        if !baselines.is_empty() {
+        if baselines
+            .get(key)
+            .is_some_and(|b| recorded.is_some_and(|r| b.epoch <= r))
+        {
             baselines.remove(key);
         }
     }
@@ -200,7 +210,29 @@ mod tests {
         assert!(liveness.live(key(), 4, &refs).is_empty());
         // Epoch 5 started elsewhere (another operator): taken over.
         assert_eq!(liveness.live(key(), 5, &refs).len(), 2);
-        liveness.forget(&key());
+        liveness.forget(&key(), Some(5));
         assert_eq!(liveness.live(key(), 5, &refs).len(), 2);
+    }
+
+    #[test]
+    fn a_cache_behind_this_process_s_status_write_keeps_the_note_of_the_start() {
+        let liveness = FailoverLiveness::default();
+        let before = [pod("db-1", Some("{}"), "Running")];
+        let refs: Vec<&Pod> = before.iter().collect();
+        liveness.started(key(), 2, &refs);
+        // The next reconcile still sees epoch 1 done and no failover: nothing is forgotten,
+        // and planning the same start again keeps the first note.
+        liveness.forget(&key(), Some(1));
+        liveness.forget(&key(), None);
+        let changed = [pod("db-1", Some(r#"{"lastError":"failover"}"#), "Running")];
+        let changed: Vec<&Pod> = changed.iter().collect();
+        liveness.started(key(), 2, &changed);
+        assert_eq!(liveness.live(key(), 2, &changed).len(), 1);
+        // A stale view of epoch 1 does not replace the note of epoch 2.
+        assert_eq!(liveness.live(key(), 1, &refs).len(), 1, "taken over");
+        assert!(liveness.live(key(), 2, &refs).is_empty());
+        // The failover of epoch 2 done: forgotten.
+        liveness.forget(&key(), Some(2));
+        assert_eq!(liveness.live(key(), 2, &refs).len(), 1, "taken over");
     }
 }
