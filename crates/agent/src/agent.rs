@@ -2010,9 +2010,18 @@ impl Agent {
             self.switchover_problem = None;
             return false;
         }
-        if let (Some(duration), Some(lock)) = (self.lock_durations(), self.lock.as_mut())
-            && let Err(why) = lock.acquire(duration).await
-        {
+        let durations = self.lock_durations();
+        let problem = if self.hooks.failover_lock_refused() {
+            Some("the primary lock: refused (test hook failover-lock=refuse)".to_string())
+        } else {
+            match (durations, self.lock.as_mut()) {
+                (Some(duration), Some(lock)) => {
+                    lock.acquire(duration).await.err().map(String::from)
+                }
+                _ => None,
+            }
+        };
+        if let Some(why) = problem {
             let why = format!("failover to this pod: {why}");
             if self.switchover_problem.as_deref() != Some(why.as_str()) {
                 tracing::info!("{why}");

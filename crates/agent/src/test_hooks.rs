@@ -19,6 +19,9 @@ pub const TEST_HOOKS_ENV: &str = "DEVCTL_AGENT_TEST_HOOKS";
 pub const FAILOVER_ACK_DELAY_MS: &str = "failover-ack-delay-ms";
 /// `fail`: the CHECKPOINT after a promotion fails (without running).
 pub const CHECKPOINT_AFTER_PROMOTE: &str = "checkpoint-after-promote";
+/// `refuse`: as a failover's target, the agent cannot take the primary lock (as if its
+/// writes to the Lease were refused); everything else works.
+pub const FAILOVER_LOCK: &str = "failover-lock";
 /// `stop`: a replica's WAL receiver is stopped (`primary_conninfo` emptied), so it falls
 /// behind its primary; removing the line lets it stream again.
 pub const WAL_RECEIVER: &str = "wal-receiver";
@@ -63,6 +66,11 @@ impl TestHooks {
 }
 
 impl TestHooks {
+    /// [`FAILOVER_LOCK`]`=refuse`.
+    pub fn failover_lock_refused(&self) -> bool {
+        self.value(FAILOVER_LOCK).is_some_and(|v| v == "refuse")
+    }
+
     /// [`WAL_RECEIVER`]`=stop`.
     pub fn wal_receiver_stopped(&self) -> bool {
         self.value(WAL_RECEIVER).is_some_and(|v| v == "stop")

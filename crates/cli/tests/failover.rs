@@ -1078,3 +1078,84 @@ async fn a_checkpoint_that_fails_after_the_promotion_still_ends_with_one_writabl
     wait_streaming(&env, "fc", &new, "fc-0").await;
     env.wait_ready_with("fc", 3).await;
 }
+
+/// Issue #45, item 3: a live target that cannot take the primary lock is not elected again
+/// in the same failover; once no replica is left the operator stops electing and says so
+/// (`Degraded` `FailoverStuck`, naming the pods tried), and a human's pick ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn targets_that_cannot_take_the_lock_are_not_elected_again_and_a_stuck_failover_says_so() {
+    let env = Env::start("failover-stuck").await;
+    env.create_spec("fs", spec(3, true, false)).await;
+    env.wait_ready_with("fs", 3).await;
+    env.shell_ok(
+        "fs",
+        "create table t (v bigint primary key, pod text); insert into t select g, 'seed' from generate_series(1, 100) g",
+    )
+    .await;
+    let seeded = checksum_with(&env, "fs", "fs-0", 100).await;
+    for pod in ["fs-1", "fs-2"] {
+        assert_eq!(checksum_with(&env, "fs", pod, 100).await, seeded);
+    }
+    let runner = env.cluster.pod_runner().unwrap();
+    for pod in ["fs-1", "fs-2"] {
+        runner
+            .set_agent_hooks(&env.namespace, pod, "failover-lock=refuse")
+            .unwrap();
+    }
+    runner.kill_and_hold(&env.namespace, "fs-0").unwrap();
+
+    let db = env
+        .wait_db("fs", "Degraded FailoverStuck", |db| {
+            support::databases::condition(db, "Degraded")
+                .is_some_and(|(s, r, _)| s == "True" && r == "FailoverStuck")
+        })
+        .await;
+    let status = db.status.clone().unwrap();
+    let mut tried = status.failed_targets.clone();
+    tried.sort();
+    assert_eq!(tried, ["fs-1", "fs-2"], "{status:#?}");
+    assert_eq!(status.failover_epoch, Some(3), "one election per replica");
+    let (_, _, message) = support::databases::condition(&db, "Degraded").unwrap();
+    assert!(
+        message.contains("did not take the primary lock")
+            && message.contains("devctl db promote fs POD"),
+        "{message}"
+    );
+    // Events of one reason on one object are a series.
+    let occurrences = |events: Vec<Event>| -> i32 {
+        events
+            .iter()
+            .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+            .sum()
+    };
+    assert_eq!(
+        occurrences(wait_events(&env, "FailoverTargetLost").await),
+        2
+    );
+    assert_eq!(occurrences(wait_events(&env, "FailoverStuck").await), 1);
+
+    // Nothing more is elected while it is stuck (a target lost is judged after two lock
+    // durations): still epoch 3 well past that.
+    tokio::time::sleep(TIMEOUT * 3).await;
+    let status = env
+        .api::<DatabaseCluster>()
+        .get("fs")
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(status.failover_epoch, Some(3));
+    assert_eq!(status.current_primary.as_deref(), Some("fs-0"));
+
+    // fs-2 can take the lock again; a human picks it.
+    runner.set_agent_hooks(&env.namespace, "fs-2", "").unwrap();
+    env.devctl_ok(&["db", "promote", "fs", "fs-2"]).await;
+    let db = wait_new_primary(&env, "fs", "fs-0").await;
+    let status = db.status.unwrap();
+    assert_eq!(status.current_primary.as_deref(), Some("fs-2"));
+    assert!(status.failed_targets.is_empty(), "{status:#?}");
+    assert_eq!(checksum_with(&env, "fs", "fs-2", 100).await, seeded);
+    runner.set_agent_hooks(&env.namespace, "fs-1", "").unwrap();
+    runner.release(&env.namespace, "fs-0").unwrap();
+    env.wait_ready_with("fs", 3).await;
+}

@@ -555,6 +555,12 @@ pub struct DatabaseClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failover_time: Option<String>,
 
+    /// The replicas elected in the failover under way that did not promote (none took the
+    /// primary lock): not elected again in it; after 3, or none left, the failover is stuck
+    /// (`Degraded` reason `FailoverStuck`) until a human picks one. Cleared when it is done.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_targets: Vec<String>,
+
     /// Each instance as its agent reports it, by pod name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]

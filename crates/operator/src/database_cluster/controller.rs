@@ -244,6 +244,7 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
                 instances,
                 primary: primary.clone(),
                 primary_lost: step.primary_lost.clone(),
+                failover_stuck: step.failover_stuck.clone(),
                 backup_problem: backups.0.clone().or(scheduled.problem.clone()),
                 // A schedule or retention failure is a backup failure too.
                 backup_health: backups.2.clone().map(|mut health| {
@@ -309,6 +310,7 @@ fn recorded_primary(
         failed: status.and_then(|s| s.failed_primary.clone()),
         epoch: status.and_then(|s| s.failover_epoch),
         last_failover_time: status.and_then(|s| s.last_failover_time.clone()),
+        failed_targets: status.map(|s| s.failed_targets.clone()).unwrap_or_default(),
     }
 }
 
@@ -394,6 +396,8 @@ struct PrimaryStep {
     primary: Primary,
     /// The primary is lost and nothing fails over on its own: why ([`Observed`]).
     primary_lost: Option<String>,
+    /// The failover under way elects nobody: why ([`Observed`]).
+    failover_stuck: Option<String>,
     /// Events of a step the status records: published once, after its status write.
     events: Vec<Announcement>,
     /// The switchover request is answered once the status records the answer.
@@ -407,6 +411,7 @@ impl PrimaryStep {
         Self {
             primary,
             primary_lost: None,
+            failover_stuck: None,
             events: Vec::new(),
             drop_request_when_recorded: false,
             timer: None,
@@ -606,8 +611,33 @@ async fn primary_step(
                     failed: Some(failed),
                     epoch: Some(epoch),
                     last_failover_time: Some(now().0.to_string()),
+                    failed_targets: Vec::new(),
                     ..recorded
                 })
+            }
+        }
+        failover::Step::Stuck { message } => {
+            let already = db
+                .status
+                .as_ref()
+                .and_then(|s| {
+                    devctl_api::conditions::find(&s.conditions, devctl_api::conditions::DEGRADED)
+                })
+                .is_some_and(|c| c.reason == status::FAILOVER_STUCK && c.message == message);
+            let events = if already {
+                Vec::new()
+            } else {
+                vec![Announcement {
+                    type_: EventType::Warning,
+                    reason: "FailoverStuck",
+                    action: "Failover".into(),
+                    note: message.clone(),
+                }]
+            };
+            PrimaryStep {
+                failover_stuck: Some(message),
+                events,
+                ..PrimaryStep::unchanged(recorded)
             }
         }
         failover::Step::Pending { recheck_in } => PrimaryStep {
@@ -669,6 +699,13 @@ async fn primary_step(
                     target: Some(TARGET_PENDING.into()),
                     epoch: Some(epoch),
                     last_failover_time: Some(now().0.to_string()),
+                    // Not elected again in this failover.
+                    failed_targets: recorded
+                        .failed_targets
+                        .iter()
+                        .cloned()
+                        .chain((!recorded.failed_targets.contains(&lost)).then(|| lost.clone()))
+                        .collect(),
                     ..recorded
                 })
             }
@@ -687,6 +724,7 @@ async fn primary_step(
                 current: to,
                 target: None,
                 failed: None,
+                failed_targets: Vec::new(),
                 ..recorded
             })
         },

@@ -103,6 +103,10 @@ pub enum Step {
     /// Waiting for the replicas' final positions; `recheck_in` when time alone can make
     /// enough of them (asynchronous replication).
     Pending { recheck_in: Option<Duration> },
+    /// Every replica this failover may elect was elected and did not promote, or
+    /// [`MAX_FAILED_TARGETS`] did: stop electing and say so, until a human picks one
+    /// (`devctl db promote`, which may name a replica tried before).
+    Stuck { message: String },
     /// Make this replica `targetPrimary`.
     Elect(String),
     /// The target has not promoted (or not taken the lock) yet.
@@ -361,6 +365,10 @@ fn target_lost(inputs: &Inputs<'_>, target: &str, epoch: i64) -> Option<String> 
     })
 }
 
+/// After this many targets of one failover did not promote, the operator stops electing: a
+/// live replica that cannot take the lock would otherwise be elected again and again.
+pub const MAX_FAILED_TARGETS: usize = 3;
+
 /// How long a promoting target may hold the lock without renewing it: the agent's
 /// `pg_promote(true, 60)` and its margin.
 const PROMOTION_WAIT: Duration = Duration::from_secs(75);
@@ -449,10 +457,32 @@ fn carry_on(inputs: &Inputs<'_>, failed: &str) -> Step {
                     Step::Pending { recheck_in: None }
                 };
             }
+            // Targets that did not promote in this failover are not elected again in it.
+            let tried = &primary.failed_targets;
+            let untried = |name: &str| !tried.iter().any(|t| t == name);
+            let candidates = inputs
+                .reports
+                .iter()
+                .filter(|(name, _)| name != failed && is_instance(inputs, name) && untried(name))
+                .count();
+            if !tried.is_empty() && (tried.len() >= MAX_FAILED_TARGETS || candidates == 0) {
+                return Step::Stuck {
+                    message: format!(
+                        "the failover from {failed} (epoch {epoch}) elects nobody: {} did not take the primary lock and promote, and {}; promote a replica that can take the lock with `devctl db promote {} POD`",
+                        tried.join(", "),
+                        if candidates == 0 {
+                            "no other replica is left"
+                        } else {
+                            "the operator stops electing after 3"
+                        },
+                        inputs.cluster
+                    ),
+                };
+            }
             let replicas: Vec<(&str, &InstanceStatus)> = inputs
                 .reports
                 .iter()
-                .filter(|(name, _)| name != failed && is_instance(inputs, name))
+                .filter(|(name, _)| name != failed && is_instance(inputs, name) && untried(name))
                 .filter_map(|(name, r)| Some((name.as_str(), r.as_ref()?)))
                 .collect();
             let final_positions: Vec<(&str, &InstanceStatus)> = replicas
@@ -564,6 +594,7 @@ mod tests {
             failed: Some("db-0".into()),
             epoch: Some(epoch),
             last_failover_time: Some("2025-01-01T00:00:00Z".into()),
+            failed_targets: Vec::new(),
         }
     }
 
@@ -607,10 +638,14 @@ mod tests {
         }
 
         fn plan(&self) -> Step {
+            plan(&self.inputs())
+        }
+
+        fn inputs(&self) -> Inputs<'_> {
             let primary_ready = self.reports.iter().any(|(name, r)| {
                 *name == self.primary.current && r.as_ref().is_some_and(|r| r.ready)
             });
-            plan(&Inputs {
+            Inputs {
                 cluster: "db",
                 high_availability: (!self.ha_off).then_some(&self.ha),
                 synchronous: self.synchronous.as_ref(),
@@ -623,7 +658,7 @@ mod tests {
                 forced: self.forced,
                 since_start: self.since_start,
                 live: &self.live,
-            })
+            }
         }
     }
 
@@ -983,6 +1018,46 @@ mod tests {
         });
         case.since_start = Duration::from_secs(30);
         assert_eq!(case.plan(), Step::Elect("db-1".into()));
+    }
+
+    #[test]
+    fn targets_that_did_not_promote_are_not_elected_again_and_the_failover_stops_when_none_is_left()
+    {
+        // db-2 is the most advanced, but was elected in this failover and did not promote.
+        let mut case = Case::new(pending(2), Some(lease(Some("db-0"), true, 40)));
+        case.reports = reports(Some(2));
+        case.primary.failed_targets = vec!["db-2".into()];
+        assert_eq!(case.plan(), Step::Elect("db-1".into()));
+        // Both replicas tried: nobody is elected, and the status says what to do.
+        case.primary.failed_targets = vec!["db-2".into(), "db-1".into()];
+        assert!(matches!(
+            case.plan(),
+            Step::Stuck { ref message }
+                if message.contains("db-2, db-1 did not take the primary lock")
+                    && message.contains("no other replica is left")
+                    && message.contains("devctl db promote db POD")
+        ));
+        // A human may still pick one of them.
+        case.requested = Some("db-1");
+        assert_eq!(case.plan(), Step::Elect("db-1".into()));
+        // Three tried in a larger cluster: stop, although replicas are left.
+        let mut large = Case::new(pending(4), Some(lease(Some("db-0"), true, 40)));
+        large.reports = reports(Some(4));
+        large
+            .reports
+            .push(("db-3".into(), Some(replica(1, "0/1", "0/1", Some(4)))));
+        large
+            .reports
+            .push(("db-4".into(), Some(replica(1, "0/1", "0/1", Some(4)))));
+        large.primary.failed_targets = vec!["db-1".into(), "db-2".into(), "db-3".into()];
+        let step = plan(&Inputs {
+            replicas: 5,
+            ..large.inputs()
+        });
+        assert!(
+            matches!(step, Step::Stuck { ref message } if message.contains("stops electing after 3")),
+            "{step:?}"
+        );
     }
 
     #[test]

@@ -277,6 +277,7 @@ mod tests {
             failed: Some("db-0".into()),
             epoch: Some(1),
             last_failover_time: Some("2025-01-01T00:00:00Z".into()),
+            failed_targets: Vec::new(),
         };
         for target in [devctl_api::instance::TARGET_PENDING, "db-2"] {
             // Nothing replaced although every revision is outdated and all pods are ready.

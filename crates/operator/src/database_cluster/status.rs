@@ -47,6 +47,9 @@ pub struct Observed<'a> {
     /// The primary is lost and nothing fails over on its own (no `autoFailover`, no
     /// replica): why, and what a human can do.
     pub primary_lost: Option<String>,
+    /// The failover under way elects nobody: every target it tried failed (why, and what a
+    /// human can do).
+    pub failover_stuck: Option<String>,
     /// Backups or WAL archiving fail: (`BackupFailing`/`WALArchivingFailing`, why).
     pub backup_problem: Option<(&'static str, String)>,
     /// Each of the two on its own, for their own conditions (`None`: no backups configured).
@@ -72,6 +75,10 @@ pub const CREDENTIALS_REGENERATED: &str = "CredentialsRegenerated";
 /// Reason of `Degraded` while the primary does not accept connections, or is lost and
 /// nothing fails over on its own.
 pub const PRIMARY_UNAVAILABLE: &str = "PrimaryUnavailable";
+
+/// Reason of `Degraded` while a failover elects nobody: the replicas it elected did not
+/// promote (docs/failover.md).
+pub const FAILOVER_STUCK: &str = "FailoverStuck";
 
 /// Reason of `Degraded` while fewer instances are ready than `spec.replicas` and nothing
 /// more specific explains it.
@@ -418,6 +425,12 @@ pub fn compute(
     // A lost primary comes first: no writes until a human acts. Its event is published when
     // this message first appears, so it must not hide behind another reason.
     desired.push(match (&observed.failure, refused, &observed.primary_lost) {
+        _ if observed.failover_stuck.is_some() => Desired::new(
+            DEGRADED,
+            TRUE,
+            FAILOVER_STUCK,
+            observed.failover_stuck.clone().unwrap_or_default(),
+        ),
         (_, _, Some(lost)) => Desired::new(DEGRADED, TRUE, PRIMARY_UNAVAILABLE, lost.clone()),
         (Some(failure), _, _) => Desired::new(DEGRADED, TRUE, failure.reason, failure.message.clone()),
         _ if regenerated => Desired::new(
@@ -519,6 +532,7 @@ pub fn compute(
         failover_epoch: observed.primary.epoch,
         failed_primary: observed.primary.failed.clone(),
         last_failover_time: observed.primary.last_failover_time.clone(),
+        failed_targets: observed.primary.failed_targets.clone(),
         instances: observed.instances.summaries.clone(),
     })
 }
@@ -572,6 +586,7 @@ mod tests {
                 ..Default::default()
             },
             primary_lost: None,
+            failover_stuck: None,
             backup_problem: None,
             backup_health: None,
             last_backup: None,
@@ -980,6 +995,7 @@ mod tests {
             failed: Some("my-postgres-0".into()),
             epoch: Some(2),
             last_failover_time: Some("2025-01-01T00:00:00Z".into()),
+            failed_targets: Vec::new(),
         };
         let status = compute(&db, &o, &now()).unwrap();
         let progressing = condition(&status, PROGRESSING);

@@ -23,6 +23,8 @@ pub struct Primary {
     pub failed: Option<String>,
     pub epoch: Option<i64>,
     pub last_failover_time: Option<String>,
+    /// Targets of the failover under way that did not promote (`status.failedTargets`).
+    pub failed_targets: Vec<String>,
 }
 
 /// What to do about a switchover in this reconcile.
