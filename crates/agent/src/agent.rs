@@ -101,6 +101,10 @@ enum Action {
     Fence(String),
 }
 
+/// Why a promotion target does not take the lock under the test hook
+/// [`crate::test_hooks::PROMOTION_LOCK`].
+const PROMOTION_LOCK_REFUSED: &str = "the primary lock: refused (test hook promotion-lock=refuse)";
+
 /// The CHECKPOINT after a promotion is retried this often, this many times (PostgreSQL's own
 /// spread end-of-recovery checkpoint has completed by then).
 const CHECKPOINT_RETRY_INTERVAL: Duration = Duration::from_secs(5);
@@ -2011,8 +2015,8 @@ impl Agent {
             return false;
         }
         let durations = self.lock_durations();
-        let problem = if self.hooks.failover_lock_refused() {
-            Some("the primary lock: refused (test hook failover-lock=refuse)".to_string())
+        let problem = if self.hooks.promotion_lock_refused() {
+            Some(PROMOTION_LOCK_REFUSED.to_string())
         } else {
             match (durations, self.lock.as_mut()) {
                 (Some(duration), Some(lock)) => {
@@ -2119,6 +2123,9 @@ impl Agent {
                 Some(final_lsn) => match self.engine.switchover_progress(&final_lsn).await {
                     Ok(Some(why)) => format!("switchover to this pod: {why}"),
                     Err(e) => format!("switchover to this pod: {e}"),
+                    Ok(None) if self.hooks.promotion_lock_refused() => {
+                        format!("switchover to this pod: {PROMOTION_LOCK_REFUSED}")
+                    }
                     Ok(None) if self.gate_primary(self.lock_durations()).await.is_err() => {
                         format!(
                             "switchover to this pod: {}",

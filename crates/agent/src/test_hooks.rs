@@ -19,9 +19,9 @@ pub const TEST_HOOKS_ENV: &str = "DEVCTL_AGENT_TEST_HOOKS";
 pub const FAILOVER_ACK_DELAY_MS: &str = "failover-ack-delay-ms";
 /// `fail`: the CHECKPOINT after a promotion fails (without running).
 pub const CHECKPOINT_AFTER_PROMOTE: &str = "checkpoint-after-promote";
-/// `refuse`: as a failover's target, the agent cannot take the primary lock (as if its
-/// writes to the Lease were refused); everything else works.
-pub const FAILOVER_LOCK: &str = "failover-lock";
+/// `refuse`: as the target of a failover or a switchover, the agent cannot take the primary
+/// lock (as if its writes to the Lease were refused); everything else works.
+pub const PROMOTION_LOCK: &str = "promotion-lock";
 /// `stop`: a replica's WAL receiver is stopped (`primary_conninfo` emptied), so it falls
 /// behind its primary; removing the line lets it stream again.
 pub const WAL_RECEIVER: &str = "wal-receiver";
@@ -66,9 +66,9 @@ impl TestHooks {
 }
 
 impl TestHooks {
-    /// [`FAILOVER_LOCK`]`=refuse`.
-    pub fn failover_lock_refused(&self) -> bool {
-        self.value(FAILOVER_LOCK).is_some_and(|v| v == "refuse")
+    /// [`PROMOTION_LOCK`]`=refuse`.
+    pub fn promotion_lock_refused(&self) -> bool {
+        self.value(PROMOTION_LOCK).is_some_and(|v| v == "refuse")
     }
 
     /// [`WAL_RECEIVER`]`=stop`.

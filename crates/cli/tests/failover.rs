@@ -1099,7 +1099,7 @@ async fn targets_that_cannot_take_the_lock_are_not_elected_again_and_a_stuck_fai
     let runner = env.cluster.pod_runner().unwrap();
     for pod in ["fs-1", "fs-2"] {
         runner
-            .set_agent_hooks(&env.namespace, pod, "failover-lock=refuse")
+            .set_agent_hooks(&env.namespace, pod, "promotion-lock=refuse")
             .unwrap();
     }
     runner.kill_and_hold(&env.namespace, "fs-0").unwrap();
@@ -1158,4 +1158,89 @@ async fn targets_that_cannot_take_the_lock_are_not_elected_again_and_a_stuck_fai
     runner.set_agent_hooks(&env.namespace, "fs-1", "").unwrap();
     runner.release(&env.namespace, "fs-0").unwrap();
     env.wait_ready_with("fs", 3).await;
+}
+
+/// Issue #45, item 4: a switchover whose target never promotes (it cannot take the lock) is
+/// aborted at its deadline, two lock durations: the old primary, stopped cleanly at its
+/// `finalLSN`, takes the lock back and serves again, with every row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switchover_whose_target_never_promotes_is_aborted_and_the_old_primary_serves_again() {
+    let env = Env::start("switchover-abort").await;
+    env.create_spec("sa", spec(3, true, true)).await;
+    env.wait_ready_with("sa", 3).await;
+    env.shell_ok(
+        "sa",
+        "create table t (v bigint primary key, pod text); insert into t select g, 'seed' from generate_series(1, 100) g",
+    )
+    .await;
+    let seeded = checksum_with(&env, "sa", "sa-0", 100).await;
+    let runner = env.cluster.pod_runner().unwrap();
+    runner
+        .set_agent_hooks(&env.namespace, "sa-1", "promotion-lock=refuse")
+        .unwrap();
+    let since = env.mark_db("sa").await;
+    let asked = Instant::now();
+    env.devctl_ok(&["db", "promote", "sa", "sa-1"]).await;
+    env.wait_db_since(&since, "the switchover under way", |db| {
+        db.status
+            .as_ref()
+            .is_some_and(|s| s.target_primary.as_deref() == Some("sa-1"))
+    })
+    .await;
+    // The old primary stops for it; the target never promotes.
+    devctl_testenv::eventually("sa-0 to stop for the switchover", READY_TIMEOUT, || async {
+        env.report("sa-0").await.final_lsn.map(|_| ())
+    })
+    .await
+    .unwrap();
+
+    let db = env
+        .wait_db("sa", "the switchover aborted", |db| {
+            db.status.as_ref().is_some_and(|s| {
+                s.target_primary.is_none() && s.current_primary.as_deref() == Some("sa-0")
+            }) && env_has_no_request(db)
+        })
+        .await;
+    let took = asked.elapsed();
+    assert!(
+        took >= TIMEOUT * 2,
+        "aborted after {took:?}, before its deadline"
+    );
+    let aborted = wait_events(&env, "SwitchoverAborted").await;
+    assert!(
+        aborted[0].note.as_deref().is_some_and(|n| n
+            .contains("the switchover to sa-1 did not complete within 20s")
+            && n.contains("sa-0, stopped cleanly for it, runs as the primary again")),
+        "{aborted:#?}"
+    );
+    assert_eq!(db.status.unwrap().failover_epoch, None, "no failover");
+    // sa-0 serves again, holding the lock, with every row.
+    env.shell_ok("sa", "insert into t values (101, 'after')")
+        .await;
+    assert_eq!(
+        env.instance_sql_ok("sa", "sa-0", "select count(*) from t")
+            .await,
+        "101"
+    );
+    let lease: k8s_openapi::api::coordination::v1::Lease =
+        env.api().get("sa-primary").await.unwrap();
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("sa-0")
+    );
+    runner.set_agent_hooks(&env.namespace, "sa-1", "").unwrap();
+    env.wait_ready_with("sa", 3).await;
+    let after = checksum_with(&env, "sa", "sa-0", 101).await;
+    assert_ne!(after, seeded);
+    for pod in ["sa-1", "sa-2"] {
+        assert_eq!(checksum_with(&env, "sa", pod, 101).await, after);
+    }
+}
+
+/// The switchover request is gone (answered).
+fn env_has_no_request(db: &DatabaseCluster) -> bool {
+    db.metadata
+        .annotations
+        .as_ref()
+        .is_none_or(|a| !a.contains_key(devctl_api::instance::SWITCHOVER_ANNOTATION))
 }

@@ -555,6 +555,11 @@ pub struct DatabaseClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failover_time: Option<String>,
 
+    /// When the switchover under way (or the last one) started (RFC 3339). One that has not
+    /// completed two lock durations later (a minute without high availability) is aborted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_switchover_time: Option<String>,
+
     /// The replicas elected in the failover under way that did not promote (none took the
     /// primary lock): not elected again in it; after 3, or none left, the failover is stuck
     /// (`Degraded` reason `FailoverStuck`) until a human picks one. Cleared when it is done.

@@ -311,6 +311,7 @@ fn recorded_primary(
         epoch: status.and_then(|s| s.failover_epoch),
         last_failover_time: status.and_then(|s| s.last_failover_time.clone()),
         failed_targets: status.map(|s| s.failed_targets.clone()).unwrap_or_default(),
+        last_switchover_time: status.and_then(|s| s.last_switchover_time.clone()),
     }
 }
 
@@ -540,8 +541,25 @@ async fn primary_step(
     });
     match step {
         failover::Step::Idle { expires_in } => {
-            let mut step = switchover_step(db, ctx, names, recorded, &all_reports).await;
-            step.timer = expires_in;
+            let clock = switchover::Clock {
+                since_start: since(recorded.last_switchover_time.as_deref()),
+                lock_duration: high_availability.and_then(|ha| ha.failover_timeout()),
+                lock: observed_lease.as_ref().map(|(_, o)| o),
+            };
+            let mut step = switchover_step(
+                db,
+                ctx,
+                names,
+                recorded,
+                &all_reports,
+                &clock,
+                (observed_lease.as_ref(), pods),
+            )
+            .await;
+            step.timer = match (step.timer, expires_in) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             step
         }
         failover::Step::Lost { message } => {
@@ -738,15 +756,105 @@ async fn switchover_step(
     names: &Names,
     recorded: Primary,
     reports: &[(String, Option<InstanceStatus>)],
+    clock: &switchover::Clock<'_>,
+    (observed_lease, pods): (Option<&(Arc<Lease>, LeaseObservation)>, &[&Pod]),
 ) -> PrimaryStep {
     let step = switchover::plan(
         &recorded,
         switchover::requested(db),
         reports,
         resources::stateful_set::instances(db),
+        clock,
     );
     match step {
-        Step::Idle | Step::Waiting(_) => PrimaryStep::unchanged(recorded),
+        Step::Idle => PrimaryStep::unchanged(recorded),
+        // Look again at the deadline (and then every lock duration: a target holding the
+        // lock is given up on only once it stops renewing it).
+        Step::Waiting(_) => PrimaryStep {
+            timer: Some(
+                switchover::deadline(clock.lock_duration)
+                    .checked_sub(clock.since_start)
+                    .filter(|left| !left.is_zero())
+                    .or(clock.lock_duration)
+                    .unwrap_or(LEASE_RECHECK),
+            ),
+            ..PrimaryStep::unchanged(recorded)
+        },
+        Step::Abort {
+            target: _,
+            fail_over: false,
+            message,
+        } => {
+            // With a lock, judged from the cached one: confirmed with the API server first
+            // (a target that took it meanwhile may be promoting).
+            if !decision_confirmed(ctx, names, observed_lease, clock.lock.is_some()).await {
+                return PrimaryStep {
+                    timer: Some(LEASE_RECHECK),
+                    ..PrimaryStep::unchanged(recorded)
+                };
+            }
+            PrimaryStep {
+                events: vec![Announcement {
+                    type_: EventType::Warning,
+                    reason: "SwitchoverAborted",
+                    action: "Switchover".into(),
+                    note: message,
+                }],
+                // The request would start the same switchover again.
+                drop_request_when_recorded: switchover::requested(db).is_some(),
+                ..PrimaryStep::unchanged(Primary {
+                    target: None,
+                    ..recorded
+                })
+            }
+        }
+        Step::Abort {
+            target,
+            fail_over: true,
+            message,
+        } => {
+            // Judged from the cached lock: confirmed with the API server first.
+            if !decision_confirmed(ctx, names, observed_lease, true).await {
+                return PrimaryStep {
+                    timer: Some(LEASE_RECHECK),
+                    ..PrimaryStep::unchanged(recorded)
+                };
+            }
+            let epoch = recorded.epoch.unwrap_or(0) + 1;
+            ctx.failover_liveness.started(
+                (names.namespace.clone(), names.name.clone()),
+                epoch,
+                pods,
+            );
+            PrimaryStep {
+                events: vec![
+                    Announcement {
+                        type_: EventType::Warning,
+                        reason: "SwitchoverAborted",
+                        action: "Switchover".into(),
+                        note: format!("{message} (epoch {epoch})"),
+                    },
+                    Announcement {
+                        type_: EventType::Warning,
+                        reason: "PrimaryLost",
+                        action: "Failover".into(),
+                        note: format!(
+                            "{target}, the switchover's target, holds the primary lock and stopped renewing it; failing over from {} without {target} (epoch {epoch})",
+                            recorded.current
+                        ),
+                    },
+                ],
+                drop_request_when_recorded: switchover::requested(db).is_some(),
+                ..PrimaryStep::unchanged(Primary {
+                    target: Some(TARGET_PENDING.into()),
+                    failed: Some(recorded.current.clone()),
+                    epoch: Some(epoch),
+                    last_failover_time: Some(now().0.to_string()),
+                    failed_targets: vec![target],
+                    ..recorded
+                })
+            }
+        }
         Step::AlreadyPrimary => {
             drop_request(ctx, names).await;
             PrimaryStep::unchanged(recorded)
@@ -776,6 +884,7 @@ async fn switchover_step(
             }],
             ..PrimaryStep::unchanged(Primary {
                 target: Some(target),
+                last_switchover_time: Some(now().0.to_string()),
                 ..recorded
             })
         },

@@ -595,6 +595,7 @@ mod tests {
             epoch: Some(epoch),
             last_failover_time: Some("2025-01-01T00:00:00Z".into()),
             failed_targets: Vec::new(),
+            last_switchover_time: None,
         }
     }
 

@@ -533,6 +533,7 @@ pub fn compute(
         failed_primary: observed.primary.failed.clone(),
         last_failover_time: observed.primary.last_failover_time.clone(),
         failed_targets: observed.primary.failed_targets.clone(),
+        last_switchover_time: observed.primary.last_switchover_time.clone(),
         instances: observed.instances.summaries.clone(),
     })
 }
@@ -996,6 +997,7 @@ mod tests {
             epoch: Some(2),
             last_failover_time: Some("2025-01-01T00:00:00Z".into()),
             failed_targets: Vec::new(),
+            last_switchover_time: None,
         };
         let status = compute(&db, &o, &now()).unwrap();
         let progressing = condition(&status, PROGRESSING);

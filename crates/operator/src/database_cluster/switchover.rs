@@ -8,9 +8,12 @@
 //! moves `status.currentPrimary`, clears the target and relabels the pods. Agents never write
 //! status: each step is the operator's.
 
+use std::time::Duration;
+
 use devctl_api::database_cluster::DatabaseCluster;
 use devctl_api::instance::{InstanceStatus, ROLE_PRIMARY, ROLE_REPLICA, SWITCHOVER_ANNOTATION};
 
+use super::failover::LeaseObservation;
 use super::instances::ordinal;
 
 /// Who is primary, and who is becoming it; the failover bookkeeping of the status.
@@ -25,6 +28,8 @@ pub struct Primary {
     pub last_failover_time: Option<String>,
     /// Targets of the failover under way that did not promote (`status.failedTargets`).
     pub failed_targets: Vec<String>,
+    /// When the switchover under way started (`status.lastSwitchoverTime`).
+    pub last_switchover_time: Option<String>,
 }
 
 /// What to do about a switchover in this reconcile.
@@ -40,6 +45,15 @@ pub enum Step {
     Start(String),
     /// The target has not promoted yet.
     Waiting(String),
+    /// The deadline passed and the target has not promoted ([`abort`]): give up on it.
+    /// `fail_over`: the target took the primary lock (it may have promoted) and stopped
+    /// renewing it, so the old primary must not take it back: fail over without the target.
+    /// Otherwise the old primary, stopped cleanly at its `finalLSN`, takes the lock back.
+    Abort {
+        target: String,
+        fail_over: bool,
+        message: String,
+    },
     /// The target reports itself primary: make it `currentPrimary`.
     Done { from: String, to: String },
 }
@@ -53,6 +67,59 @@ pub fn requested(db: &DatabaseCluster) -> Option<&str> {
         .map(String::as_str)
 }
 
+/// How long a switchover may take before it is aborted: two lock durations with high
+/// availability (`failoverTimeout`), a minute without.
+pub fn deadline(lock_duration: Option<Duration>) -> Duration {
+    lock_duration.map_or(Duration::from_secs(60), |d| d * 2)
+}
+
+/// A switchover under way against its deadline.
+#[derive(Debug, Clone)]
+pub struct Clock<'a> {
+    /// Since `status.lastSwitchoverTime` (long ago when unknown).
+    pub since_start: Duration,
+    /// The primary lock's duration (`failoverTimeout`), with high availability.
+    pub lock_duration: Option<Duration>,
+    /// The primary lock as the operator's watch saw it, with high availability.
+    pub lock: Option<&'a LeaseObservation>,
+}
+
+/// Whether a switchover to `target`, not done, is given up on ([`Step::Abort`]).
+///
+/// A target takes the primary lock before it promotes. So while the lock does not name it,
+/// it has not promoted and never will without the lock: the old primary may take the lock
+/// back and resume at the `finalLSN` it stopped at, losing nothing. Once the lock names it,
+/// it may have promoted and taken writes; then only a lock it stopped renewing for a full
+/// duration says it is gone, and the failover (with the target excluded) decides who is next.
+/// Without high availability there is no lock: past the deadline the old primary resumes.
+fn abort(primary: &Primary, target: &str, clock: &Clock<'_>) -> Option<Step> {
+    let deadline = deadline(clock.lock_duration);
+    if clock.since_start < deadline {
+        return None;
+    }
+    let old = &primary.current;
+    let within = format!("{}s", deadline.as_secs());
+    match (clock.lock, clock.lock_duration) {
+        (Some(lock), Some(duration)) if lock.holder.as_deref() == Some(target) => {
+            (lock.unchanged_for >= duration).then(|| Step::Abort {
+                target: target.to_string(),
+                fail_over: true,
+                message: format!(
+                    "the switchover to {target} did not complete within {within}, and {target} took the primary lock but has not renewed it for {}s: failing over without it",
+                    duration.as_secs()
+                ),
+            })
+        }
+        _ => Some(Step::Abort {
+            target: target.to_string(),
+            fail_over: false,
+            message: format!(
+                "the switchover to {target} did not complete within {within} ({target} did not take the primary lock and promote): aborted; {old}, stopped cleanly for it, runs as the primary again"
+            ),
+        }),
+    }
+}
+
 /// Decides the step from the status, the request and the agents' reports (`reports` by pod
 /// name); `replicas` is the number of instances the cluster runs.
 pub fn plan(
@@ -60,6 +127,7 @@ pub fn plan(
     requested: Option<&str>,
     reports: &[(String, Option<InstanceStatus>)],
     replicas: i32,
+    clock: &Clock<'_>,
 ) -> Step {
     let report = |pod: &str| {
         reports
@@ -73,7 +141,7 @@ pub fn plan(
                 from: primary.current.clone(),
                 to: target.clone(),
             },
-            _ => Step::Waiting(target.clone()),
+            _ => abort(primary, target, clock).unwrap_or_else(|| Step::Waiting(target.clone())),
         };
     }
     let Some(pod) = requested else {
@@ -128,6 +196,15 @@ mod tests {
         ]
     }
 
+    /// A switchover that started just now.
+    fn fresh() -> Clock<'static> {
+        Clock {
+            since_start: Duration::ZERO,
+            lock_duration: Some(Duration::from_secs(10)),
+            lock: None,
+        }
+    }
+
     fn idle() -> Primary {
         Primary {
             current: "db-0".into(),
@@ -138,7 +215,7 @@ mod tests {
     #[test]
     fn a_ready_replica_becomes_the_target() {
         assert_eq!(
-            plan(&idle(), Some("db-1"), &reports(), 3),
+            plan(&idle(), Some("db-1"), &reports(), 3, &fresh()),
             Step::Start("db-1".into())
         );
     }
@@ -146,20 +223,20 @@ mod tests {
     #[test]
     fn requests_that_cannot_be_carried_out_are_refused_with_the_reason() {
         assert!(
-            matches!(plan(&idle(), Some("db-2"), &reports(), 3), Step::Refuse(m) if m.contains("not a ready"))
+            matches!(plan(&idle(), Some("db-2"), &reports(), 3, &fresh()), Step::Refuse(m) if m.contains("not a ready"))
         );
         assert!(
-            matches!(plan(&idle(), Some("db-7"), &reports(), 3), Step::Refuse(m) if m.contains("not an instance"))
+            matches!(plan(&idle(), Some("db-7"), &reports(), 3, &fresh()), Step::Refuse(m) if m.contains("not an instance"))
         );
         assert!(matches!(
-            plan(&idle(), Some("other-1"), &reports(), 3),
+            plan(&idle(), Some("other-1"), &reports(), 3, &fresh()),
             Step::Refuse(_)
         ));
         assert_eq!(
-            plan(&idle(), Some("db-0"), &reports(), 3),
+            plan(&idle(), Some("db-0"), &reports(), 3, &fresh()),
             Step::AlreadyPrimary
         );
-        assert_eq!(plan(&idle(), None, &reports(), 3), Step::Idle);
+        assert_eq!(plan(&idle(), None, &reports(), 3, &fresh()), Step::Idle);
     }
 
     #[test]
@@ -170,17 +247,77 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            plan(&switching, None, &reports(), 3),
+            plan(&switching, None, &reports(), 3, &fresh()),
             Step::Waiting("db-1".into())
         );
         let mut promoted = reports();
         promoted[1].1 = report("primary", true);
         assert_eq!(
-            plan(&switching, None, &promoted, 3),
+            plan(&switching, None, &promoted, 3, &fresh()),
             Step::Done {
                 from: "db-0".into(),
                 to: "db-1".into()
             }
         );
+    }
+
+    #[test]
+    fn a_switchover_past_its_deadline_is_aborted_back_to_the_old_primary_or_failed_over() {
+        let switching = Primary {
+            current: "db-0".into(),
+            target: Some("db-1".into()),
+            ..Primary::default()
+        };
+        let lock = |holder: Option<&str>, unchanged: u64| LeaseObservation {
+            holder: holder.map(str::to_string),
+            ever_held: true,
+            unchanged_for: Duration::from_secs(unchanged),
+        };
+        let at = |since: u64, lock: Option<&LeaseObservation>, ha: bool| {
+            let clock = Clock {
+                since_start: Duration::from_secs(since),
+                lock_duration: ha.then(|| Duration::from_secs(10)),
+                lock,
+            };
+            plan(&switching, None, &reports(), 3, &clock)
+        };
+        // Two lock durations with high availability; a minute without.
+        let released = lock(None, 19);
+        assert_eq!(at(19, Some(&released), true), Step::Waiting("db-1".into()));
+        assert!(matches!(
+            at(20, Some(&released), true),
+            Step::Abort { ref target, fail_over: false, ref message }
+                if target == "db-1" && message.contains("did not complete within 20s")
+                    && message.contains("db-0, stopped cleanly for it, runs as the primary again")
+        ));
+        assert_eq!(at(59, None, false), Step::Waiting("db-1".into()));
+        assert!(matches!(
+            at(60, None, false),
+            Step::Abort {
+                fail_over: false,
+                ..
+            }
+        ));
+        // The target took the lock: it may have promoted. Never back to the old primary;
+        // once it stopped renewing for a full duration, a failover without it.
+        let renewing = lock(Some("db-1"), 2);
+        assert_eq!(at(300, Some(&renewing), true), Step::Waiting("db-1".into()));
+        let silent = lock(Some("db-1"), 10);
+        assert!(matches!(
+            at(300, Some(&silent), true),
+            Step::Abort { fail_over: true, ref message, .. } if message.contains("failing over without it")
+        ));
+        // Done wins over the deadline.
+        let mut promoted = reports();
+        promoted[1].1 = report("primary", true);
+        let clock = Clock {
+            since_start: Duration::from_secs(300),
+            lock_duration: Some(Duration::from_secs(10)),
+            lock: Some(&released),
+        };
+        assert!(matches!(
+            plan(&switching, None, &promoted, 3, &clock),
+            Step::Done { .. }
+        ));
     }
 }
