@@ -562,30 +562,11 @@ async fn primary_step(
             };
             step
         }
-        failover::Step::Lost { message } => {
-            let already = db
-                .status
-                .as_ref()
-                .and_then(|s| {
-                    devctl_api::conditions::find(&s.conditions, devctl_api::conditions::DEGRADED)
-                })
-                .is_some_and(|c| c.reason == status::PRIMARY_UNAVAILABLE && c.message == message);
-            let events = if already {
-                Vec::new()
-            } else {
-                vec![Announcement {
-                    type_: EventType::Warning,
-                    reason: "PrimaryLost",
-                    action: "Failover".into(),
-                    note: message.clone(),
-                }]
-            };
-            PrimaryStep {
-                primary_lost: Some(message),
-                events,
-                ..PrimaryStep::unchanged(recorded)
-            }
-        }
+        failover::Step::Lost { message } => PrimaryStep {
+            events: degraded_news(db, status::PRIMARY_UNAVAILABLE, "PrimaryLost", &message),
+            primary_lost: Some(message),
+            ..PrimaryStep::unchanged(recorded)
+        },
         failover::Step::Refuse(message) => {
             publish(
                 ctx,
@@ -634,30 +615,11 @@ async fn primary_step(
                 })
             }
         }
-        failover::Step::Stuck { message } => {
-            let already = db
-                .status
-                .as_ref()
-                .and_then(|s| {
-                    devctl_api::conditions::find(&s.conditions, devctl_api::conditions::DEGRADED)
-                })
-                .is_some_and(|c| c.reason == status::FAILOVER_STUCK && c.message == message);
-            let events = if already {
-                Vec::new()
-            } else {
-                vec![Announcement {
-                    type_: EventType::Warning,
-                    reason: "FailoverStuck",
-                    action: "Failover".into(),
-                    note: message.clone(),
-                }]
-            };
-            PrimaryStep {
-                failover_stuck: Some(message),
-                events,
-                ..PrimaryStep::unchanged(recorded)
-            }
-        }
+        failover::Step::Stuck { message } => PrimaryStep {
+            events: degraded_news(db, status::FAILOVER_STUCK, "FailoverStuck", &message),
+            failover_stuck: Some(message),
+            ..PrimaryStep::unchanged(recorded)
+        },
         failover::Step::Pending { recheck_in } => PrimaryStep {
             timer: recheck_in,
             ..PrimaryStep::unchanged(recorded)
@@ -747,6 +709,30 @@ async fn primary_step(
             })
         },
     }
+}
+
+/// A Warning event `event` for a `Degraded` condition with `reason` and `message`, unless the
+/// status shows it already: published when the message first appears, not each reconcile.
+fn degraded_news(
+    db: &DatabaseCluster,
+    reason: &str,
+    event: &'static str,
+    message: &str,
+) -> Vec<Announcement> {
+    let already = db
+        .status
+        .as_ref()
+        .and_then(|s| devctl_api::conditions::find(&s.conditions, devctl_api::conditions::DEGRADED))
+        .is_some_and(|c| c.reason == reason && c.message == message);
+    if already {
+        return Vec::new();
+    }
+    vec![Announcement {
+        type_: EventType::Warning,
+        reason: event,
+        action: "Failover".into(),
+        note: message.to_string(),
+    }]
 }
 
 /// Carries a switchover one step ([`switchover::plan`]) from the `recorded` status.
