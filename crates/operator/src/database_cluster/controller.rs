@@ -537,12 +537,17 @@ async fn primary_step(
             .get(FORCE_FAILOVER_ANNOTATION)
             .is_some_and(|v| v == "true"),
         since_start: since(recorded.last_failover_time.as_deref()),
+        since_switchover: since(recorded.last_switchover_time.as_deref()),
         live: &live,
     });
     match step {
         failover::Step::Idle { expires_in } => {
             let clock = switchover::Clock {
-                since_start: since(recorded.last_switchover_time.as_deref()),
+                // A switchover an older operator started has no start time: from now.
+                since_start: recorded
+                    .last_switchover_time
+                    .as_deref()
+                    .map_or(Duration::ZERO, |t| since(Some(t))),
                 lock_duration: high_availability.and_then(|ha| ha.failover_timeout()),
                 lock: observed_lease.as_ref().map(|(_, o)| o),
             };
@@ -764,10 +769,16 @@ async fn switchover_step(
                     .or(clock.lock_duration)
                     .unwrap_or(LEASE_RECHECK),
             ),
-            ..PrimaryStep::unchanged(recorded)
+            ..PrimaryStep::unchanged(Primary {
+                last_switchover_time: recorded
+                    .last_switchover_time
+                    .clone()
+                    .or_else(|| Some(now().0.to_string())),
+                ..recorded
+            })
         },
         Step::Abort {
-            target: _,
+            target,
             fail_over: false,
             message,
         } => {
@@ -786,8 +797,9 @@ async fn switchover_step(
                     action: "Switchover".into(),
                     note: message,
                 }],
-                // The request would start the same switchover again.
-                drop_request_when_recorded: switchover::requested(db).is_some(),
+                // The request would start the same switchover again (a newer one, naming
+                // another pod, stays).
+                drop_request_when_recorded: switchover::requested(db) == Some(target.as_str()),
                 ..PrimaryStep::unchanged(Primary {
                     target: None,
                     ..recorded
@@ -830,7 +842,7 @@ async fn switchover_step(
                         ),
                     },
                 ],
-                drop_request_when_recorded: switchover::requested(db).is_some(),
+                drop_request_when_recorded: switchover::requested(db) == Some(target.as_str()),
                 ..PrimaryStep::unchanged(Primary {
                     target: Some(TARGET_PENDING.into()),
                     failed: Some(recorded.current.clone()),

@@ -70,6 +70,9 @@ pub struct Inputs<'a> {
     pub forced: bool,
     /// Time since the failover under way started (`status.lastFailoverTime`).
     pub since_start: Duration,
+    /// Time since the last switchover started (`status.lastSwitchoverTime`; long ago when
+    /// there was none).
+    pub since_switchover: Duration,
     /// During a failover: the pods that showed life since it started (running, their report
     /// changed since, as the operator's watch saw it: [`super::failover_liveness`]).
     pub live: &'a BTreeSet<String>,
@@ -228,9 +231,20 @@ pub fn plan(inputs: &Inputs<'_>) -> Step {
         return manual_failover(inputs).unwrap_or(Step::Idle { expires_in: None });
     }
     let timeout = ha.failover_timeout().unwrap_or(Duration::from_secs(30));
-    if lease.unchanged_for < timeout {
+    // A switchover's old primary releases the lock as it stops; if the switchover is
+    // aborted at its deadline, it takes the lock back then. So a released lock counts as
+    // lost only from the end of the last switchover's deadline.
+    let unchanged_for = match lease.holder {
+        None => lease.unchanged_for.min(
+            inputs
+                .since_switchover
+                .saturating_sub(super::switchover::deadline(Some(timeout))),
+        ),
+        Some(_) => lease.unchanged_for,
+    };
+    if unchanged_for < timeout {
         return Step::Idle {
-            expires_in: Some(timeout - lease.unchanged_for),
+            expires_in: Some(timeout - unchanged_for),
         };
     }
     let current = &primary.current;
@@ -371,7 +385,7 @@ pub const MAX_FAILED_TARGETS: usize = 3;
 
 /// How long a promoting target may hold the lock without renewing it: the agent's
 /// `pg_promote(true, 60)` and its margin.
-const PROMOTION_WAIT: Duration = Duration::from_secs(75);
+pub(super) const PROMOTION_WAIT: Duration = Duration::from_secs(75);
 
 /// Without a lock: a new request (with [`FORCE_FAILOVER_ANNOTATION`](devctl_api::instance::FORCE_FAILOVER_ANNOTATION)) naming another
 /// replica while the target has not promoted elects again, for that replica — nothing else
@@ -658,6 +672,7 @@ mod tests {
                 primary_ready,
                 forced: self.forced,
                 since_start: self.since_start,
+                since_switchover: Duration::MAX,
                 live: &self.live,
             }
         }
@@ -808,6 +823,7 @@ mod tests {
             primary_ready: false,
             forced: false,
             since_start: Duration::ZERO,
+            since_switchover: Duration::MAX,
             live: &BTreeSet::new(),
         });
         assert_eq!(step, Step::Idle { expires_in: None });
@@ -815,6 +831,45 @@ mod tests {
         let mut again = Case::new(healthy(), Some(lease(Some("db-0"), true, 30)));
         again.primary.epoch = Some(4);
         assert!(matches!(again.plan(), Step::Start { epoch: 5, .. }));
+    }
+
+    #[test]
+    fn a_lock_released_for_a_switchover_counts_from_the_end_of_its_deadline() {
+        // Aborted at its deadline (20 s): the old primary released the lock 19 s ago and
+        // takes it back now; that is no loss for a lock duration.
+        let case = Case::new(healthy(), Some(lease(None, true, 19)));
+        let at = |since_switchover: u64| {
+            plan(&Inputs {
+                since_switchover: Duration::from_secs(since_switchover),
+                ..case.inputs()
+            })
+        };
+        assert_eq!(
+            at(20),
+            Step::Idle {
+                expires_in: Some(Duration::from_secs(30))
+            }
+        );
+        assert!(matches!(at(60), Step::Idle { .. }));
+        // With a 30 s lock the deadline is 60 s: lost once the released lock was not taken
+        // for 30 s after it.
+        let released = Case::new(healthy(), Some(lease(None, true, 3600)));
+        assert!(matches!(
+            plan(&Inputs {
+                since_switchover: Duration::from_secs(90),
+                ..released.inputs()
+            }),
+            Step::Start { .. }
+        ));
+        // A held lock is judged as before.
+        let held = Case::new(healthy(), Some(lease(Some("db-0"), true, 30)));
+        assert!(matches!(
+            plan(&Inputs {
+                since_switchover: Duration::ZERO,
+                ..held.inputs()
+            }),
+            Step::Start { .. }
+        ));
     }
 
     #[test]

@@ -100,13 +100,18 @@ fn abort(primary: &Primary, target: &str, clock: &Clock<'_>) -> Option<Step> {
     let old = &primary.current;
     let within = format!("{}s", deadline.as_secs());
     match (clock.lock, clock.lock_duration) {
+        // With high availability a lock not in the cache (yet) tells nothing: wait.
+        (None, Some(_)) => None,
         (Some(lock), Some(duration)) if lock.holder.as_deref() == Some(target) => {
-            (lock.unchanged_for >= duration).then(|| Step::Abort {
+            // Promoting, it renews only once `pg_promote` returned (as for a failover's
+            // target, [`super::failover::PROMOTION_WAIT`]).
+            let quiet = duration + super::failover::PROMOTION_WAIT;
+            (lock.unchanged_for >= quiet).then(|| Step::Abort {
                 target: target.to_string(),
                 fail_over: true,
                 message: format!(
                     "the switchover to {target} did not complete within {within}, and {target} took the primary lock but has not renewed it for {}s: failing over without it",
-                    duration.as_secs()
+                    quiet.as_secs()
                 ),
             })
         }
@@ -302,7 +307,15 @@ mod tests {
         // once it stopped renewing for a full duration, a failover without it.
         let renewing = lock(Some("db-1"), 2);
         assert_eq!(at(300, Some(&renewing), true), Step::Waiting("db-1".into()));
-        let silent = lock(Some("db-1"), 10);
+        // Quiet for a duration, but maybe still in `pg_promote` (75 s more).
+        let promoting = lock(Some("db-1"), 84);
+        assert_eq!(
+            at(300, Some(&promoting), true),
+            Step::Waiting("db-1".into())
+        );
+        // A lock not cached (yet) with high availability tells nothing.
+        assert_eq!(at(300, None, true), Step::Waiting("db-1".into()));
+        let silent = lock(Some("db-1"), 85);
         assert!(matches!(
             at(300, Some(&silent), true),
             Step::Abort { fail_over: true, ref message, .. } if message.contains("failing over without it")
