@@ -101,7 +101,7 @@ enum Action {
     Fence(String),
 }
 
-/// Why a promotion target does not take the lock under the test hook
+/// Why the agent does not take the lock to run as the primary under the test hook
 /// [`crate::test_hooks::PROMOTION_LOCK`].
 const PROMOTION_LOCK_REFUSED: &str = "the primary lock: refused (test hook promotion-lock=refuse)";
 
@@ -658,7 +658,7 @@ impl Agent {
                 let standby = self.engine.is_standby();
                 let target = view.target_primary.clone();
                 let away = failover_away(&view, &me);
-                let lock_duration = self.lock_durations();
+                let high_availability = view.lock_duration.is_some();
                 match view.current_primary {
                     None => Some("waiting for status.currentPrimary".to_string()),
                     Some(primary) if primary == me && !bootstrapped && view.initialized => {
@@ -669,7 +669,7 @@ impl Agent {
                             &cluster_name,
                             &me,
                             view.replicas,
-                            lock_duration.is_some(),
+                            high_availability,
                         ))
                     }
                     Some(primary) if primary == me && !bootstrapped && self.config.recovery => {
@@ -727,7 +727,7 @@ impl Agent {
                                     self.ready = false;
                                     Some(format!("stopped for a switchover to {target}"))
                                 }
-                                Ok(_) if self.gate_primary(lock_duration).await.is_err() => {
+                                Ok(_) if self.gate_primary().await.is_err() => {
                                     self.lock_problem.clone()
                                 }
                                 Ok(control) => {
@@ -747,7 +747,7 @@ impl Agent {
                                     "reading the control file for the switchover to {target}: {e}"
                                 )),
                             }
-                        } else if let Err(why) = self.gate_primary(lock_duration).await {
+                        } else if let Err(why) = self.gate_primary().await {
                             self.mode = Mode::Primary;
                             self.ready = false;
                             Some(why)
@@ -767,7 +767,7 @@ impl Agent {
                         if bootstrapped
                             && !standby
                             && target.as_deref() == Some(me.as_str())
-                            && let Err(why) = self.gate_primary(lock_duration).await
+                            && let Err(why) = self.gate_primary().await
                         {
                             Some(why)
                         } else if bootstrapped && !standby && target.as_deref() == Some(me.as_str())
@@ -872,8 +872,13 @@ impl Agent {
 
     /// High availability: takes (or renews) the primary lock before the engine may run as the
     /// primary; `Err` says why not (also kept in `lock_problem`).
-    async fn gate_primary(&mut self, duration: Option<LockDurations>) -> Result<(), String> {
-        let (Some(duration), Some(lock)) = (duration, self.lock.as_mut()) else {
+    async fn gate_primary(&mut self) -> Result<(), String> {
+        if self.hooks.promotion_lock_refused() {
+            let why = format!("not starting as the primary: {PROMOTION_LOCK_REFUSED}");
+            self.lock_problem = Some(why.clone());
+            return Err(why);
+        }
+        let (Some(duration), Some(lock)) = (self.lock_durations(), self.lock.as_mut()) else {
             return Ok(());
         };
         match lock.acquire(duration).await {
@@ -1726,11 +1731,11 @@ impl Agent {
                         let named = view.failed_primary.as_deref() != Some(me)
                             && (view.target_primary.as_deref() == Some(me)
                                 || view.current_primary.as_deref() == Some(me));
-                        if named && self.gate_primary(self.lock_durations()).await.is_ok() {
+                        if named && self.gate_primary().await.is_ok() {
                             tracing::info!(
                                 "the engine left recovery after its promotion call returned: running as the primary"
                             );
-                            self.promoted(self.lock_durations()).await;
+                            self.promoted().await;
                             promoted = true;
                         } else {
                             self.action = Some(Action::Fence(
@@ -2014,18 +2019,7 @@ impl Agent {
             self.switchover_problem = None;
             return false;
         }
-        let durations = self.lock_durations();
-        let problem = if self.hooks.promotion_lock_refused() {
-            Some(PROMOTION_LOCK_REFUSED.to_string())
-        } else {
-            match (durations, self.lock.as_mut()) {
-                (Some(duration), Some(lock)) => {
-                    lock.acquire(duration).await.err().map(String::from)
-                }
-                _ => None,
-            }
-        };
-        if let Some(why) = problem {
+        if let Err(why) = self.gate_primary().await {
             let why = format!("failover to this pod: {why}");
             if self.switchover_problem.as_deref() != Some(why.as_str()) {
                 tracing::info!("{why}");
@@ -2036,7 +2030,7 @@ impl Agent {
         tracing::info!(epoch, "elected by the operator: promoting");
         match self.engine.promote().await {
             Ok(()) => {
-                self.promoted(self.lock_durations()).await;
+                self.promoted().await;
                 true
             }
             Err(e) => {
@@ -2049,9 +2043,9 @@ impl Agent {
     /// The engine left recovery (a switchover or failover target): renew the lock at once
     /// (the promotion took time), and checkpoint in the background — best effort, nothing
     /// waits for it: the instance is the primary from the moment it accepts writes.
-    async fn promoted(&mut self, lock_duration: Option<LockDurations>) {
+    async fn promoted(&mut self) {
         tracing::info!("promoted: running as the primary");
-        if let (Some(duration), Some(lock)) = (lock_duration, self.lock.as_mut())
+        if let (Some(duration), Some(lock)) = (self.lock_durations(), self.lock.as_mut())
             && let Err(why) = lock.acquire(duration).await
         {
             tracing::warn!("renewing the primary lock after promotion: {why}");
@@ -2123,10 +2117,7 @@ impl Agent {
                 Some(final_lsn) => match self.engine.switchover_progress(&final_lsn).await {
                     Ok(Some(why)) => format!("switchover to this pod: {why}"),
                     Err(e) => format!("switchover to this pod: {e}"),
-                    Ok(None) if self.hooks.promotion_lock_refused() => {
-                        format!("switchover to this pod: {PROMOTION_LOCK_REFUSED}")
-                    }
-                    Ok(None) if self.gate_primary(self.lock_durations()).await.is_err() => {
+                    Ok(None) if self.gate_primary().await.is_err() => {
                         format!(
                             "switchover to this pod: {}",
                             self.lock_problem.clone().unwrap_or_default()
@@ -2136,7 +2127,7 @@ impl Agent {
                         tracing::info!(%final_lsn, %old, "replayed the old primary's shutdown checkpoint: promoting");
                         match self.engine.promote().await {
                             Ok(()) => {
-                                self.promoted(self.lock_durations()).await;
+                                self.promoted().await;
                                 return true;
                             }
                             Err(e) => format!("switchover to this pod: promoting: {e}"),

@@ -19,8 +19,9 @@ pub const TEST_HOOKS_ENV: &str = "DEVCTL_AGENT_TEST_HOOKS";
 pub const FAILOVER_ACK_DELAY_MS: &str = "failover-ack-delay-ms";
 /// `fail`: the CHECKPOINT after a promotion fails (without running).
 pub const CHECKPOINT_AFTER_PROMOTE: &str = "checkpoint-after-promote";
-/// `refuse`: as the target of a failover or a switchover, the agent cannot take the primary
-/// lock (as if its writes to the Lease were refused); everything else works.
+/// `refuse`: the agent cannot take the primary lock to run as the primary — as the target
+/// of a failover or a switchover, or starting as the primary — as if those writes to the
+/// Lease were refused; everything else works.
 pub const PROMOTION_LOCK: &str = "promotion-lock";
 /// `stop`: a replica's WAL receiver is stopped (`primary_conninfo` emptied), so it falls
 /// behind its primary; removing the line lets it stream again.
