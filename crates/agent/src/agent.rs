@@ -20,12 +20,14 @@ use crate::backup::{
     restore_postgres, run_backup, should_start,
 };
 use crate::cluster::{
-    ClusterView, PrimaryAddress, read_report, resolve_primary, watch_cluster,
-    watch_error_is_forbidden,
+    ClusterView, PrimaryAddress, read_report, resolve_primary, resolve_primary_report,
+    watch_cluster, watch_error_is_forbidden,
 };
 use crate::config::{Config, EngineKind, PodRef, PrimaryFrom, extra_env};
 use crate::credentials::{Credentials, REPLICATION_USER, ReplicationCredentials, pgpass_line};
-use crate::engine::{Engine, Probe, prepare_dir, primary_conninfo, write_private};
+use crate::engine::{
+    Engine, Probe, StandbyExtras, prepare_dir, primary_conninfo, slot_name, write_private,
+};
 use crate::error::{Error, Result, one_line};
 use crate::health::{self, Health};
 use crate::lease::{
@@ -85,6 +87,9 @@ enum Rejoin {
     /// Its data could not follow the new primary (the rewind failed, or it did not stream
     /// in time): moved aside to this path and the primary cloned anew.
     Recloned(String),
+    /// A replica fell further behind than the WAL its primary keeps and the archive holds:
+    /// its data was removed and the primary cloned anew (event `Recloned`).
+    CaughtUpByClone(String),
 }
 
 /// A role change the running engine must stop for.
@@ -96,6 +101,10 @@ enum Action {
     /// A rejoined former primary did not stream within [`REJOIN_TIMEOUT`]: move its data
     /// aside and clone the primary.
     Reclone,
+    /// A replica cannot resume streaming: the primary removed WAL it still needs and the
+    /// archive does not have it. Its data (nothing the primary lacks) is removed and the
+    /// primary cloned anew.
+    CloneAfresh(String),
     /// This primary must stop writing at once (docs/failover.md): its lock lapsed, another
     /// pod holds it, or the operator declared a failover away from it.
     Fence(String),
@@ -109,6 +118,12 @@ const PROMOTION_LOCK_REFUSED: &str = "the primary lock: refused (test hook promo
 /// spread end-of-recovery checkpoint has completed by then).
 const CHECKPOINT_RETRY_INTERVAL: Duration = Duration::from_secs(5);
 const CHECKPOINT_RETRIES: u32 = 60;
+/// PostgreSQL's words when a replica asks its primary for WAL the primary no longer has.
+const WAL_REMOVED: &str = "has already been removed";
+/// How long a replica keeps trying (streaming, then the archive through `restore_command`)
+/// without replaying anything after the primary said so, before it re-clones.
+const WAL_REMOVED_RECLONE_AFTER: Duration = Duration::from_secs(20);
+
 /// How long a former primary waits for the new primary's control file to show a timeline
 /// past its own before it rewinds anyway.
 const REJOIN_TIMELINE_WAIT: Duration = Duration::from_secs(60);
@@ -371,6 +386,15 @@ struct Agent {
     stream_timeline: Option<i64>,
     /// Primary: the `synchronous_standby_names` the engine has.
     sync_applied: Option<String>,
+    /// Why the replication slots could not be brought in line last time.
+    slot_problem: Option<String>,
+    /// Replica: the slots its primary reports having, and the slot and `restore_command`
+    /// the engine has.
+    primary_slots: Option<Vec<String>>,
+    extras_applied: Option<StandbyExtras>,
+    /// Replica: since when (and at which replayed position) the primary has been saying that
+    /// the WAL this replica needs is gone.
+    wal_removed_since: Option<(Instant, Option<String>)>,
     /// A former primary was rewound or re-cloned and waits to stream (for the `Rejoined`
     /// event, which says how).
     rejoining: Option<Rejoin>,
@@ -463,6 +487,10 @@ pub async fn run(config: Config) -> Result<Outcome> {
         hooks: crate::test_hooks::TestHooks::from_env(),
         stream_timeline: None,
         sync_applied: None,
+        slot_problem: None,
+        primary_slots: None,
+        extras_applied: None,
+        wal_removed_since: None,
         rejoining: None,
         recorder,
         secrets: watch_secret(
@@ -994,6 +1022,22 @@ impl Agent {
         prepare_dir(&data, "data directory", env::DATA_DIR)
     }
 
+    /// A replica's data, removed for a fresh clone: the primary has all of it, and a copy
+    /// kept aside could fill the volume.
+    fn remove_data(&mut self) -> Result<()> {
+        let data = self.config.data_dir.clone();
+        crate::engine::clear_dir(&data);
+        if self.engine.is_bootstrapped() {
+            return Err(Error::DataDir(format!(
+                "cannot empty {} to re-clone the primary",
+                data.display()
+            )));
+        }
+        tracing::warn!(data = %data.display(), "removed the replica's data; cloning the primary");
+        self.rejoin_deadline = None;
+        Ok(())
+    }
+
     /// One attempt to clone `primary` into the empty data directory.
     async fn try_clone(&mut self, primary: &str) -> Result<CloneStep> {
         let Some(secret) = self.config.replication_secret.clone() else {
@@ -1132,13 +1176,36 @@ impl Agent {
             self.known_primary_address()
                 .map(|address| self.conninfo_for(&address))
         };
+        let extras = self.standby_extras();
         self.engine
-            .write_standby_settings(conninfo.as_deref())
+            .write_standby_settings(conninfo.as_deref(), &extras)
             .map_err(Error::DataDir)?;
+        self.extras_applied = Some(extras);
+        self.wal_removed_since = None;
         if conninfo.is_some() {
             self.conninfo_applied = conninfo;
         }
         Ok(())
+    }
+
+    /// Replica: its slot once the primary reports keeping it (a primary run by an older
+    /// agent has none, and streaming through a missing slot fails), and the archive as the
+    /// fallback while the cluster archives.
+    fn standby_extras(&self) -> StandbyExtras {
+        let slot = slot_name(&self.config.pod_name);
+        StandbyExtras {
+            slot: self
+                .primary_slots
+                .as_ref()
+                .filter(|slots| slots.contains(&slot))
+                .map(|_| slot)
+                .unwrap_or_default(),
+            restore_command: if matches!(self.pod_view.borrow().destination(), Ok(Some(_))) {
+                self.engine.standby_restore_command()
+            } else {
+                String::new()
+            },
+        }
     }
 
     /// Waits until the credentials Secret exists and is valid (exit 65 when it is not,
@@ -1255,6 +1322,10 @@ impl Agent {
                         Action::Reclone => tracing::warn!(
                             "the former primary did not stream within {REJOIN_TIMEOUT:?} (its history may have forked): stopping it to re-clone"
                         ),
+                        Action::CloneAfresh(reason) => {
+                            tracing::warn!("{reason}: stopping to clone the primary afresh");
+                            self.role_problem = Some(format!("re-cloning: {reason}"));
+                        }
                         Action::Fence(reason) => {
                             tracing::warn!("fencing: {reason}; fast shutdown of the engine now");
                             self.role_problem = Some(format!("fenced: {reason}"));
@@ -1284,6 +1355,10 @@ impl Agent {
                     self.health.set_ready(false);
                     if action == Action::Reclone {
                         self.move_data_aside()?;
+                    }
+                    if let Action::CloneAfresh(reason) = &action {
+                        self.remove_data()?;
+                        self.rejoining = Some(Rejoin::CaughtUpByClone(reason.clone()));
                     }
                     match self.prepare_postgres().await? {
                         Ok(_) => {
@@ -1789,6 +1864,9 @@ impl Agent {
                     self.apply_replication_role().await;
                     self.apply_synchronous_standbys().await;
                 }
+                if self.cluster.is_some() {
+                    self.apply_slots(&probe, primary).await;
+                }
                 self.ready = self.applied.is_some() || !primary;
                 self.probe = Some(probe);
             }
@@ -2093,6 +2171,38 @@ impl Agent {
         }
     }
 
+    /// The agent's replication slots in line with the cluster: on the primary one per other
+    /// instance (`spec.replicas`), a lost one (past `max_slot_wal_keep_size`) made anew
+    /// once unused; slots of removed instances and any on a replica dropped. Slots the
+    /// agent did not name are never touched.
+    async fn apply_slots(&mut self, probe: &Probe, primary: bool) {
+        let desired = if primary {
+            desired_slots(&self.view(), &self.config.pod_name)
+        } else {
+            Vec::new()
+        };
+        let mut problems = Vec::new();
+        for change in slot_changes(&desired, &probe.slots) {
+            let result = match &change {
+                SlotChange::Create(name) => self.engine.create_slot(name).await,
+                SlotChange::Drop(name) => self.engine.drop_slot(name).await,
+                SlotChange::Renew(name) => match self.engine.drop_slot(name).await {
+                    Ok(()) => self.engine.create_slot(name).await,
+                    Err(e) => Err(e),
+                },
+            };
+            match result {
+                Ok(()) => tracing::info!(?change, "replication slot"),
+                Err(e) => problems.push(format!("replication slot {change:?}: {e}")),
+            }
+        }
+        let problem = (!problems.is_empty()).then(|| problems.join("; "));
+        if problem.is_some() && problem != self.slot_problem {
+            tracing::warn!("{}", problem.as_deref().unwrap_or_default());
+        }
+        self.slot_problem = problem;
+    }
+
     /// The old primary when this replica is a switchover's target (`targetPrimary` names
     /// this pod, `currentPrimary` another).
     fn switchover_source(&self) -> Option<String> {
@@ -2143,15 +2253,14 @@ impl Agent {
         false
     }
 
-    /// Replica, `annotation`: the primary's address from its report (kept when the report
-    /// is not ready, e.g. while the primary restarts). Returns why it is unknown, if so.
+    /// Replica: the primary's address (`annotation`: from its report, kept when the report
+    /// is not ready, e.g. while the primary restarts) and the slots it keeps. Returns why
+    /// they are unknown, if so.
     async fn refresh_primary_address(&mut self) -> Option<String> {
         if let Err(e) = self.write_passfile() {
             return Some(e);
         }
-        if !matches!(self.config.primary_from, PrimaryFrom::Annotation)
-            || self.view().failed_primary.is_some()
-        {
+        if self.view().failed_primary.is_some() {
             return None;
         }
         let current = self
@@ -2161,14 +2270,17 @@ impl Agent {
         // Named ourselves (a promotion we do not make): keep streaming from where we do.
         // (`None`: no problem to report.)
         let primary = current.filter(|p| *p != self.config.pod_name)?;
-        match resolve_primary(&self.pods, &self.config, &primary).await {
-            Ok(address) => {
+        match resolve_primary_report(&self.pods, &self.config, &primary).await {
+            Ok((address, report)) => {
                 if self.primary_address.as_ref() != Some(&address) {
                     tracing::info!(%primary, %address, "the primary's address");
                 }
                 self.primary_address = Some(address);
+                self.primary_slots = report.replication_slots;
                 None
             }
+            // `service`: the Service's address serves whatever the report says.
+            Err(_) if !matches!(self.config.primary_from, PrimaryFrom::Annotation) => None,
             Err(why) => Some(why),
         }
     }
@@ -2203,7 +2315,26 @@ impl Agent {
                 }
             }
         }
+        let extras = self.standby_extras();
+        if !failing_over && self.extras_applied.as_ref() != Some(&extras) {
+            match self.engine.set_standby_extras(&extras).await {
+                Ok(()) => {
+                    tracing::info!(slot = %extras.slot, archive = !extras.restore_command.is_empty(), "primary_slot_name and restore_command set; configuration reloaded");
+                    self.extras_applied = Some(extras);
+                }
+                Err(e) => {
+                    tracing::error!("setting primary_slot_name and restore_command: {e}");
+                    conninfo_error = Some(format!("setting primary_slot_name and restore_command: {e}"));
+                }
+            }
+        }
         self.ready = probe.is_streaming();
+        if !failing_over
+            && self.action.is_none()
+            && let Some(reason) = self.wal_gone(&probe)
+        {
+            self.action = Some(Action::CloneAfresh(reason));
+        }
         if probe.wal_receiver.is_some() && probe.timeline.is_some() {
             self.stream_timeline = probe.timeline;
         }
@@ -2250,6 +2381,53 @@ impl Agent {
         self.probe = Some(probe);
     }
 
+    /// Replica: whether it must re-clone because the WAL it needs is gone — the primary
+    /// said so (its walsender's error in the engine's log) and nothing was replayed since,
+    /// for [`WAL_REMOVED_RECLONE_AFTER`] (the archive, when there is one, had its turn).
+    fn wal_gone(&mut self, probe: &Probe) -> Option<String> {
+        if self.ready {
+            self.wal_removed_since = None;
+            return None;
+        }
+        let said = {
+            let mut last = self
+                .engine_last_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match last.as_deref() {
+                Some(line) if line.contains(WAL_REMOVED) => last.take(),
+                _ => None,
+            }
+        };
+        let replayed = probe.replayed_lsn.clone();
+        match (&self.wal_removed_since, said) {
+            (None, None) => return None,
+            (None, Some(line)) => {
+                tracing::warn!("the primary no longer has the WAL this replica needs: {line}");
+                self.wal_removed_since = Some((Instant::now(), replayed));
+                return None;
+            }
+            // Replaying (from the archive): still catching up.
+            (Some((_, at)), _) if *at != replayed => {
+                self.wal_removed_since = Some((Instant::now(), replayed));
+                return None;
+            }
+            _ => {}
+        }
+        let (since, _) = self.wal_removed_since.as_ref()?;
+        (since.elapsed() >= WAL_REMOVED_RECLONE_AFTER).then(|| {
+            format!(
+                "the primary no longer has the WAL this replica needs (requested WAL segment {WAL_REMOVED}) and {} for {}s",
+                if self.extras_applied.as_ref().is_some_and(|e| !e.restore_command.is_empty()) {
+                    "the archive did not provide it"
+                } else {
+                    "there is no archive to fetch it from"
+                },
+                WAL_REMOVED_RECLONE_AFTER.as_secs()
+            )
+        })
+    }
+
     /// Event `Rejoined` on the cluster: a former primary streams from the new one.
     async fn publish_rejoined(&self, how: &Rejoin) {
         let view = self.view();
@@ -2265,7 +2443,11 @@ impl Agent {
         let primary = view.current_primary.unwrap_or_default();
         let event = ClusterEvent {
             type_: EventType::Normal,
-            reason: "Rejoined".into(),
+            reason: match how {
+                Rejoin::CaughtUpByClone(_) => "Recloned",
+                _ => "Rejoined",
+            }
+            .into(),
             note: Some(match how {
                 Rejoin::Rewound => format!(
                     "{pod} rejoined as a standby of {primary} (rewound from its former primary's data)"
@@ -2273,8 +2455,14 @@ impl Agent {
                 Rejoin::Recloned(aside) => format!(
                     "{pod} rejoined as a standby of {primary} (re-cloned: its former primary's data could not follow and was moved aside to {aside})"
                 ),
+                Rejoin::CaughtUpByClone(reason) => format!(
+                    "{pod} was re-cloned from {primary} and streams again: {reason}"
+                ),
             }),
-            action: format!("Rejoin {pod}"),
+            action: match how {
+                Rejoin::CaughtUpByClone(_) => format!("Reclone {pod}"),
+                _ => format!("Rejoin {pod}"),
+            },
             secondary: None,
         };
         if let Err(e) = self.recorder.publish(&event, &reference).await {
@@ -2350,9 +2538,18 @@ impl Agent {
                 .or_else(|| self.replica_problem.clone())
                 .or_else(|| self.replication_problem.clone())
                 .or_else(|| self.replication_invalid.clone())
-                .or_else(|| self.replication_apply_error.clone()),
+                .or_else(|| self.replication_apply_error.clone())
+                .or_else(|| self.slot_problem.clone()),
             final_lsn: self.final_lsn.clone(),
             streaming_replicas: probe.streaming_replicas,
+            replication_slots: (self.mode == Mode::Primary && self.cluster.is_some()).then(|| {
+                probe
+                    .slots
+                    .iter()
+                    .filter(|s| !s.lost)
+                    .map(|s| s.name.clone())
+                    .collect()
+            }),
             restarts: (self.restarts > 0).then_some(self.restarts),
             last_restart_time: self.last_restart.as_ref().map(|(at, _)| at.clone()),
             last_exit: self.last_restart.as_ref().map(|(_, exit)| exit.clone()),
@@ -2398,6 +2595,48 @@ impl Agent {
             }
         }
     }
+}
+
+/// The slots the primary `me` keeps: one per other instance of `spec.replicas`.
+fn desired_slots(view: &ClusterView, me: &str) -> Vec<String> {
+    let Some((prefix, _)) = me.rsplit_once('-') else {
+        return Vec::new();
+    };
+    (0..view.replicas.max(1))
+        .map(|ordinal| format!("{prefix}-{ordinal}"))
+        .filter(|name| name != me)
+        .map(|name| slot_name(&name))
+        .collect()
+}
+
+/// One step bringing the agent's slots in line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum SlotChange {
+    Create(String),
+    Drop(String),
+    /// Lost (invalidated) and unused: dropped and created anew, reserving WAL from now.
+    Renew(String),
+}
+
+/// What turns `existing` into `desired`. An active slot is never dropped (PostgreSQL
+/// refuses; its walsender ends when the removed pod goes away, and the next probe retries).
+fn slot_changes(desired: &[String], existing: &[crate::engine::Slot]) -> Vec<SlotChange> {
+    let mut changes = Vec::new();
+    for name in desired {
+        match existing.iter().find(|s| &s.name == name) {
+            None => changes.push(SlotChange::Create(name.clone())),
+            Some(slot) if slot.lost && !slot.active => {
+                changes.push(SlotChange::Renew(name.clone()))
+            }
+            Some(_) => {}
+        }
+    }
+    for slot in existing {
+        if !desired.contains(&slot.name) && !slot.active {
+            changes.push(SlotChange::Drop(slot.name.clone()));
+        }
+    }
+    changes
 }
 
 /// Whether the engine's last error line can say why it exited with `status`: when it exited
@@ -2489,6 +2728,58 @@ mod tests {
         view.synchronous = None;
         view.replicas = 3;
         assert_eq!(synchronous_standby_names(&view, "db-0"), "");
+    }
+
+    #[test]
+    fn the_primary_keeps_one_slot_per_other_instance_and_drops_the_rest() {
+        use crate::engine::Slot;
+        let view = ClusterView {
+            replicas: 3,
+            ..Default::default()
+        };
+        let desired = desired_slots(&view, "db-1");
+        assert_eq!(desired, ["devctl_db_0", "devctl_db_2"]);
+        let slot = |name: &str, active, lost| Slot {
+            name: name.into(),
+            active,
+            lost,
+        };
+        // Missing: created. Present and healthy: kept.
+        assert_eq!(
+            slot_changes(&desired, &[slot("devctl_db_0", true, false)]),
+            [SlotChange::Create("devctl_db_2".into())]
+        );
+        // Lost: renewed once unused; an active one is left to its walsender.
+        assert_eq!(
+            slot_changes(
+                &desired,
+                &[slot("devctl_db_0", false, true), slot("devctl_db_2", true, true)]
+            ),
+            [SlotChange::Renew("devctl_db_0".into())]
+        );
+        // A removed instance's slot (scaled down to 2) and the primary's own: dropped, but
+        // not while a walsender still streams through it.
+        let two = desired_slots(&ClusterView { replicas: 2, ..view.clone() }, "db-0");
+        assert_eq!(
+            slot_changes(
+                &two,
+                &[
+                    slot("devctl_db_1", true, false),
+                    slot("devctl_db_2", false, false),
+                    slot("devctl_db_0", false, false),
+                ]
+            ),
+            [
+                SlotChange::Drop("devctl_db_2".into()),
+                SlotChange::Drop("devctl_db_0".into())
+            ]
+        );
+        assert_eq!(
+            slot_changes(&[], &[slot("devctl_db_2", true, false)]),
+            []
+        );
+        // A single instance keeps none.
+        assert!(desired_slots(&ClusterView { replicas: 1, ..view }, "db-0").is_empty());
     }
 
     #[test]

@@ -47,8 +47,15 @@ const MAX_REQUEST: u64 = 16 * 1024;
 pub enum Request {
     /// Archive the file at `path` (absolute) under its file name.
     Push { path: String },
-    /// Restore the archived file `name` to `path` (absolute).
-    Fetch { name: String, path: String },
+    /// Restore the archived file `name` to `path` (absolute): from the restore source, or
+    /// with `standby` from the cluster's own archive (a replica's fallback when the primary
+    /// no longer has the WAL it needs).
+    Fetch {
+        name: String,
+        path: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        standby: bool,
+    },
 }
 
 pub const STORED: &str = "stored";
@@ -118,7 +125,16 @@ async fn handle(shared: Arc<Shared>, stream: UnixStream) {
         Ok(Ok(_)) => match serde_json::from_str::<Request>(line.trim()) {
             Err(e) => Response::new(ERROR, format!("malformed request: {e}")),
             Ok(Request::Push { path }) => push(&shared, &path).await,
-            Ok(Request::Fetch { name, path }) => fetch(&shared, &name, &path).await,
+            Ok(Request::Fetch {
+                name,
+                path,
+                standby: false,
+            }) => fetch(&shared, &name, &path).await,
+            Ok(Request::Fetch {
+                name,
+                path,
+                standby: true,
+            }) => fetch_for_standby(&shared, &name, &path).await,
         },
     };
     let mut out =
@@ -236,6 +252,46 @@ async fn fetch(shared: &Shared, name: &str, path: &str) -> Response {
     }
 }
 
+/// A standby's `restore_command`: the archived file `name` of this cluster
+/// (`<prefix><systemIdentifier>/wal/<name>`, where its primaries archive) to `path`. Every
+/// failure is [`MISSING`]: a standby never ends recovery on it, it streams again instead, and
+/// an unreachable store must not stop it (as [`EXIT_ABORT_RECOVERY`] would).
+async fn fetch_for_standby(shared: &Shared, name: &str, path: &str) -> Response {
+    let missing = |why: String| Response::new(MISSING, why);
+    if !is_wal_file_name(name) {
+        return missing(format!("{name:?} is not a WAL file name"));
+    }
+    let path = PathBuf::from(path);
+    if !path.is_absolute() {
+        return missing(format!("{} is not an absolute path", path.display()));
+    }
+    let store = match shared.store().await {
+        Ok(Some(store)) => store,
+        Ok(None) => return missing("no backup destination: no archive to fetch from".into()),
+        Err(e) => return missing(format!("fetching {name}: {e}")),
+    };
+    let sysid = match shared.system_identifier().await {
+        Ok(sysid) => sysid,
+        Err(e) => return missing(format!("fetching {name}: {e}")),
+    };
+    let key = wal_key(&system_prefix(&store.location.prefix, &sysid), name);
+    match store.get(&key).await {
+        Ok(bytes) => match write_atomically(&path, &bytes).await {
+            Ok(()) => {
+                tracing::info!(url = %store.url(&key), "restored archived WAL (standby catching up from the archive)");
+                Response::new(FETCHED, store.url(&key))
+            }
+            Err(e) => missing(e),
+        },
+        // Asked for every segment the stream has not delivered yet: not news.
+        Err(StoreError::NotFound(url)) => missing(format!("{url} does not exist")),
+        Err(e) => {
+            tracing::warn!("fetching {name} for the standby: {e}");
+            missing(format!("fetching {name}: {e}"))
+        }
+    }
+}
+
 async fn write_atomically(path: &Path, data: &[u8]) -> Result<(), String> {
     let temporary = path.with_extension("devctl-tmp");
     let result = async {
@@ -309,13 +365,21 @@ pub fn wal_push(path: &str) -> i32 {
 
 /// `devctl-agent wal-fetch <name> <path>`: 0 once the file is in place, 1 when the
 /// archive does not have it, 126 when the archive cannot be read.
-pub fn wal_fetch(name: &str, path: &str) -> i32 {
+pub fn wal_fetch(name: &str, path: &str, standby: bool) -> i32 {
     let result = absolute(path).and_then(|path| {
         call(&Request::Fetch {
             name: name.to_string(),
             path,
+            standby,
         })
     });
+    if standby {
+        // Whatever went wrong, the standby goes back to streaming (never 126).
+        return match result {
+            Ok(r) if r.result == FETCHED => EXIT_OK,
+            _ => EXIT_NOT_DONE,
+        };
+    }
     match result {
         Ok(r) if r.result == FETCHED => EXIT_OK,
         Ok(r) if r.result == MISSING => EXIT_NOT_DONE,
@@ -354,9 +418,18 @@ mod tests {
             fetch,
             Request::Fetch {
                 name: "00000002.history".into(),
-                path: "/d/pg_wal/RECOVERYHISTORY".into()
+                path: "/d/pg_wal/RECOVERYHISTORY".into(),
+                standby: false,
             }
         );
+        let standby = Request::Fetch {
+            name: "000000010000000000000003".into(),
+            path: "/d/pg_wal/RECOVERYXLOG".into(),
+            standby: true,
+        };
+        let line = serde_json::to_string(&standby).unwrap();
+        assert!(line.contains(r#""standby":true"#), "{line}");
+        assert_eq!(serde_json::from_str::<Request>(&line).unwrap(), standby);
         assert_eq!(
             serde_json::to_string(&Response::new(MISSING, None)).unwrap(),
             r#"{"result":"missing"}"#

@@ -225,6 +225,17 @@ pub async fn resolve_primary(
     config: &Config,
     primary: &str,
 ) -> Result<PrimaryAddress, String> {
+    resolve_primary_report(pods, config, primary)
+        .await
+        .map(|(address, _)| address)
+}
+
+/// [`resolve_primary`] with the primary's report it was read from.
+pub async fn resolve_primary_report(
+    pods: &Api<Pod>,
+    config: &Config,
+    primary: &str,
+) -> Result<(PrimaryAddress, InstanceStatus), String> {
     let pod = match pods.get_opt(primary).await {
         Ok(Some(pod)) => pod,
         Ok(None) => return Err(format!("waiting for the primary pod {primary} (not found)")),
@@ -239,11 +250,11 @@ pub async fn resolve_primary(
     let Some(report) = report.filter(|r| r.ready) else {
         return Err(format!("waiting for the primary {primary} to report ready"));
     };
-    match &config.primary_from {
-        PrimaryFrom::Service { host } => Ok(PrimaryAddress {
+    let address = match &config.primary_from {
+        PrimaryFrom::Service { host } => PrimaryAddress {
             host: host.clone(),
             port: config.port,
-        }),
+        },
         PrimaryFrom::Annotation => report
             .address
             .as_deref()
@@ -253,8 +264,9 @@ pub async fn resolve_primary(
                     "the primary {primary} reports no usable address ({:?})",
                     report.address
                 )
-            }),
-    }
+            })?,
+    };
+    Ok((address, report))
 }
 
 /// The report of the pod `name`, or why it cannot be read.

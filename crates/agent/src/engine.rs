@@ -65,6 +65,45 @@ pub struct Probe {
     /// PostgreSQL primaries: the `application_name`s (pod names) of the replicas streaming
     /// from this instance (`pg_stat_replication.state = 'streaming'`), sorted.
     pub streaming_replicas: Option<Vec<String>>,
+    /// PostgreSQL: the agent's physical replication slots on this instance (`devctl_*`).
+    pub slots: Vec<Slot>,
+}
+
+/// One of the agent's physical replication slots as `pg_replication_slots` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Slot {
+    pub name: String,
+    /// A walsender streams through it now.
+    pub active: bool,
+    /// `wal_status = 'lost'`: it fell further behind than `max_slot_wal_keep_size` and was
+    /// invalidated; it retains nothing any more.
+    pub lost: bool,
+}
+
+/// The prefix of every replication slot the agent manages (others are never touched).
+pub const SLOT_PREFIX: &str = "devctl_";
+
+/// The physical replication slot the primary keeps for the instance `pod`: `devctl_` and the
+/// pod name with `-`/`.` as `_` (slot names allow `[a-z0-9_]`, at most 63 bytes; a longer
+/// name ends in a hash of the whole so two pods never share one).
+pub fn slot_name(pod: &str) -> String {
+    let body: String = pod
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '_' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '_',
+        })
+        .collect();
+    let name = format!("{SLOT_PREFIX}{body}");
+    if name.len() <= 63 {
+        return name;
+    }
+    // FNV-1a: stable across releases (the slot outlives the agent that named it).
+    let hash = pod.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{}_{:016x}", &name[..46], hash)
 }
 
 impl Probe {
@@ -80,7 +119,11 @@ pub const STANDBY_SIGNAL: &str = "standby.signal";
 /// The file `ALTER SYSTEM` writes, in the data directory.
 pub const AUTO_CONF: &str = "postgresql.auto.conf";
 /// Settings the agent owns in [`AUTO_CONF`] on a replica.
-const STANDBY_SETTINGS: [&str; 2] = ["primary_conninfo", "recovery_target_timeline"];
+const STANDBY_SETTINGS: [&str; 3] = [
+    "primary_conninfo",
+    "primary_slot_name",
+    "recovery_target_timeline",
+];
 /// PostgreSQL's `archive_timeout`: the longest a committed change waits before its WAL
 /// segment is switched and archived (docs/backup.md).
 pub const ARCHIVE_TIMEOUT_SECONDS: u32 = 60;
@@ -146,9 +189,21 @@ pub fn primary_conninfo(
     )
 }
 
+/// A replica's settings besides `primary_conninfo`: the slot it streams through and its
+/// `restore_command` (empty: none).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StandbyExtras {
+    pub slot: String,
+    pub restore_command: String,
+}
+
 /// `postgresql.auto.conf` with the agent's standby settings replaced (other lines kept;
 /// `primary_conninfo` too when `conninfo` is `None`).
-pub fn with_standby_settings(current: &str, conninfo: Option<&str>) -> String {
+pub fn with_standby_settings(
+    current: &str,
+    conninfo: Option<&str>,
+    extras: &StandbyExtras,
+) -> String {
     let mut out: String = current
         .lines()
         .filter(|line| {
@@ -168,6 +223,18 @@ pub fn with_standby_settings(current: &str, conninfo: Option<&str>) -> String {
         out.push_str(&format!(
             "primary_conninfo = {}\n",
             quote_setting(&conninfo.replace('\\', "\\\\"))
+        ));
+    }
+    if !extras.slot.is_empty() {
+        out.push_str(&format!(
+            "primary_slot_name = {}\n",
+            quote_setting(&extras.slot)
+        ));
+    }
+    if !extras.restore_command.is_empty() {
+        out.push_str(&format!(
+            "restore_command = {}\n",
+            quote_setting(&extras.restore_command)
         ));
     }
     out.push_str("recovery_target_timeline = 'latest'\n");
@@ -624,7 +691,11 @@ impl Engine {
 
     /// Before starting a replica: `standby.signal`, and `primary_conninfo` (when known) and
     /// `recovery_target_timeline = 'latest'` in `postgresql.auto.conf`.
-    pub fn write_standby_settings(&self, conninfo: Option<&str>) -> Result<(), String> {
+    pub fn write_standby_settings(
+        &self,
+        conninfo: Option<&str>,
+        extras: &StandbyExtras,
+    ) -> Result<(), String> {
         let data = &self.config.data_dir;
         let signal = data.join(STANDBY_SIGNAL);
         if !signal.is_file() {
@@ -637,7 +708,10 @@ impl Engine {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
             Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
         };
-        write_private(&path, with_standby_settings(&current, conninfo).as_bytes())
+        write_private(
+            &path,
+            with_standby_settings(&current, conninfo, extras).as_bytes(),
+        )
     }
 
     /// PostgreSQL, engine stopped: `pg_controldata`'s view of the data directory.
@@ -763,6 +837,39 @@ impl Engine {
     }
 
     /// On the primary: `synchronous_standby_names` through `ALTER SYSTEM` and a reload.
+    /// On a running replica: its slot and `restore_command` through `ALTER SYSTEM` and a
+    /// reload (both take effect without a restart).
+    pub async fn set_standby_extras(&self, extras: &StandbyExtras) -> Result<(), String> {
+        self.admin_sql(&format!(
+            "ALTER SYSTEM SET primary_slot_name = {};\nALTER SYSTEM SET restore_command = {};\nSELECT pg_reload_conf();\n",
+            quote_setting(&extras.slot),
+            quote_setting(&extras.restore_command)
+        ))
+        .await
+        .map(|_| ())
+    }
+
+    /// Creates the physical slot `name`, reserving WAL from now (so WAL written before the
+    /// replica first connects is kept too).
+    pub async fn create_slot(&self, name: &str) -> Result<(), String> {
+        self.admin_sql(&format!(
+            "SELECT pg_create_physical_replication_slot({}, true);\n",
+            quote_setting(name)
+        ))
+        .await
+        .map(|_| ())
+    }
+
+    /// Drops the slot `name` (refused by PostgreSQL while a walsender uses it).
+    pub async fn drop_slot(&self, name: &str) -> Result<(), String> {
+        self.admin_sql(&format!(
+            "SELECT pg_drop_replication_slot({});\n",
+            quote_setting(name)
+        ))
+        .await
+        .map(|_| ())
+    }
+
     pub async fn set_synchronous_standby_names(&self, value: &str) -> Result<(), String> {
         let sql = format!(
             "ALTER SYSTEM SET synchronous_standby_names = {};\nSELECT pg_reload_conf();\n",
@@ -906,6 +1013,15 @@ impl Engine {
     pub fn archive_command(&self) -> String {
         format!(
             "{} wal-push %p",
+            shell_word_for_postgres(&self.agent_exe.display().to_string())
+        )
+    }
+
+    /// A replica's `restore_command` while the cluster archives: WAL its primary no longer
+    /// keeps comes from the cluster's archive (`wal-fetch --standby`).
+    pub fn standby_restore_command(&self) -> String {
+        format!(
+            "{} wal-fetch --standby %f %p",
             shell_word_for_postgres(&self.agent_exe.display().to_string())
         )
     }
@@ -1163,7 +1279,11 @@ impl Engine {
                                          pg_last_wal_replay_lsn()), \
                          (SELECT status FROM pg_stat_wal_receiver), \
                          (SELECT string_agg(application_name, ',' ORDER BY application_name) \
-                            FROM pg_stat_replication WHERE state = 'streaming');\n",
+                            FROM pg_stat_replication WHERE state = 'streaming'), \
+                         (SELECT string_agg(slot_name || ':' || active::text || ':' || \
+                                            COALESCE(wal_status, ''), ',' ORDER BY slot_name) \
+                            FROM pg_replication_slots \
+                           WHERE slot_type = 'physical' AND slot_name LIKE 'devctl\\_%');\n",
                     )
                     .await?;
                 parse_postgres_probe(&out)
@@ -1206,7 +1326,7 @@ impl Engine {
 fn parse_postgres_probe(out: &str) -> Result<Probe, String> {
     let line = out.lines().next().unwrap_or_default();
     let f: Vec<&str> = line.split('|').collect();
-    if f.len() != 9 {
+    if f.len() != 10 {
         return Err(format!("unexpected probe output {line:?}"));
     }
     let opt = |s: &str| (!s.is_empty()).then(|| s.to_string());
@@ -1236,6 +1356,16 @@ fn parse_postgres_probe(out: &str) -> Result<Probe, String> {
                 .map(str::to_string)
                 .collect()
         }),
+        slots: f[9]
+            .split(',')
+            .filter_map(|slot| {
+                let mut parts = slot.trim().splitn(3, ':');
+                let name = parts.next().filter(|n| !n.is_empty())?.to_string();
+                let active = parts.next() == Some("true");
+                let lost = parts.next() == Some("lost");
+                Some(Slot { name, active, lost })
+            })
+            .collect(),
     })
 }
 
@@ -1430,8 +1560,9 @@ pub fn write_private(path: &Path, content: &[u8]) -> Result<(), String> {
     })
 }
 
-/// Removes everything inside `dir` (after a failed bootstrap).
-fn clear_dir(dir: &Path) {
+/// Removes everything inside `dir` (after a failed bootstrap, before a replica's fresh
+/// clone; the directory itself may be a volume's mount point).
+pub fn clear_dir(dir: &Path) {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries.flatten() {
             let path = entry.path();
@@ -1462,19 +1593,31 @@ mod tests {
             r"host='10.0.0.1' port=5432 user='streaming_replica' passfile='/run/it\'s/replication.pgpass' application_name='db-1' connect_timeout=5"
         );
         let current = "# Do not edit this file manually!\nwork_mem = '4MB'\nprimary_conninfo = 'host=old'\nrecovery_target_timeline = 'latest'\n";
-        let written = with_standby_settings(current, Some(&conninfo));
+        let none = StandbyExtras::default();
+        let written = with_standby_settings(current, Some(&conninfo), &none);
         assert_eq!(
             written,
             "# Do not edit this file manually!\nwork_mem = '4MB'\n\
              primary_conninfo = 'host=''10.0.0.1'' port=5432 user=''streaming_replica'' passfile=''/run/it\\\\''s/replication.pgpass'' application_name=''db-1'' connect_timeout=5'\n\
              recovery_target_timeline = 'latest'\n"
         );
-        assert_eq!(with_standby_settings(&written, Some(&conninfo)), written);
+        assert_eq!(with_standby_settings(&written, Some(&conninfo), &none), written);
         assert_eq!(
-            with_standby_settings("", None),
+            with_standby_settings("", None, &none),
             "recovery_target_timeline = 'latest'\n"
         );
-        assert_eq!(with_standby_settings(&written, None), written);
+        assert_eq!(with_standby_settings(&written, None, &none), written);
+        // The slot and the archive fallback, replaced (not repeated) on every start; gone
+        // once the extras are empty.
+        let extras = StandbyExtras {
+            slot: "devctl_db_1".into(),
+            restore_command: "'/agent' wal-fetch --standby %f %p".into(),
+        };
+        let with_extras = with_standby_settings(&written, None, &extras);
+        assert_eq!(with_standby_settings(&with_extras, None, &extras), with_extras);
+        assert!(with_extras.contains("primary_slot_name = 'devctl_db_1'\n"));
+        assert!(with_extras.contains("restore_command = '''/agent'' wal-fetch --standby %f %p'\n"));
+        assert_eq!(with_standby_settings(&with_extras, None, &none), written);
     }
 
     #[test]
@@ -1504,7 +1647,7 @@ mod tests {
 
     #[test]
     fn parses_a_primary_probe() {
-        let p = parse_postgres_probe("f|7400000000000000001|1|15.18 (Debian)|||||\n").unwrap();
+        let p = parse_postgres_probe("f|7400000000000000001|1|15.18 (Debian)||||||\n").unwrap();
         assert_eq!(p.role, ROLE_PRIMARY);
         assert_eq!(p.system_identifier.as_deref(), Some("7400000000000000001"));
         assert_eq!(p.timeline, Some(1));
@@ -1512,19 +1655,43 @@ mod tests {
         assert!(!p.is_streaming());
         assert_eq!((p.received_lsn, p.lag_bytes), (None, None));
         assert_eq!(p.streaming_replicas, Some(vec![]));
-        let p = parse_postgres_probe("f|7|1|15.18|||||db-1,db-2\n").unwrap();
+        let p = parse_postgres_probe("f|7|1|15.18|||||db-1,db-2|devctl_db_1:true:reserved,devctl_db_2:false:lost\n")
+                .unwrap();
         assert_eq!(
             p.streaming_replicas,
             Some(vec!["db-1".to_string(), "db-2".to_string()])
         );
-        let r = parse_postgres_probe("t|7|2|15.18|0/3000060|0/3000000|96|streaming|\n").unwrap();
+        let slot = |name: &str, active, lost| Slot {
+            name: name.into(),
+            active,
+            lost,
+        };
+        assert_eq!(
+            p.slots,
+            vec![
+                slot("devctl_db_1", true, false),
+                slot("devctl_db_2", false, true)
+            ]
+        );
+        let r = parse_postgres_probe("t|7|2|15.18|0/3000060|0/3000000|96|streaming||\n").unwrap();
         assert_eq!(r.role, ROLE_REPLICA);
         assert_eq!(r.lag_bytes, Some(96));
         assert!(r.is_streaming());
         assert_eq!(r.streaming_replicas, None);
-        let r = parse_postgres_probe("t|7|2|15.18|0/3000060|0/3000000|96||\n").unwrap();
+        let r = parse_postgres_probe("t|7|2|15.18|0/3000060|0/3000000|96|||\n").unwrap();
         assert_eq!(r.wal_receiver, None);
         assert!(!r.is_streaming());
         assert!(parse_postgres_probe("garbage").is_err());
+    }
+
+    #[test]
+    fn names_a_slot_per_pod_within_postgres_limits() {
+        assert_eq!(slot_name("db-1"), "devctl_db_1");
+        assert_eq!(slot_name("my.db-10"), "devctl_my_db_10");
+        let long = format!("{}-1", "a".repeat(61));
+        let other = format!("{}-2", "a".repeat(61));
+        assert_eq!(slot_name(&long).len(), 63);
+        assert_ne!(slot_name(&long), slot_name(&other));
+        assert!(slot_name(&long).starts_with(SLOT_PREFIX));
     }
 }

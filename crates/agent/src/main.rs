@@ -34,6 +34,10 @@ enum Command {
     /// archived file (exit 0 when in place, 1 when the archive has no such file, 126 when
     /// the archive cannot be read).
     WalFetch {
+        /// A standby's fallback (its `restore_command`): fetch from the cluster's own
+        /// archive, and answer 1 — try streaming again — whenever the archive cannot help.
+        #[arg(long)]
+        standby: bool,
         /// The archived file's name (%f).
         name: String,
         /// Where to put it (%p).
@@ -63,7 +67,11 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run) {
         // Run by PostgreSQL: no log setup (stderr goes to the server's log), no runtime.
         Command::WalPush { path } => exit(devctl_agent::archive::wal_push(&path)),
-        Command::WalFetch { name, path } => exit(devctl_agent::archive::wal_fetch(&name, &path)),
+        Command::WalFetch {
+            standby,
+            name,
+            path,
+        } => exit(devctl_agent::archive::wal_fetch(&name, &path, standby)),
         Command::Install { dir } => match devctl_agent::install(&dir) {
             Ok(target) => {
                 println!("installed {}", target.display());

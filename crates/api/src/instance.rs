@@ -123,6 +123,11 @@ pub struct InstanceStatus {
     /// so a replica's report from before the primary restarted cannot make the cluster Ready.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub streaming_replicas: Option<Vec<String>>,
+    /// A PostgreSQL primary: the physical replication slots it keeps for its replicas
+    /// (`devctl_<pod>`, docs/replication.md). A replica streams through its slot only once
+    /// the primary lists it, so a primary run by an older agent is never asked for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication_slots: Option<Vec<String>>,
     /// How often the agent restarted the engine after it exited on its own (crashed, was
     /// killed) since the agent started; absent before the first time. A crash the agent
     /// heals within a second stays visible here after `lastError` is clear again.
@@ -312,6 +317,7 @@ mod tests {
             backup: None,
             wal_archive: None,
             streaming_replicas: Some(vec!["db-1".into()]),
+            replication_slots: Some(vec!["devctl_db_1".into()]),
             restarts: Some(1),
             last_restart_time: Some("2026-11-30T16:59:00Z".into()),
             last_exit: Some("postgres exited (signal: 9 (SIGKILL))".into()),
@@ -340,6 +346,7 @@ mod tests {
                 "ready",
                 "receivedLSN",
                 "replayedLSN",
+                "replicationSlots",
                 "restarts",
                 "role",
                 "streamingReplicas",

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, PostParams};
 use serde_json::json;
-use support::databases::Env;
+use support::databases::{Env, READY_TIMEOUT};
 
 const BACKUP_TIMEOUT: &str = "300";
 
@@ -455,4 +455,40 @@ async fn mariadb_dump_and_restore_round_trip() {
     )
     .await;
     assert_eq!(env.shell_ok("my-copy", sum).await, before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_left_behind_past_its_slot_catches_up_from_the_archive() {
+    let s3 = devctl_testenv::shared_s3().await.unwrap();
+    let env = Env::start("backup-lag").await;
+    store_secrets(&env, s3).await;
+    let mut spec = spec("postgres", "16.2", 2, s3);
+    // A 256Mi volume: the primary keeps at most 64 MB of WAL for a replica's slot.
+    spec["storage"]["size"] = json!("256Mi");
+    spec["backup"]["destination"]["path"] = json!("lag");
+    env.create_spec("lag", spec).await;
+    env.wait_ready_with("lag", 2).await;
+    env.shell_ok(
+        "lag",
+        "create table t (v int); insert into t select generate_series(1, 100)",
+    )
+    .await;
+    let rows = env.leave_replica_behind("lag-0", "lag-1").await;
+    assert_eq!(rows, 124);
+    // The segments it needs come from the archive; then it streams again, never re-cloned.
+    devctl_testenv::eventually("lag-1 to hold every row", READY_TIMEOUT, || async {
+        let out = env
+            .instance_sql("lag", "lag-1", "select count(*) from t")
+            .await;
+        (support::stdout(&out).trim() == rows.to_string()).then_some(())
+    })
+    .await
+    .unwrap();
+    env.wait_ready_with("lag", 2).await;
+    let log = env.agent_log("lag-1");
+    assert!(
+        log.contains("standby catching up from the archive"),
+        "lag-1 did not fetch from the archive:\n{log}"
+    );
+    assert!(env.events("Recloned").await.is_empty());
 }

@@ -67,6 +67,17 @@ async fn streaming_from(env: &Env, name: &str, primary: &str) -> BTreeSet<String
     .collect()
 }
 
+/// The agent's replication slots on `pod` as `name:active`, sorted.
+async fn slots(env: &Env, name: &str, pod: &str) -> String {
+    env.instance_sql_ok(
+        name,
+        pod,
+        "select coalesce(string_agg(slot_name || ':' || active::text, ',' order by slot_name), '') \
+           from pg_replication_slots where slot_name like 'devctl\\_%'",
+    )
+    .await
+}
+
 /// Waits until `pod` has replayed the primary's rows (`count` of them in `t`).
 async fn wait_rows(env: &Env, name: &str, pod: &str, count: usize) {
     let expected = count.to_string();
@@ -119,6 +130,13 @@ async fn three_instances_stream_serve_the_right_services_scale_and_reclone() {
     // The primary's side moves from catchup to streaming on its own schedule.
     devctl_testenv::eventually("ha-1 and ha-2 to stream", READY_TIMEOUT, || async {
         (streaming(&env, "ha").await == set(&["ha-1", "ha-2"])).then_some(())
+    })
+    .await
+    .unwrap();
+
+    // The primary keeps a slot per replica, and each replica streams through its own.
+    devctl_testenv::eventually("a slot per replica, in use", READY_TIMEOUT, || async {
+        (slots(&env, "ha", "ha-0").await == "devctl_ha_1:true,devctl_ha_2:true").then_some(())
     })
     .await
     .unwrap();
@@ -200,6 +218,12 @@ async fn three_instances_stream_serve_the_right_services_scale_and_reclone() {
             .await,
         "1000"
     );
+    // The removed instances' slots are dropped: they would keep WAL for no one.
+    devctl_testenv::eventually("the slots of ha-3 and ha-4 to go", READY_TIMEOUT, || async {
+        (slots(&env, "ha", "ha-0").await == "devctl_ha_1:true,devctl_ha_2:true").then_some(())
+    })
+    .await
+    .unwrap();
 
     // A deleted replica pod comes back on its data and catches up.
     let report = |pod: &'static str| {
@@ -496,4 +520,53 @@ async fn a_switchover_loses_nothing_and_the_old_primary_streams_from_the_new_one
         "1002",
         "no row lost"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_left_behind_past_its_slot_without_an_archive_is_recloned() {
+    let env = Env::start("replication-reclone").await;
+    // A 256Mi volume: the primary keeps at most 64 MB of WAL for a replica's slot.
+    env.create_spec(
+        "lag",
+        json!({
+            "engine": "postgres", "version": "16.2", "replicas": 2,
+            "storage": { "size": "256Mi" },
+            "backup": { "enabled": false },
+        }),
+    )
+    .await;
+    env.wait_ready_with("lag", 2).await;
+    devctl_testenv::eventually("lag-1 to stream through its slot", READY_TIMEOUT, || async {
+        (slots(&env, "lag", "lag-0").await == "devctl_lag_1:true").then_some(())
+    })
+    .await
+    .unwrap();
+    env.shell_ok(
+        "lag",
+        "create table t (v int); insert into t select generate_series(1, 100)",
+    )
+    .await;
+    wait_rows(&env, "lag", "lag-1", 100).await;
+
+    let rows = env.leave_replica_behind("lag-0", "lag-1").await;
+    assert_eq!(rows, 124);
+    // The primary no longer has what lag-1 needs and there is no archive: re-cloned.
+    let recloned = devctl_testenv::eventually("a Recloned event", READY_TIMEOUT, || async {
+        let found = env.events("Recloned").await;
+        (!found.is_empty()).then_some(found)
+    })
+    .await
+    .unwrap();
+    let note = recloned[0].note.clone().unwrap_or_default();
+    assert!(
+        note.contains("lag-1") && note.contains("no archive"),
+        "{note}"
+    );
+    wait_rows(&env, "lag", "lag-1", rows).await;
+    devctl_testenv::eventually("lag-1 to stream through its slot again", READY_TIMEOUT, || async {
+        (slots(&env, "lag", "lag-0").await == "devctl_lag_1:true").then_some(())
+    })
+    .await
+    .unwrap();
+    env.wait_ready_with("lag", 2).await;
 }

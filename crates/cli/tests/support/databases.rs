@@ -202,6 +202,70 @@ impl Env {
         }
     }
 
+    /// Leaves the replica `replica` behind past what its primary `primary` keeps
+    /// for it: its WAL receiver stopped (test hook), then WAL segments switched until its
+    /// slot's `max_slot_wal_keep_size` (a quarter of the volume) and `wal_keep_size` are
+    /// exceeded, and checkpoints until the segment it needs next is gone from the primary.
+    /// Returns the rows `t` then holds; the hook is cleared (it streams again, or tries).
+    pub async fn leave_replica_behind(&self, primary: &str, replica: &str) -> usize {
+        let runner = self.cluster.pod_runner().expect("process-backed pods");
+        runner
+            .set_agent_hooks(&self.namespace, replica, "wal-receiver=stop")
+            .unwrap();
+        devctl_testenv::eventually(
+            &format!("{replica} to stop streaming from {primary}"),
+            READY_TIMEOUT,
+            || async {
+                let streaming = self
+                    .superuser_sql(
+                        primary,
+                        "select count(*) from pg_stat_replication where state = 'streaming'",
+                    )
+                    .await;
+                (streaming == "0").then_some(())
+            },
+        )
+        .await
+        .unwrap();
+        let needed = self
+            .superuser_sql(
+                primary,
+                &format!(
+                    "select pg_walfile_name(restart_lsn) from pg_replication_slots where slot_name = 'devctl_{}'",
+                    replica.replace('-', "_")
+                ),
+            )
+            .await;
+        assert!(!needed.is_empty(), "{primary} keeps no slot for {replica}");
+        // 24 segments (384 MB) past it: beyond a 256Mi volume's 64 MB slot bound.
+        self.superuser_sql(
+            primary,
+            "do $$ begin for i in 1..24 loop insert into t values (-i); perform pg_switch_wal(); end loop; end $$",
+        )
+        .await;
+        devctl_testenv::eventually(
+            &format!("{primary} to remove {needed}, which {replica} needs next"),
+            READY_TIMEOUT,
+            || async {
+                self.superuser_sql(primary, "checkpoint").await;
+                let left = self
+                    .superuser_sql(
+                        primary,
+                        &format!("select count(*) from pg_ls_waldir() where name = '{needed}'"),
+                    )
+                    .await;
+                (left == "0").then_some(())
+            },
+        )
+        .await
+        .unwrap();
+        runner.set_agent_hooks(&self.namespace, replica, "").unwrap();
+        self.superuser_sql(primary, "select count(*) from t")
+            .await
+            .parse()
+            .unwrap()
+    }
+
     /// The events of the test's namespace with `reason`.
     pub async fn events(&self, reason: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
         self.api::<k8s_openapi::api::events::v1::Event>()
@@ -277,6 +341,51 @@ impl Env {
             sql,
         ])
         .await
+    }
+
+    /// `sql` as the superuser `postgres` on `pod`'s private socket (peer authentication, as
+    /// the agent itself connects): for what the application role may not do (CHECKPOINT,
+    /// `pg_switch_wal()`). Found through the pod's agent process and its engine's binary.
+    pub async fn superuser_sql(&self, pod: &str, sql: &str) -> String {
+        let runner = self.cluster.pod_runner().expect("process-backed pods");
+        let pids = runner.agent_pids(&self.namespace, pod);
+        let agent = *pids.first().unwrap_or_else(|| panic!("no agent runs for {pod}"));
+        let environ = std::fs::read(format!("/proc/{agent}/environ")).unwrap();
+        let run_dir = environ
+            .split(|b| *b == 0)
+            .filter_map(|kv| std::str::from_utf8(kv).ok())
+            .find_map(|kv| kv.strip_prefix("DEVCTL_RUN_DIR="))
+            .map(PathBuf::from)
+            .unwrap_or_else(|| panic!("{pod}'s agent has no DEVCTL_RUN_DIR"));
+        let psql = pids
+            .iter()
+            .filter_map(|pid| std::fs::read_link(format!("/proc/{pid}/exe")).ok())
+            .find(|exe| exe.file_name().is_some_and(|n| n == "postgres"))
+            .map(|exe| exe.with_file_name("psql"))
+            .unwrap_or_else(|| panic!("no postgres runs for {pod}"));
+        let port = std::fs::read_dir(&run_dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .find_map(|n| {
+                n.strip_prefix(".s.PGSQL.")
+                    .filter(|p| !p.contains('.'))
+                    .map(str::to_string)
+            })
+            .unwrap_or_else(|| panic!("no PostgreSQL socket in {}", run_dir.display()));
+        let mut command = tokio::process::Command::new(&psql);
+        command
+            .arg("-h")
+            .arg(&run_dir)
+            .args(["-p", &port, "-U", "postgres", "-d", "app", "-X", "-A", "-t"])
+            .args(["-v", "ON_ERROR_STOP=1", "-c", sql]);
+        let out = command.output().await.unwrap();
+        assert!(
+            out.status.success(),
+            "psql as postgres on {pod} -c {sql:?} failed ({}):\n{}",
+            out.status,
+            super::stderr(&out)
+        );
+        super::stdout(&out).trim().to_string()
     }
 
     pub async fn instance_sql_ok(&self, name: &str, pod: &str, sql: &str) -> String {

@@ -51,7 +51,10 @@ pub fn max_connections(memory_mib: u64) -> u64 {
 pub fn render(spec: &DatabaseClusterSpec) -> std::collections::BTreeMap<String, String> {
     let memory = memory_mib(&effective_resources(spec));
     match spec.engine {
-        devctl_api::database_cluster::Engine::Postgres => postgres::render(memory),
+        devctl_api::database_cluster::Engine::Postgres => {
+            let storage = quantity::to_bytes(&spec.storage.size).unwrap_or(1024 * 1024 * 1024);
+            postgres::render(memory, storage / (1024 * 1024))
+        }
         devctl_api::database_cluster::Engine::Mysql => mysql::render(memory),
     }
 }

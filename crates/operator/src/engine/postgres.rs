@@ -9,15 +9,25 @@ pub const CONF: &str = "postgresql.conf";
 pub const HBA: &str = "pg_hba.conf";
 pub const IDENT: &str = "pg_ident.conf";
 
-pub fn render(memory_mib: u64) -> BTreeMap<String, String> {
+pub fn render(memory_mib: u64, storage_mib: u64) -> BTreeMap<String, String> {
     BTreeMap::from([
-        (CONF.to_string(), postgresql_conf(memory_mib)),
+        (CONF.to_string(), postgresql_conf(memory_mib, storage_mib)),
         (HBA.to_string(), pg_hba_conf()),
         (IDENT.to_string(), pg_ident_conf()),
     ])
 }
 
-fn postgresql_conf(memory_mib: u64) -> String {
+/// WAL kept for replicas, bounded by the volume: `wal_keep_size` (for any standby, with or
+/// without its slot) at most an eighth of it and 512 MB; each replica's slot
+/// (`max_slot_wal_keep_size`) at most a quarter, at least 64 MB. A replica further behind
+/// than its slot allows catches up from the archive or is re-cloned (docs/replication.md);
+/// a replica that is gone for good can never fill the primary's disk.
+fn wal_retention_mib(storage_mib: u64) -> (u64, u64) {
+    ((storage_mib / 8).min(512), (storage_mib / 4).max(64))
+}
+
+fn postgresql_conf(memory_mib: u64, storage_mib: u64) -> String {
+    let (wal_keep, slot_keep) = wal_retention_mib(storage_mib);
     let max_connections = super::max_connections(memory_mib);
     let shared_buffers = memory_mib / 4;
     let effective_cache_size = memory_mib * 3 / 4;
@@ -26,7 +36,7 @@ fn postgresql_conf(memory_mib: u64) -> String {
     let work_mem_kb = ((memory_mib - shared_buffers) * 1024 / (max_connections * 3)).max(1024);
     let maintenance_work_mem = (memory_mib / 16).clamp(16, 2048);
     format!(
-        "# Rendered by devctl-operator from spec.resources ({memory_mib} MiB); edits are overwritten.
+        "# Rendered by devctl-operator from spec.resources ({memory_mib} MiB) and spec.storage ({storage_mib} MiB); edits are overwritten.
 listen_addresses = '*'
 port = 5432
 max_connections = {max_connections}
@@ -42,7 +52,8 @@ maintenance_work_mem = {maintenance_work_mem}MB
 wal_level = replica
 max_wal_senders = 10
 max_replication_slots = 10
-wal_keep_size = 512MB
+wal_keep_size = {wal_keep}MB
+max_slot_wal_keep_size = {slot_keep}MB
 hot_standby = on
 wal_log_hints = on
 
@@ -90,7 +101,7 @@ mod tests {
 
     #[test]
     fn tunes_memory_from_resources() {
-        let files = render(4096);
+        let files = render(4096, 1024);
         let conf = &files[CONF];
         assert!(conf.contains("shared_buffers = 1024MB"), "{conf}");
         assert!(conf.contains("effective_cache_size = 3072MB"), "{conf}");
@@ -98,8 +109,17 @@ mod tests {
     }
 
     #[test]
+    fn bounds_the_wal_kept_for_replicas_by_the_volume() {
+        let conf = &render(512, 1024)[CONF];
+        assert!(conf.contains("wal_keep_size = 128MB\n"), "{conf}");
+        assert!(conf.contains("max_slot_wal_keep_size = 256MB\n"), "{conf}");
+        assert_eq!(wal_retention_mib(100 * 1024), (512, 25 * 1024));
+        assert_eq!(wal_retention_mib(128), (16, 64));
+    }
+
+    #[test]
     fn every_network_rule_uses_scram_and_only_the_local_superuser_uses_peer() {
-        let hba = &render(512)[HBA];
+        let hba = &render(512, 1024)[HBA];
         for rule in hba
             .lines()
             .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
