@@ -257,6 +257,29 @@ async fn fetch(shared: &Shared, name: &str, path: &str) -> Response {
 /// failure is [`MISSING`]: a standby never ends recovery on it, it streams again instead, and
 /// an unreachable store must not stop it (as [`EXIT_ABORT_RECOVERY`] would).
 async fn fetch_for_standby(shared: &Shared, name: &str, path: &str) -> Response {
+    // PostgreSQL's startup process waits for this (also to promote): a store that hangs
+    // must not hold the standby, so the archive gets a short turn.
+    match tokio::time::timeout(
+        STANDBY_FETCH_TIMEOUT,
+        fetch_for_standby_now(shared, name, path),
+    )
+    .await
+    {
+        Ok(response) => response,
+        Err(_) => Response::new(
+            MISSING,
+            format!(
+                "fetching {name}: no answer from the store within {}s",
+                STANDBY_FETCH_TIMEOUT.as_secs()
+            ),
+        ),
+    }
+}
+
+/// How long a standby's fetch from the archive may take.
+const STANDBY_FETCH_TIMEOUT: Duration = Duration::from_secs(15);
+
+async fn fetch_for_standby_now(shared: &Shared, name: &str, path: &str) -> Response {
     let missing = |why: String| Response::new(MISSING, why);
     if !is_wal_file_name(name) {
         return missing(format!("{name:?} is not a WAL file name"));

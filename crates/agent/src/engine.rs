@@ -234,7 +234,7 @@ pub fn with_standby_settings(
     if !extras.restore_command.is_empty() {
         out.push_str(&format!(
             "restore_command = {}\n",
-            quote_setting(&extras.restore_command)
+            quote_setting(&extras.restore_command.replace('\\', "\\\\"))
         ));
     }
     out.push_str("recovery_target_timeline = 'latest'\n");
@@ -261,7 +261,7 @@ pub fn with_recovery_settings(
         .collect();
     out.push_str(&format!(
         "restore_command = {}\n",
-        quote_setting(restore_command)
+        quote_setting(&restore_command.replace('\\', "\\\\"))
     ));
     if let Some(time) = target_time {
         out.push_str(&format!("recovery_target_time = {}\n", quote_setting(time)));
@@ -836,7 +836,6 @@ impl Engine {
         self.admin_sql(&sql).await.map(|_| ())
     }
 
-    /// On the primary: `synchronous_standby_names` through `ALTER SYSTEM` and a reload.
     /// On a running replica: its slot and `restore_command` through `ALTER SYSTEM` and a
     /// reload (both take effect without a restart).
     pub async fn set_standby_extras(&self, extras: &StandbyExtras) -> Result<(), String> {
@@ -849,11 +848,11 @@ impl Engine {
         .map(|_| ())
     }
 
-    /// Creates the physical slot `name`, reserving WAL from now (so WAL written before the
-    /// replica first connects is kept too).
+    /// Creates the physical slot `name`. It keeps WAL from the replica's first connection on
+    /// (not before: a replica that never comes pins nothing; its clone streams its own WAL).
     pub async fn create_slot(&self, name: &str) -> Result<(), String> {
         self.admin_sql(&format!(
-            "SELECT pg_create_physical_replication_slot({}, true);\n",
+            "SELECT pg_create_physical_replication_slot({}, false);\n",
             quote_setting(name)
         ))
         .await
@@ -870,6 +869,17 @@ impl Engine {
         .map(|_| ())
     }
 
+    /// A promoted replica: its slot and archive fallback removed (a primary has no use for
+    /// them, and a leftover `restore_command` would read as a restore's).
+    pub async fn clear_standby_extras(&self) -> Result<(), String> {
+        self.admin_sql(
+            "ALTER SYSTEM RESET primary_slot_name;\nALTER SYSTEM RESET restore_command;\nSELECT pg_reload_conf();\n",
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// On the primary: `synchronous_standby_names` through `ALTER SYSTEM` and a reload.
     pub async fn set_synchronous_standby_names(&self, value: &str) -> Result<(), String> {
         let sql = format!(
             "ALTER SYSTEM SET synchronous_standby_names = {};\nSELECT pg_reload_conf();\n",
@@ -1601,7 +1611,10 @@ mod tests {
              primary_conninfo = 'host=''10.0.0.1'' port=5432 user=''streaming_replica'' passfile=''/run/it\\\\''s/replication.pgpass'' application_name=''db-1'' connect_timeout=5'\n\
              recovery_target_timeline = 'latest'\n"
         );
-        assert_eq!(with_standby_settings(&written, Some(&conninfo), &none), written);
+        assert_eq!(
+            with_standby_settings(&written, Some(&conninfo), &none),
+            written
+        );
         assert_eq!(
             with_standby_settings("", None, &none),
             "recovery_target_timeline = 'latest'\n"
@@ -1614,7 +1627,10 @@ mod tests {
             restore_command: "'/agent' wal-fetch --standby %f %p".into(),
         };
         let with_extras = with_standby_settings(&written, None, &extras);
-        assert_eq!(with_standby_settings(&with_extras, None, &extras), with_extras);
+        assert_eq!(
+            with_standby_settings(&with_extras, None, &extras),
+            with_extras
+        );
         assert!(with_extras.contains("primary_slot_name = 'devctl_db_1'\n"));
         assert!(with_extras.contains("restore_command = '''/agent'' wal-fetch --standby %f %p'\n"));
         assert_eq!(with_standby_settings(&with_extras, None, &none), written);
@@ -1655,8 +1671,10 @@ mod tests {
         assert!(!p.is_streaming());
         assert_eq!((p.received_lsn, p.lag_bytes), (None, None));
         assert_eq!(p.streaming_replicas, Some(vec![]));
-        let p = parse_postgres_probe("f|7|1|15.18|||||db-1,db-2|devctl_db_1:true:reserved,devctl_db_2:false:lost\n")
-                .unwrap();
+        let p = parse_postgres_probe(
+            "f|7|1|15.18|||||db-1,db-2|devctl_db_1:true:reserved,devctl_db_2:false:lost\n",
+        )
+        .unwrap();
         assert_eq!(
             p.streaming_replicas,
             Some(vec!["db-1".to_string(), "db-2".to_string()])

@@ -115,22 +115,18 @@
 //!    PostgreSQL removed `standby.signal`, so a restart comes back as the primary
 //!    (`targetPrimary` names it and its data is a primary's).
 //! 3. Once `currentPrimary` names another pod, the old primary (a primary's data, no
-//!    `standby.signal`) waits for that pod to report `ready` as `primary`, then writes
+//!    `standby.signal`) waits for that pod to report `ready` as `primary` with a timeline past
+//!    its own, rewinds with `pg_rewind` to the new primary's history, writes
 //!    `standby.signal`, `primary_conninfo` and `recovery_target_timeline = 'latest'` and
-//!    starts as its standby. A clean switchover needs no rewind (its WAL ends at the
-//!    shutdown checkpoint the new timeline forks after). If it does not stream within 30 s
-//!    (or the engine exits twice), it is stopped, its data moved aside to
-//!    `<data>.old-<unix time>` and the primary cloned with `pg_basebackup` like a new
-//!    replica (`pg_rewind` is not used: it needs a superuser or extra function grants on
-//!    the source, and the superuser has no password).
+//!    starts as its standby. If the rewind fails, or it does not stream within 30 s (or the
+//!    engine exits twice), its data is moved aside to `<data>.old-<unix time>` and the
+//!    primary cloned with `pg_basebackup` like a new replica (event `Rejoined` says which).
 //! 4. Other replicas resolve the new `currentPrimary`'s address, apply it with `ALTER
 //!    SYSTEM SET primary_conninfo` and `pg_reload_conf()`, and follow the new timeline.
 //!
-//! Failover is not implemented: a replica named `currentPrimary` without a switchover keeps
-//! streaming and reports `lastError: promotion is not supported yet`; a running primary no
-//! longer named (and not a promoted target) keeps running and reports that demotion of a
-//! running primary is not supported (a restarted agent rejoins as above). MariaDB/MySQL
-//! ignore `status.currentPrimary`.
+//! Failover, fencing and the primary lock: docs/failover.md. The instance's role is one
+//! state machine (`agent::role`, docs/agent.md "Roles"). MariaDB/MySQL ignore
+//! `status.currentPrimary`.
 //!
 //! # Backups, WAL archiving and restore (docs/backup.md)
 //! The agent watches its own pod (field selector on its name) for the operator's

@@ -70,7 +70,28 @@ pub fn release(pid: Option<u32>) {
 
 /// The last error line an engine printed (PostgreSQL's `FATAL:`/`PANIC:`, MariaDB's
 /// `[ERROR]`), so an exit can be reported with its reason instead of a bare status.
-pub type LastError = Arc<Mutex<Option<String>>>;
+#[derive(Clone, Debug, Default)]
+pub struct LastError(Arc<Mutex<Option<(String, std::time::Instant)>>>);
+
+impl LastError {
+    fn set(&self, line: String) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((line, std::time::Instant::now()));
+    }
+
+    /// The last error line and when it was printed.
+    pub fn peek(&self) -> Option<(String, std::time::Instant)> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The last error line, forgotten.
+    pub fn take(&self) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .map(|(line, _)| line)
+    }
+}
 
 /// Whether an engine's log line says why it stopped or failed.
 fn is_error_line(line: &str) -> bool {
@@ -100,8 +121,7 @@ pub fn forward(
                     if let Some(last_error) = &last_error {
                         let text = String::from_utf8_lossy(&line);
                         if is_error_line(&text) {
-                            *last_error.lock().unwrap_or_else(|p| p.into_inner()) =
-                                Some(text.trim().to_string());
+                            last_error.set(text.trim().to_string());
                         }
                     }
                     let mut out = Vec::with_capacity(prefix.len() + line.len());
@@ -281,7 +301,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(
-            last_error.lock().unwrap().as_deref(),
+            last_error.take().as_deref(),
             Some("2026-12-01 [ERROR] Can't start server: Bind on TCP/IP port")
         );
     }

@@ -1224,15 +1224,41 @@ async fn postgres_replica_waits_for_current_primary_clones_streams_and_resumes()
     })
     .await;
 
-    // A promotion is not made, only reported; the replica keeps streaming.
+    // Named the primary on a standby's data (no lock without high availability): it
+    // promotes and takes writes; the old primary, no longer named, is fenced.
     set_current_primary(&client, &namespace, "db-1").await;
     replica
         .wait_for_report(
-            "the unsupported promotion to be reported",
+            "the named replica to wait for the operator's election",
             &mut replica_agent,
-            |s| s.ready && s.last_error.as_deref() == Some("promotion is not supported yet"),
+            |s| {
+                s.ready
+                    && s.last_error
+                        .as_deref()
+                        .is_some_and(|e| e.contains("promotes only once the operator elects it"))
+            },
         )
         .await;
+    patch_cluster_status(&client, &namespace, json!({ "targetPrimary": "db-1" })).await;
+    replica
+        .wait_for_report("the named replica to promote", &mut replica_agent, |s| {
+            s.ready && s.role.as_deref() == Some("primary")
+        })
+        .await;
+    replica
+        .admin_sql("app", "INSERT INTO t VALUES (102)")
+        .await
+        .unwrap();
+    primary
+        .wait_for_report("the old primary to be fenced", &mut primary_agent, |s| {
+            !s.ready
+        })
+        .await;
+    assert!(
+        primary_agent.stdout_contains("fencing: status.currentPrimary names db-1"),
+        "{}",
+        primary_agent.logs()
+    );
 
     assert_eq!(
         replica.terminate_and_check(&mut replica_agent).await,

@@ -1207,7 +1207,18 @@ async fn a_switchover_whose_target_never_promotes_is_aborted_and_the_old_primary
         "{aborted:#?}"
     );
     assert_eq!(db.status.unwrap().failover_epoch, None, "no failover");
-    // sa-0 serves again, holding the lock, with every row.
+    // sa-0 serves again (its engine starts once the abort is in the status), holding the
+    // lock, with every row.
+    devctl_testenv::eventually(
+        "sa-0 to run as the primary again",
+        READY_TIMEOUT,
+        || async {
+            let report = env.report("sa-0").await;
+            (report.ready && report.role.as_deref() == Some("primary")).then_some(())
+        },
+    )
+    .await
+    .unwrap();
     env.shell_ok("sa", "insert into t values (101, 'after')")
         .await;
     assert_eq!(

@@ -219,9 +219,13 @@ async fn three_instances_stream_serve_the_right_services_scale_and_reclone() {
         "1000"
     );
     // The removed instances' slots are dropped: they would keep WAL for no one.
-    devctl_testenv::eventually("the slots of ha-3 and ha-4 to go", READY_TIMEOUT, || async {
-        (slots(&env, "ha", "ha-0").await == "devctl_ha_1:true,devctl_ha_2:true").then_some(())
-    })
+    devctl_testenv::eventually(
+        "the slots of ha-3 and ha-4 to go",
+        READY_TIMEOUT,
+        || async {
+            (slots(&env, "ha", "ha-0").await == "devctl_ha_1:true,devctl_ha_2:true").then_some(())
+        },
+    )
     .await
     .unwrap();
 
@@ -536,9 +540,11 @@ async fn a_replica_left_behind_past_its_slot_without_an_archive_is_recloned() {
     )
     .await;
     env.wait_ready_with("lag", 2).await;
-    devctl_testenv::eventually("lag-1 to stream through its slot", READY_TIMEOUT, || async {
-        (slots(&env, "lag", "lag-0").await == "devctl_lag_1:true").then_some(())
-    })
+    devctl_testenv::eventually(
+        "lag-1 to stream through its slot",
+        READY_TIMEOUT,
+        || async { (slots(&env, "lag", "lag-0").await == "devctl_lag_1:true").then_some(()) },
+    )
     .await
     .unwrap();
     env.shell_ok(
@@ -563,9 +569,11 @@ async fn a_replica_left_behind_past_its_slot_without_an_archive_is_recloned() {
         "{note}"
     );
     wait_rows(&env, "lag", "lag-1", rows).await;
-    devctl_testenv::eventually("lag-1 to stream through its slot again", READY_TIMEOUT, || async {
-        (slots(&env, "lag", "lag-0").await == "devctl_lag_1:true").then_some(())
-    })
+    devctl_testenv::eventually(
+        "lag-1 to stream through its slot again",
+        READY_TIMEOUT,
+        || async { (slots(&env, "lag", "lag-0").await == "devctl_lag_1:true").then_some(()) },
+    )
     .await
     .unwrap();
     env.wait_ready_with("lag", 2).await;

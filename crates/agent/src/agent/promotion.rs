@@ -1,0 +1,303 @@
+//! Becoming the primary: the lock gate, a failover's acknowledgement and election, a
+//! switchover's hand-over, the promotion and what follows it.
+
+use super::*;
+use role::Step;
+
+impl Agent {
+    /// High availability: takes (or renews) the primary lock before the engine may run as the
+    /// primary; `Err` says why not (also kept in `lock_problem`).
+    pub(super) async fn gate_primary(&mut self) -> Result<(), String> {
+        if self.hooks.promotion_lock_refused() {
+            let why = format!("not starting as the primary: {PROMOTION_LOCK_REFUSED}");
+            self.lock_problem = Some(why.clone());
+            return Err(why);
+        }
+        let (Some(duration), Some(lock)) = (self.lock_durations(), self.lock.as_mut()) else {
+            return Ok(());
+        };
+        match lock.acquire(duration).await {
+            Ok(()) => {
+                self.lock_problem = None;
+                Ok(())
+            }
+            Err(why) => {
+                let why = format!("not starting as the primary: {why}");
+                self.lock_problem = Some(why.clone());
+                Err(why)
+            }
+        }
+    }
+
+    /// The role's next step with the engine running ([`role::transition`]): observes and
+    /// carries the steps out. Returns the latest probe (taken again after a promotion, for
+    /// the primary's upkeep).
+    pub(super) async fn drive_role(&mut self, probe: Probe) -> Probe {
+        let view = self.view();
+        let observation = self.observe_running(&view, &probe).await;
+        let next = role::transition(&self.role, &observation, &self.config.cluster);
+        let promoting = next.steps.contains(&Step::Promoted);
+        self.running_steps(next).await;
+        if promoting
+            && self.role == Role::Primary
+            && let Ok(after) = self.engine.probe().await
+        {
+            return after;
+        }
+        probe
+    }
+
+    /// An engine that does not answer the probe (or before the probe): a primary — or one
+    /// whose promotion may have completed — is judged as accepting writes, so the cluster's
+    /// word fences it all the same.
+    pub(super) async fn drive_role_unprobed(&mut self) {
+        if !matches!(self.role, Role::Primary | Role::Promoting) {
+            return;
+        }
+        let view = self.view();
+        let observation = role::Observation {
+            engine: role::EngineState::AcceptsWrites,
+            ..self.observe(&view)
+        };
+        let next = role::transition(&self.role, &observation, &self.config.cluster);
+        self.running_steps(next).await;
+    }
+
+    /// The cluster's side of an observation (the engine stopped, nothing else known yet).
+    pub(super) fn observe(&self, view: &ClusterView) -> role::Observation {
+        role::Observation {
+            me: self.config.pod_name.clone(),
+            current: view.current_primary.clone(),
+            target: view.target_primary.clone(),
+            failed: view.failed_primary.clone(),
+            epoch: view.failover_epoch,
+            initialized: view.initialized,
+            recovery: self.config.recovery,
+            high_availability: view.lock_duration.is_some(),
+            replicas: view.replicas,
+            engine: role::EngineState::Stopped,
+            data: role::DataState::Empty,
+            lock_lost: None,
+            acknowledged: false,
+            acknowledgement_held: false,
+            handover: role::Handover::None,
+            rejoin_failed: false,
+            wal_gone: None,
+        }
+    }
+
+    /// What the role state machine needs while the engine runs: the probe, this replica's
+    /// failover acknowledgement, and — only as a switchover's target — the old primary's
+    /// report and this standby's progress past its `finalLSN`.
+    async fn observe_running(&mut self, view: &ClusterView, probe: &Probe) -> role::Observation {
+        let me = self.config.pod_name.clone();
+        let epoch = view.failover_epoch;
+        // Stopped for the failover: no WAL receiver, and neither streaming nor the archive
+        // configured (nothing more is replayed, so the position is final).
+        let receiver_down = self.conninfo_applied.as_deref() == Some("")
+            && self
+                .extras_applied
+                .as_ref()
+                .is_none_or(|e| e.restore_command.is_empty())
+            && probe.wal_receiver.is_none();
+        let engine = if probe.role == devctl_api::instance::ROLE_PRIMARY {
+            role::EngineState::AcceptsWrites
+        } else {
+            role::EngineState::Recovering {
+                streaming: probe.is_streaming(),
+                receiver_down,
+            }
+        };
+        if view.failed_primary.is_none() {
+            self.failover_ack = None;
+        } else if receiver_down && self.failover_stopped.is_none_or(|(e, _)| e != epoch) {
+            self.failover_stopped = Some((epoch, Instant::now()));
+        }
+        let acknowledgement_held = self.hooks.failover_ack_delay().is_some_and(|delay| {
+            self.failover_stopped
+                .is_some_and(|(e, at)| e == epoch && at.elapsed() < delay)
+        });
+        let switchover_to_me = view.failed_primary.is_none()
+            && view.target_primary.as_deref() == Some(me.as_str())
+            && view.current_primary.as_deref().is_some_and(|c| c != me)
+            && self.mode == Mode::Replica;
+        let handover = match view.current_primary.as_deref() {
+            Some(old) if switchover_to_me => self.observe_handover(old).await,
+            _ => role::Handover::None,
+        };
+        let wal_gone = if self.role == Role::Replica && view.failed_primary.is_none() {
+            self.wal_gone(probe)
+        } else {
+            // A failover, a rejoin or a clone under way: not this question.
+            self.wal_removed_since = None;
+            None
+        };
+        role::Observation {
+            engine,
+            acknowledged: self.failover_ack == Some(epoch),
+            acknowledgement_held,
+            handover,
+            rejoin_failed: self.rejoin_deadline.is_some_and(|d| Instant::now() >= d),
+            wal_gone,
+            ..self.observe(view)
+        }
+    }
+
+    /// A switchover's target: whether the old primary stopped and reported `finalLSN` and this
+    /// standby received it and replayed past it (a switchover loses nothing).
+    async fn observe_handover(&self, old: &str) -> role::Handover {
+        let why = match read_report(&self.pods, old).await {
+            Err(e) => e,
+            Ok(report) => match report.filter(|r| !r.ready).and_then(|r| r.final_lsn) {
+                None => format!("waiting for {old} to stop and report finalLSN"),
+                Some(final_lsn) => match self.engine.switchover_progress(&final_lsn).await {
+                    Ok(Some(why)) => why,
+                    Err(e) => e,
+                    Ok(None) => {
+                        tracing::info!(%final_lsn, %old, "replayed the old primary's shutdown checkpoint");
+                        return role::Handover::CaughtUp;
+                    }
+                },
+            },
+        };
+        role::Handover::Waiting(why)
+    }
+
+    /// Carries out a transition's steps with the engine running, in order; the first that
+    /// cannot complete is reported (`switchover_problem`) and the role stays.
+    async fn running_steps(&mut self, next: role::Transition) {
+        let mut next = next;
+        let mut refused = None;
+        let (problem, done) = loop {
+            let (problem, done) = self.run_steps(&next.steps).await;
+            match next.if_refused.take() {
+                Some(instead) if !done => {
+                    tracing::warn!(
+                        "{}; instead: {:?}",
+                        problem.as_deref().unwrap_or_default(),
+                        instead.steps
+                    );
+                    refused = problem;
+                    next = *instead;
+                }
+                // What was refused stays the news unless the fallback has its own.
+                _ => break (problem.or(refused), done),
+            }
+        };
+        if problem
+            .as_ref()
+            .is_some_and(|p| self.switchover_problem.as_ref() != Some(p))
+        {
+            tracing::info!("{}", problem.as_deref().unwrap_or_default());
+        }
+        self.switchover_problem = problem;
+        if done {
+            self.set_role(next.role);
+        }
+    }
+
+    /// Runs `steps` in order until one cannot complete: what to report, and whether all
+    /// completed (a `Wait` completes the transition, reporting why nothing else happens).
+    async fn run_steps(&mut self, steps: &[Step]) -> (Option<String>, bool) {
+        for step in steps.iter().cloned() {
+            match step {
+                Step::Wait(why) => return (Some(why), true),
+                Step::TakeLock => {
+                    if let Err(why) = self.gate_primary().await {
+                        return (Some(format!("promoting this pod: {why}")), false);
+                    }
+                }
+                Step::Acknowledge(epoch) => {
+                    tracing::info!(
+                        epoch,
+                        received = ?self.probe.as_ref().and_then(|p| p.received_lsn.clone()),
+                        "failover: stopped streaming; reporting the final position"
+                    );
+                    self.failover_ack = Some(epoch);
+                }
+                Step::Promote => {
+                    tracing::info!(role = ?self.role, "promoting");
+                    if let Err(e) = self.engine.promote().await {
+                        return (Some(format!("promoting this pod: {e}")), false);
+                    }
+                }
+                Step::Promoted => self.promoted().await,
+                Step::Fence(why) => {
+                    self.action.get_or_insert(Action::Fence(why));
+                }
+                Step::HandOver(target) => {
+                    tracing::info!(%target, "status.targetPrimary names another pod");
+                    self.action.get_or_insert(Action::Switchover(target));
+                }
+                Step::MoveAside => {
+                    self.action.get_or_insert(Action::Reclone);
+                }
+                Step::CloneAfresh(why) => {
+                    self.action.get_or_insert(Action::CloneAfresh(why));
+                }
+                Step::Announce => {
+                    self.rejoin_deadline = None;
+                    if let Some(how) = self.rejoining.take() {
+                        tracing::info!(?how, "streaming from the primary again");
+                        self.publish_rejoined(&how).await;
+                    }
+                }
+                step => {
+                    return (
+                        Some(format!("internal: step {step:?} with the engine running")),
+                        false,
+                    );
+                }
+            }
+        }
+        (None, true)
+    }
+
+    /// Enters `role`, logging the change; the engine's mode follows the role once it runs.
+    pub(super) fn set_role(&mut self, role: Role) {
+        if self.role != role {
+            tracing::info!(from = ?self.role, to = ?role, "role");
+            self.role = role;
+        }
+    }
+
+    /// The engine left recovery (a switchover or failover target): checkpoint in the
+    /// background — best effort, nothing waits for it: the instance is the primary from the
+    /// moment it accepts writes — and run as the primary.
+    pub(super) async fn promoted(&mut self) {
+        tracing::info!("promoted: running as the primary");
+        let (engine, hooks) = (self.engine.clone(), self.hooks.clone());
+        tokio::spawn(async move {
+            // Retried while it fails (for at most [`CHECKPOINT_RETRIES`] tries): a former
+            // primary rewinds only once the new timeline is in the control file.
+            for attempt in 1..=CHECKPOINT_RETRIES {
+                match engine.checkpoint_after_promotion(&hooks).await {
+                    Ok(()) => {
+                        tracing::info!("checkpointed after the promotion");
+                        return;
+                    }
+                    Err(e) if attempt == 1 => tracing::warn!(
+                        "CHECKPOINT after the promotion (best effort, retried every {}s): {e}",
+                        CHECKPOINT_RETRY_INTERVAL.as_secs()
+                    ),
+                    Err(_) => {}
+                }
+                tokio::time::sleep(CHECKPOINT_RETRY_INTERVAL).await;
+            }
+        });
+        if let Err(e) = self.engine.clear_standby_extras().await {
+            tracing::warn!("removing the standby's slot name and restore_command: {e}");
+        }
+        self.mode = Mode::Primary;
+        self.switchover_problem = None;
+        self.replica_problem = None;
+        self.role_problem = None;
+        self.primary_address = None;
+        self.conninfo_applied = None;
+        self.extras_applied = None;
+        self.rejoin_deadline = None;
+        self.failover_ack = None;
+        self.sync_applied = None;
+        self.wal_removed_since = None;
+    }
+}

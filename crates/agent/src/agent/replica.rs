@@ -1,0 +1,371 @@
+//! A replica's upkeep: where it streams from, through which slot, its archive fallback, and
+//! when it must re-clone.
+
+use super::*;
+
+impl Agent {
+    /// The primary's address without asking anyone: the Service's with `service`, the last
+    /// known otherwise.
+    pub(super) fn known_primary_address(&self) -> Option<PrimaryAddress> {
+        match &self.config.primary_from {
+            PrimaryFrom::Service { host } => Some(PrimaryAddress {
+                host: host.clone(),
+                port: self.config.port,
+            }),
+            PrimaryFrom::Annotation => self.primary_address.clone(),
+        }
+    }
+
+    pub(super) fn conninfo_for(&self, address: &PrimaryAddress) -> String {
+        primary_conninfo(
+            &address.host,
+            address.port,
+            &self.replication_user(),
+            &self.passfile(),
+            &self.config.pod_name,
+        )
+    }
+
+    /// Before (re)starting a replica: the password file and the standby settings.
+    pub(super) fn prepare_replica_start(&mut self) -> Result<()> {
+        if let Err(e) = self.write_passfile() {
+            return Err(Error::DataDir(e));
+        }
+        let conninfo = if self.view().failed_primary.is_some() {
+            // Failover under way: start without streaming (the position stays final).
+            Some(String::new())
+        } else {
+            self.known_primary_address()
+                .map(|address| self.conninfo_for(&address))
+        };
+        let extras = self.standby_extras();
+        self.engine
+            .write_standby_settings(conninfo.as_deref(), &extras)
+            .map_err(Error::DataDir)?;
+        self.extras_applied = Some(extras);
+        self.wal_removed_since = None;
+        if conninfo.is_some() {
+            self.conninfo_applied = conninfo;
+        }
+        Ok(())
+    }
+
+    /// Replica: its slot once the primary reports keeping it (a primary run by an older
+    /// agent has none, and streaming through a missing slot fails), and the archive as the
+    /// fallback while the cluster archives.
+    pub(super) fn standby_extras(&self) -> StandbyExtras {
+        let slot = slot_name(&self.config.pod_name);
+        StandbyExtras {
+            slot: self
+                .primary_slots
+                .as_ref()
+                .filter(|slots| slots.contains(&slot))
+                .map(|_| slot)
+                .unwrap_or_default(),
+            // During a failover nothing more is replayed (from the archive either): the
+            // position reported for the election is final.
+            restore_command: if self.view().failed_primary.is_none()
+                && matches!(self.pod_view.borrow().destination(), Ok(Some(_)))
+            {
+                self.engine.standby_restore_command()
+            } else {
+                String::new()
+            },
+        }
+    }
+
+    /// Replica: the primary's address (`annotation`: from its report, kept when the report
+    /// is not ready, e.g. while the primary restarts) and the slots it keeps. Returns why
+    /// they are unknown, if so.
+    pub(super) async fn refresh_primary_address(&mut self) -> Option<String> {
+        if let Err(e) = self.write_passfile() {
+            return Some(e);
+        }
+        if self.view().failed_primary.is_some() {
+            return None;
+        }
+        let current = self
+            .cluster
+            .as_ref()
+            .and_then(|rx| rx.borrow().current_primary.clone());
+        // Named ourselves (a promotion we do not make): keep streaming from where we do.
+        // (`None`: no problem to report.)
+        let primary = current.filter(|p| *p != self.config.pod_name)?;
+        match resolve_primary_report(&self.pods, &self.config, &primary).await {
+            Ok((address, report)) => {
+                if self.primary_address.as_ref() != Some(&address) {
+                    tracing::info!(%primary, %address, "the primary's address");
+                }
+                self.primary_address = Some(address);
+                self.primary_slots = report.replication_slots;
+                None
+            }
+            // `service`: the Service's address serves whatever the report says.
+            Err(_) if !matches!(self.config.primary_from, PrimaryFrom::Annotation) => None,
+            Err(why) => Some(why),
+        }
+    }
+
+    /// A replica's probe: a changed primary address is applied (`ALTER SYSTEM` and a
+    /// reload), and the replica is ready only while it streams.
+    pub(super) async fn tick_replica(&mut self, probe: Probe, resolve_problem: Option<String>) {
+        let mut conninfo_error = None;
+        let failing_over = self.view().failed_primary.is_some();
+        let desired = if failing_over || self.hooks.wal_receiver_stopped() {
+            // Failover: stop the WAL receiver so the position reported is final.
+            Some(String::new())
+        } else {
+            self.known_primary_address()
+                .map(|address| self.conninfo_for(&address))
+        };
+        if let Some(conninfo) = desired
+            && self.conninfo_applied.as_deref() != Some(conninfo.as_str())
+        {
+            match self.engine.set_primary_conninfo(&conninfo).await {
+                Ok(()) => {
+                    if conninfo.is_empty() {
+                        tracing::info!("primary_conninfo emptied: WAL receiver stopped");
+                    } else {
+                        tracing::info!("primary_conninfo set; configuration reloaded");
+                    }
+                    self.conninfo_applied = Some(conninfo);
+                }
+                Err(e) => {
+                    tracing::error!("setting primary_conninfo: {e}");
+                    conninfo_error = Some(format!("setting primary_conninfo: {e}"));
+                }
+            }
+        }
+        let extras = self.standby_extras();
+        if self.extras_applied.as_ref() != Some(&extras) {
+            match self.engine.set_standby_extras(&extras).await {
+                Ok(()) => {
+                    tracing::info!(slot = %extras.slot, archive = !extras.restore_command.is_empty(), "primary_slot_name and restore_command set; configuration reloaded");
+                    self.extras_applied = Some(extras);
+                }
+                Err(e) => {
+                    tracing::error!("setting primary_slot_name and restore_command: {e}");
+                    conninfo_error = Some(format!(
+                        "setting primary_slot_name and restore_command: {e}"
+                    ));
+                }
+            }
+        }
+        // (Rejoining, re-cloning and the announcement are the role's: `drive_role`.)
+        self.ready = probe.is_streaming();
+        if probe.wal_receiver.is_some() && probe.timeline.is_some() {
+            self.stream_timeline = probe.timeline;
+        }
+        self.replica_problem = if self.ready {
+            None
+        } else if failing_over {
+            let show = |lsn: &Option<String>| lsn.clone().unwrap_or_else(|| "none".into());
+            Some(format!(
+                "failover (epoch {}): streaming stopped at received {}, replayed {}",
+                self.view().failover_epoch,
+                show(&probe.received_lsn),
+                show(&probe.replayed_lsn)
+            ))
+        } else {
+            let from = self
+                .known_primary_address()
+                .map(|a| format!(" at {a}"))
+                .unwrap_or_default();
+            let receiver = probe.wal_receiver.as_deref().unwrap_or("not running");
+            let mut message =
+                format!("not streaming from the primary{from} (WAL receiver: {receiver})");
+            if probe.role != devctl_api::instance::ROLE_REPLICA {
+                message = format!(
+                    "the engine is not in recovery although this instance is a replica; {message}"
+                );
+            }
+            if let Some(why) = resolve_problem {
+                message = format!("{message}; {why}");
+            }
+            Some(message)
+        }
+        .or(conninfo_error);
+        // Slots left from when this instance was a primary would pin its WAL for no one.
+        self.apply_slots(&probe, false).await;
+        self.probe = Some(probe);
+    }
+
+    /// Replica: whether it must re-clone because the WAL it needs is gone — the primary keeps
+    /// saying so ([`wal_removed_step`]) and nothing was replayed for
+    /// [`WAL_REMOVED_RECLONE_AFTER`] (the archive, when there is one, had its turn).
+    pub(super) fn wal_gone(&mut self, probe: &Probe) -> Option<String> {
+        let last = self.engine_last_error.peek();
+        let (since, fire) = wal_removed_step(
+            self.wal_removed_since.clone(),
+            probe.is_streaming(),
+            last.as_ref(),
+            &probe.replayed_lsn,
+            Instant::now(),
+        );
+        if self.wal_removed_since.is_none()
+            && since.is_some()
+            && let Some((line, _)) = &last
+        {
+            tracing::warn!("the primary no longer has the WAL this replica needs: {line}");
+        }
+        self.wal_removed_since = since;
+        fire.then(|| {
+            format!(
+                "the primary no longer has the WAL this replica needs (requested WAL segment {WAL_REMOVED}) and {} for {}s",
+                if self.extras_applied.as_ref().is_some_and(|e| !e.restore_command.is_empty()) {
+                    "the archive did not provide it"
+                } else {
+                    "there is no archive to fetch it from"
+                },
+                WAL_REMOVED_RECLONE_AFTER.as_secs()
+            )
+        })
+    }
+
+    /// Event `Rejoined` on the cluster: a former primary streams from the new one.
+    pub(super) async fn publish_rejoined(&self, how: &Rejoin) {
+        let view = self.view();
+        let reference = ObjectReference {
+            api_version: Some(format!("{}/v1beta1", devctl_api::DB_GROUP)),
+            kind: Some("DatabaseCluster".into()),
+            name: Some(self.config.cluster.clone()),
+            namespace: Some(self.config.pod_namespace.clone()),
+            uid: view.uid.clone(),
+            ..Default::default()
+        };
+        let pod = &self.config.pod_name;
+        let primary = view.current_primary.unwrap_or_default();
+        let event = ClusterEvent {
+            type_: EventType::Normal,
+            reason: match how {
+                Rejoin::CaughtUpByClone(_) => "Recloned",
+                _ => "Rejoined",
+            }
+            .into(),
+            note: Some(match how {
+                Rejoin::Rewound => format!(
+                    "{pod} rejoined as a standby of {primary} (rewound from its former primary's data)"
+                ),
+                Rejoin::Recloned(aside) => format!(
+                    "{pod} rejoined as a standby of {primary} (re-cloned: its former primary's data could not follow and was moved aside to {aside})"
+                ),
+                Rejoin::CaughtUpByClone(reason) => {
+                    format!("{pod} was re-cloned from {primary} and streams again: {reason}")
+                }
+            }),
+            action: match how {
+                Rejoin::CaughtUpByClone(_) => format!("Reclone {pod}"),
+                _ => format!("Rejoin {pod}"),
+            },
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &reference).await {
+            tracing::warn!(
+                "publishing the Rejoined event: {}",
+                one_line(&e.to_string())
+            );
+        }
+    }
+}
+
+/// How recent the engine's "already removed" line must be to count: a WAL receiver the
+/// primary still refuses says it again every 5 s (`wal_retrieve_retry_interval`).
+const WAL_REMOVED_RECENT: Duration = Duration::from_secs(15);
+
+/// One look at a replica that may have lost the WAL it needs: since when (and at which
+/// replayed position) the primary has kept saying so, and whether that lasted
+/// [`WAL_REMOVED_RECLONE_AFTER`] without replay moving. Anything else — streaming, another
+/// error since, an old line — starts over.
+pub(super) fn wal_removed_step(
+    since: Option<(Instant, Option<String>)>,
+    streaming: bool,
+    last_error: Option<&(String, Instant)>,
+    replayed: &Option<String>,
+    now: Instant,
+) -> (Option<(Instant, Option<String>)>, bool) {
+    let recent = last_error.is_some_and(|(line, at)| {
+        line.contains(WAL_REMOVED) && now.saturating_duration_since(*at) < WAL_REMOVED_RECENT
+    });
+    if streaming || !recent {
+        return (None, false);
+    }
+    match since {
+        Some((start, at)) if at == *replayed => (
+            Some((start, at)),
+            now.saturating_duration_since(start) >= WAL_REMOVED_RECLONE_AFTER,
+        ),
+        // First said, or replay moved (from the archive): still catching up.
+        _ => (Some((now, replayed.clone())), false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replica_re_clones_only_while_the_primary_keeps_saying_its_wal_is_gone() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let removed = |s: u64| {
+            (
+                "FATAL:  could not receive data from WAL stream: ERROR:  requested WAL segment 000000010000000000000003 has already been removed".to_string(),
+                at(s),
+            )
+        };
+        let lsn = |l: &str| Some(l.to_string());
+        // First said: the clock starts.
+        let (since, fire) =
+            wal_removed_step(None, false, Some(&removed(0)), &lsn("0/3000000"), at(1));
+        assert!(!fire);
+        assert_eq!(since, Some((at(1), lsn("0/3000000"))));
+        // Said again, nothing replayed, 20 s on: re-clone.
+        let (kept, fire) = wal_removed_step(
+            since.clone(),
+            false,
+            Some(&removed(20)),
+            &lsn("0/3000000"),
+            at(21),
+        );
+        assert!(fire);
+        assert_eq!(kept, since);
+        // Replay moved (the archive answers): start over.
+        let (moved, fire) = wal_removed_step(
+            since.clone(),
+            false,
+            Some(&removed(20)),
+            &lsn("0/4000000"),
+            at(21),
+        );
+        assert!(!fire);
+        assert_eq!(moved, Some((at(21), lsn("0/4000000"))));
+        // The line is old (nothing said it for 15 s): not the reason it does not stream now.
+        assert_eq!(
+            wal_removed_step(
+                since.clone(),
+                false,
+                Some(&removed(1)),
+                &lsn("0/3000000"),
+                at(21)
+            ),
+            (None, false)
+        );
+        // Another error since (a switchover, a password): start over.
+        let other = ("FATAL:  password authentication failed".to_string(), at(20));
+        assert_eq!(
+            wal_removed_step(
+                since.clone(),
+                false,
+                Some(&other),
+                &lsn("0/3000000"),
+                at(21)
+            ),
+            (None, false)
+        );
+        // Streaming: all is well.
+        assert_eq!(
+            wal_removed_step(since, true, Some(&removed(20)), &lsn("0/3000000"), at(21)),
+            (None, false)
+        );
+    }
+}
