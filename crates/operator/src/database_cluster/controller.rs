@@ -279,6 +279,14 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
     Ok(action)
 }
 
+/// How soon a failover under way looks again when nothing else wakes it: after a lock
+/// duration (`spec.highAvailability.failoverTimeout`).
+fn failover_recheck(
+    high_availability: Option<&devctl_api::database_cluster::HighAvailabilitySpec>,
+) -> Option<Duration> {
+    high_availability.and_then(|ha| ha.failover_timeout())
+}
+
 /// How often a cluster whose backup destination or restore source is misconfigured looks
 /// again (what it waits for — a Secret, a DatabaseBackup — is not watched).
 const CONFIGURATION_RECHECK: Duration = Duration::from_secs(30);
@@ -610,6 +618,10 @@ async fn primary_step(
                     action: "Failover".into(),
                     note: message,
                 }],
+                // Every step of a failover looks again by itself: what comes next (an
+                // acknowledgement, a promotion) may never be announced by an event, and the
+                // echo of this status write wakes nobody.
+                timer: failover_recheck(high_availability),
                 ..PrimaryStep::unchanged(Primary {
                     target: Some(TARGET_PENDING.into()),
                     failed: Some(failed),
@@ -638,6 +650,9 @@ async fn primary_step(
                 "the most advanced of the replicas' final positions".to_string()
             };
             PrimaryStep {
+                // A target that never takes the lock (frozen, refused) changes nothing the
+                // operator watches: look again after a lock duration, as while promoting.
+                timer: failover_recheck(high_availability),
                 events: vec![Announcement {
                     type_: EventType::Normal,
                     reason: "FailingOver",
@@ -655,7 +670,7 @@ async fn primary_step(
         // Nothing announces a target that died before promoting (it never takes the lock):
         // look again after a lock duration ([`failover::Step::Reelect`]).
         failover::Step::Promoting(_) => PrimaryStep {
-            timer: high_availability.and_then(|ha| ha.failover_timeout()),
+            timer: failover_recheck(high_availability),
             ..PrimaryStep::unchanged(recorded)
         },
         failover::Step::Reelect {
@@ -678,6 +693,7 @@ async fn primary_step(
                     action: "Failover".into(),
                     note: message,
                 }],
+                timer: failover_recheck(high_availability),
                 // A request for the lost target would hold the new election up.
                 drop_request_when_recorded: requested == Some(lost.as_str()),
                 ..PrimaryStep::unchanged(Primary {
