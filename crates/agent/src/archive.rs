@@ -196,10 +196,14 @@ async fn push(shared: &Shared, path: &str) -> Response {
             .await
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let key = wal_key(&system_prefix(&store.location.prefix, &sysid), &name);
-        store
-            .put(&key, Bytes::from(data))
+        // Never over another writer's segment: same content is success, different refused.
+        let put = store
+            .put_once(&key, Bytes::from(data))
             .await
             .map_err(|e| e.to_string())?;
+        if put == crate::store::PutOnce::AlreadyStored {
+            tracing::info!(url = %store.url(&key), "already archived with the same content");
+        }
         Ok(store.url(&key))
     }
     .await;
@@ -242,6 +246,26 @@ async fn fetch(shared: &Shared, name: &str, path: &str) -> Response {
             Err(e) => Response::new(ERROR, e),
         },
         Err(StoreError::NotFound(url)) => {
+            // The end of the archive — or a hole in it: later WAL of the same timeline is
+            // there. Recovery must not end (and promote) short of it.
+            let wal = wal_key(&request.location.prefix, "");
+            match store.keys_after(&wal, &key, 4).await {
+                Ok(later) => {
+                    if let Some(after) = later_segment_of_timeline(name, &later) {
+                        let why = format!(
+                            "the archive misses WAL segment {name} although it holds later WAL of that timeline ({after}): restoring past the hole would lose what it holds, so the restore stops here"
+                        );
+                        tracing::error!("{why}");
+                        shared.set_restore_hole(why.clone());
+                        return Response::new(ERROR, why);
+                    }
+                }
+                Err(e) => {
+                    // Cannot tell a hole from the end: not the end, then (retried).
+                    tracing::warn!("looking past {name} in the archive: {e}");
+                    return Response::new(ERROR, format!("looking past {name}: {e}"));
+                }
+            }
             tracing::info!(%url, "not in the archive");
             Response::new(MISSING, format!("{url} does not exist"))
         }
@@ -250,6 +274,20 @@ async fn fetch(shared: &Shared, name: &str, path: &str) -> Response {
             Response::new(ERROR, format!("restoring {name}: {e}"))
         }
     }
+}
+
+/// A later segment of `name`'s timeline among `keys` (object keys), if `name` is a segment
+/// (pure): what makes a missing segment a hole rather than the end of the archive.
+fn later_segment_of_timeline<'k>(name: &str, keys: &'k [String]) -> Option<&'k str> {
+    let size = crate::wal::DEFAULT_SEGMENT_SIZE;
+    let (timeline, segment) = crate::wal::parse_segment_name(name, size)?;
+    keys.iter().map(String::as_str).find(|key| {
+        let file = key.rsplit('/').next().unwrap_or_default();
+        file.get(..24)
+            .filter(|_| file.len() == 24)
+            .and_then(|n| crate::wal::parse_segment_name(n, size))
+            .is_some_and(|(t, s)| t == timeline && s > segment)
+    })
 }
 
 /// A standby's `restore_command`: the archived file `name` of this cluster
@@ -456,6 +494,38 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&Response::new(MISSING, None)).unwrap(),
             r#"{"result":"missing"}"#
+        );
+    }
+
+    #[test]
+    fn a_missing_segment_is_a_hole_when_later_wal_of_its_timeline_is_archived() {
+        let keys = |names: &[&str]| -> Vec<String> {
+            names.iter().map(|n| format!("p/7/wal/{n}")).collect()
+        };
+        let missing = "000000010000000000000005";
+        // The end of the archive: nothing later, or only the switch point's .partial and
+        // the next timeline.
+        assert_eq!(later_segment_of_timeline(missing, &keys(&[])), None);
+        assert_eq!(
+            later_segment_of_timeline(
+                missing,
+                &keys(&[
+                    "000000010000000000000005.partial",
+                    "00000002.history",
+                    "000000020000000000000005"
+                ])
+            ),
+            None
+        );
+        // A hole: segment 6 of timeline 1 is there.
+        assert_eq!(
+            later_segment_of_timeline(missing, &keys(&["000000010000000000000006"])),
+            Some("p/7/wal/000000010000000000000006")
+        );
+        // History files are not segments.
+        assert_eq!(
+            later_segment_of_timeline("00000002.history", &keys(&["000000020000000000000006"])),
+            None
         );
     }
 

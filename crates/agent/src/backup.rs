@@ -227,6 +227,9 @@ pub struct Shared {
     owners: Mutex<BTreeSet<String>>,
     wal_archive: Mutex<Option<WalArchiveReport>>,
     backup: Mutex<Option<BackupReport>>,
+    /// A restore found a hole in the archive: this segment is missing although later WAL of
+    /// its timeline is there (the restore stops rather than promote short of it).
+    restore_hole: Mutex<Option<String>>,
     /// Wakes the main loop to report a backup's progress.
     pub changed: Notify,
 }
@@ -248,6 +251,7 @@ impl Shared {
             owners: Mutex::new(BTreeSet::new()),
             wal_archive: Mutex::new(None),
             backup: Mutex::new(None),
+            restore_hole: Mutex::new(None),
             changed: Notify::new(),
         }
     }
@@ -303,6 +307,16 @@ impl Shared {
 
     pub fn backup(&self) -> Option<BackupReport> {
         lock(&self.backup).clone()
+    }
+
+    /// Why the restore stopped at a hole in the archive, if it did.
+    pub fn restore_hole(&self) -> Option<String> {
+        lock(&self.restore_hole).clone()
+    }
+
+    pub fn set_restore_hole(&self, why: String) {
+        *lock(&self.restore_hole) = Some(why);
+        self.changed.notify_one();
     }
 
     pub fn set_backup(&self, report: BackupReport) {

@@ -619,9 +619,12 @@ impl Engine {
         let sql = match &self.bins {
             Binaries::Postgres { .. } => {
                 let verifier = scram_sha256_verifier(&credentials.password);
+                // This session only: a statement that fails is not logged with its text
+                // (the verifier), whatever the server's log_min_error_statement.
                 format!(
                     "SET log_statement = 'none';\n\
                      SET log_min_duration_statement = -1;\n\
+                     SET log_min_error_statement = 'panic';\n\
                      SELECT 'CREATE ROLE \"{user}\"' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{user}')\\gexec\n\
                      ALTER ROLE \"{user}\" WITH LOGIN NOSUPERUSER NOCREATEROLE NOREPLICATION PASSWORD '{verifier}';\n\
                      GRANT pg_monitor TO \"{user}\";\n\
@@ -673,6 +676,7 @@ impl Engine {
         let sql = format!(
             "SET log_statement = 'none';\n\
              SET log_min_duration_statement = -1;\n\
+             SET log_min_error_statement = 'panic';\n\
              SELECT 'CREATE ROLE \"{user}\" WITH REPLICATION LOGIN' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{user}')\\gexec\n\
              ALTER ROLE \"{user}\" WITH REPLICATION LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS PASSWORD '{verifier}';\n\
              SELECT format('REVOKE CONNECT, TEMPORARY ON DATABASE %I FROM PUBLIC', datname) FROM pg_database WHERE datallowconn\\gexec\n\

@@ -172,6 +172,7 @@
 
 pub mod agent;
 pub mod archive;
+pub mod archive_gap;
 pub mod backup;
 pub mod cluster;
 pub mod config;

@@ -20,7 +20,8 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::buffered::BufWriter;
 use object_store::path::Path as ObjectPath;
 use object_store::{
-    BackoffConfig, Certificate, ClientOptions, ObjectStore, ObjectStoreExt, RetryConfig,
+    Attribute, AttributeValue, Attributes, BackoffConfig, Certificate, ClientOptions, GetOptions,
+    ObjectStore, ObjectStoreExt, PutOptions, RetryConfig,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
@@ -101,6 +102,27 @@ impl StoreCredentials {
             version: secret.metadata.resource_version.clone().unwrap_or_default(),
         })
     }
+}
+
+/// User metadata on archived WAL: the SHA-256 of the segment's plain bytes (hex), so an
+/// object is compared by what it holds whatever its stored form.
+pub const CONTENT_HASH: &str = "devctl-sha256";
+
+/// The SHA-256 of `data`, hex.
+pub fn content_hash(data: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// What [`Store::put_once`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOnce {
+    Stored,
+    /// The same content was there already.
+    AlreadyStored,
 }
 
 /// What went wrong with a store request.
@@ -250,6 +272,77 @@ impl Store {
             .await
             .map(|_| ())
             .map_err(|e| self.error(key, "writing", e))
+    }
+
+    /// Writes `data` as `key` unless the object exists: an existing object with the same
+    /// content (its recorded [`CONTENT_HASH`], or its bytes when it has none) is success, as
+    /// PostgreSQL's `archive_command` contract asks; different content is refused (two
+    /// writers of one timeline must never overwrite each other's WAL).
+    pub async fn put_once(&self, key: &str, data: Bytes) -> Result<PutOnce, StoreError> {
+        let hash = content_hash(&data);
+        let path = ObjectPath::from(key);
+        let head = GetOptions {
+            head: true,
+            ..GetOptions::default()
+        };
+        match self.s3.get_opts(&path, head).await {
+            Ok(existing) => {
+                let recorded = existing
+                    .attributes
+                    .get(&Attribute::Metadata(CONTENT_HASH.into()))
+                    .map(|v| v.to_string());
+                let same = match recorded {
+                    Some(recorded) => recorded == hash,
+                    // Archived before hashes were recorded: compare the bytes.
+                    None => content_hash(&self.get(key).await?) == hash,
+                };
+                if same {
+                    Ok(PutOnce::AlreadyStored)
+                } else {
+                    Err(StoreError::Failed(format!(
+                        "{} exists with different content: refusing to overwrite it",
+                        self.url(key)
+                    )))
+                }
+            }
+            Err(object_store::Error::NotFound { .. }) => {
+                let options = PutOptions {
+                    attributes: Attributes::from_iter([(
+                        Attribute::Metadata(CONTENT_HASH.into()),
+                        AttributeValue::from(hash),
+                    )]),
+                    ..PutOptions::default()
+                };
+                self.s3
+                    .put_opts(&path, data.into(), options)
+                    .await
+                    .map(|_| PutOnce::Stored)
+                    .map_err(|e| self.error(key, "writing", e))
+            }
+            Err(e) => Err(self.error(key, "reading", e)),
+        }
+    }
+
+    /// Up to `count` keys under `prefix` that sort after `key`, in order.
+    pub async fn keys_after(
+        &self,
+        prefix: &str,
+        key: &str,
+        count: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let path = ObjectPath::from(prefix.trim_end_matches('/'));
+        let mut stream = self
+            .s3
+            .list_with_offset(Some(&path), &ObjectPath::from(key));
+        let mut keys = Vec::new();
+        while keys.len() < count
+            && let Some(entry) = stream.next().await
+        {
+            let entry = entry.map_err(|e| self.error(prefix, "listing", e))?;
+            keys.push(entry.location.to_string());
+        }
+        keys.sort();
+        Ok(keys)
     }
 
     /// Streams `reader` into one object (multipart above [`PART_SIZE`]), never holding more

@@ -26,6 +26,9 @@ pub const PROMOTION_LOCK: &str = "promotion-lock";
 /// `stop`: a replica's WAL receiver is stopped (`primary_conninfo` emptied), so it falls
 /// behind its primary; removing the line lets it stream again.
 pub const WAL_RECEIVER: &str = "wal-receiver";
+/// Seconds: PostgreSQL's `archive_timeout` from the engine's next start (60 otherwise), so a
+/// test can have WAL a dead primary never archived.
+pub const ARCHIVE_TIMEOUT_S: &str = "archive-timeout-s";
 
 /// The hooks file of this agent, if any.
 #[derive(Debug, Clone, Default)]
@@ -75,6 +78,15 @@ impl TestHooks {
     /// [`WAL_RECEIVER`]`=stop`.
     pub fn wal_receiver_stopped(&self) -> bool {
         self.value(WAL_RECEIVER).is_some_and(|v| v == "stop")
+    }
+
+    /// [`ARCHIVE_TIMEOUT_S`].
+    pub fn archive_timeout(&self) -> Option<u32> {
+        let value = self.value(ARCHIVE_TIMEOUT_S)?;
+        value
+            .parse()
+            .inspect_err(|_| tracing::warn!("test hook {ARCHIVE_TIMEOUT_S}={value}: not a number"))
+            .ok()
     }
 }
 

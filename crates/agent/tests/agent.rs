@@ -2158,3 +2158,57 @@ async fn mariadb_dumps_to_s3_and_a_new_cluster_replays_the_dump() {
         restored_agent.logs()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_archive_never_overwrites_a_segment_with_other_content() {
+    use bytes::Bytes;
+    use devctl_agent::store::{PutOnce, Store, StoreCredentials};
+    let s3 = devctl_testenv::shared_s3().await.unwrap();
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let store = Store::new(
+        devctl_api::instance::StoreLocation {
+            endpoint: s3.endpoint(),
+            bucket: s3.bucket().to_string(),
+            prefix: format!("put-once-{stamp}/"),
+            region: s3.region().to_string(),
+        },
+        &StoreCredentials {
+            access_key_id: s3.access_key_id().to_string(),
+            secret_access_key: s3.secret_access_key().to_string(),
+            ca_pem: Some(s3.ca_pem().into_bytes()),
+            version: "1".into(),
+        },
+    )
+    .unwrap();
+    let key = format!("put-once-{stamp}/7/wal/000000010000000000000001");
+    let put = |data: &'static [u8]| {
+        let (store, key) = (&store, key.clone());
+        async move { store.put_once(&key, Bytes::from_static(data)).await }
+    };
+    assert_eq!(put(b"segment").await.unwrap(), PutOnce::Stored);
+    // The same content again (PostgreSQL retries an archive_command it saw fail): success.
+    assert_eq!(put(b"segment").await.unwrap(), PutOnce::AlreadyStored);
+    // Another writer's segment of that name: refused, and the first stays.
+    let refused = put(b"other").await.unwrap_err().to_string();
+    assert!(refused.contains("different content"), "{refused}");
+    assert_eq!(&store.get(&key).await.unwrap()[..], b"segment");
+    // Archived before hashes were recorded: compared by its bytes.
+    let old = format!("put-once-{stamp}/7/wal/000000010000000000000002");
+    store.put(&old, Bytes::from_static(b"old")).await.unwrap();
+    assert_eq!(
+        store
+            .put_once(&old, Bytes::from_static(b"old"))
+            .await
+            .unwrap(),
+        PutOnce::AlreadyStored
+    );
+    assert!(
+        store
+            .put_once(&old, Bytes::from_static(b"new"))
+            .await
+            .is_err()
+    );
+}

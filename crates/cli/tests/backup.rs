@@ -492,3 +492,168 @@ async fn a_replica_left_behind_past_its_slot_catches_up_from_the_archive() {
     );
     assert!(env.events("Recloned").await.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_backup_report_deletes_nothing_and_fails_the_backup() {
+    use devctl_api::instance::{BackupReport, InstanceStatus, STATUS_ANNOTATION};
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Patch, PatchParams};
+    let s3 = devctl_testenv::shared_s3().await.unwrap();
+    let env = Env::start("backup-forged").await;
+    store_secrets(&env, s3).await;
+    // Two clusters under one destination: fv is the victim, fa's pod the forger.
+    for name in ["fv", "fa"] {
+        let mut spec = spec("postgres", "16.2", 1, s3);
+        spec["backup"]["destination"]["path"] = json!("forged");
+        env.create_spec(name, spec).await;
+    }
+    env.wait_ready_with("fv", 1).await;
+    env.wait_ready_with("fa", 1).await;
+    let victim = backup_ok(&env, "fv").await;
+    let victim_prefix = victim.status.unwrap().prefix.unwrap();
+    let before = s3.objects(&victim_prefix);
+    assert!(!before.is_empty());
+
+    // fa's backup, held running: its only pod frozen first, so the agent never starts it and
+    // nothing but the forgery writes the report.
+    let runner = env.cluster.pod_runner().unwrap();
+    runner.freeze(&env.namespace, "fa-0").unwrap();
+    let backups = env.api::<DatabaseBackup>();
+    let forged: DatabaseBackup = serde_json::from_value(json!({
+        "apiVersion": "db.devctl.io/v1beta1", "kind": "DatabaseBackup",
+        "metadata": { "name": "fa-forged" },
+        "spec": { "cluster": { "name": "fa" } },
+    }))
+    .unwrap();
+    backups
+        .create(&PostParams::default(), &forged)
+        .await
+        .unwrap();
+    let running = devctl_testenv::eventually("fa-forged to run", READY_TIMEOUT, || async {
+        let b = backups.get("fa-forged").await.ok()?;
+        let status = b.status.clone()?;
+        (status.phase == Some(BackupPhase::Running) && status.instance.is_some()).then_some(b)
+    })
+    .await
+    .unwrap();
+    let status = running.status.clone().unwrap();
+    let instance = status.instance.clone().unwrap();
+    assert_eq!(instance, "fa-0");
+    let pods = env.api::<Pod>();
+    let pod = pods.get(&instance).await.unwrap();
+    let mut report = InstanceStatus::from_annotations(pod.metadata.annotations.as_ref()).unwrap();
+    report.backup = Some(BackupReport {
+        name: "fa-forged".into(),
+        uid: running.metadata.uid.clone().unwrap(),
+        backup_id: status.backup_id.clone().unwrap(),
+        phase: "Completed".into(),
+        prefix: Some(victim_prefix.clone()),
+        begin_wal: Some("../x".into()),
+        end_wal: Some("FFFFFFFFFFFFFFFFFFFFFFFF".into()),
+        ..BackupReport::default()
+    });
+    let patch = json!({ "metadata": { "annotations": {
+        STATUS_ANNOTATION: serde_json::to_string(&report).unwrap()
+    } } });
+    pods.patch(&instance, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+
+    let failed = devctl_testenv::eventually("fa-forged to fail", READY_TIMEOUT, || async {
+        let b = backups.get("fa-forged").await.ok()?;
+        let status = b.status.clone()?;
+        status.phase.filter(|p| p.is_final()).map(|_| status)
+    })
+    .await
+    .unwrap();
+    runner.thaw(&env.namespace, &instance).unwrap();
+    assert_eq!(failed.phase, Some(BackupPhase::Failed), "{failed:#?}");
+    assert!(
+        failed
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("invalid report") && m.contains(&victim_prefix)),
+        "{failed:#?}"
+    );
+    assert_ne!(failed.prefix.as_deref(), Some(victim_prefix.as_str()));
+    let events =
+        devctl_testenv::eventually("an InvalidBackupReport event", READY_TIMEOUT, || async {
+            let found = env.events("InvalidBackupReport").await;
+            (!found.is_empty()).then_some(found)
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        events[0].regarding.as_ref().and_then(|r| r.name.as_deref()),
+        Some("fa-forged")
+    );
+    assert_eq!(
+        s3.objects(&victim_prefix),
+        before,
+        "the victim's files changed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_a_restore_to_the_end_of_the_archive_has_every_acknowledged_row() {
+    let s3 = devctl_testenv::shared_s3().await.unwrap();
+    let env = Env::start("backup-gap").await;
+    store_secrets(&env, s3).await;
+    let runner = env.cluster.pod_runner().unwrap();
+    // archive_timeout an hour: what the primary wrote last is in no archived segment when
+    // it dies (set before the pods start: the engine reads it at its start).
+    for pod in ["gap-0", "gap-1", "gap-2"] {
+        runner
+            .set_agent_hooks(&env.namespace, pod, "archive-timeout-s=3600")
+            .unwrap();
+    }
+    let mut spec = spec("postgres", "16.2", 3, s3);
+    spec["backup"]["destination"]["path"] = json!("gap");
+    spec["highAvailability"] = json!({ "enabled": true, "failoverTimeout": "10s" });
+    spec["replication"] = json!({ "synchronous": { "method": "any", "number": 1 } });
+    env.create_spec("gap", spec).await;
+    env.wait_ready_with("gap", 3).await;
+    env.shell_ok(
+        "gap",
+        "create table t (v int primary key); insert into t select generate_series(1, 100)",
+    )
+    .await;
+    let before = backup_ok(&env, "gap").await;
+    // Acknowledged by a synchronous standby, then the primary dies before archiving them.
+    env.shell_ok("gap", "insert into t select generate_series(101, 300)")
+        .await;
+    runner.kill_and_hold(&env.namespace, "gap-0").unwrap();
+    devctl_testenv::eventually("a new primary", READY_TIMEOUT, || async {
+        let db = env.api::<DatabaseCluster>().get("gap").await.ok()?;
+        let status = db.status?;
+        (status.current_primary.as_deref() != Some("gap-0") && status.failed_primary.is_none())
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    let filled = devctl_testenv::eventually("an ArchiveGapFilled event", READY_TIMEOUT, || async {
+        let found = env.events("ArchiveGapFilled").await;
+        (!found.is_empty()).then_some(found)
+    })
+    .await
+    .unwrap();
+    assert!(env.events("ArchiveGap").await.is_empty(), "{filled:#?}");
+
+    // The backup from before the failover, restored to the end of the archive: every row.
+    restore_ok(
+        &env,
+        "gap-restored",
+        &before.metadata.name.clone().unwrap(),
+        None,
+    )
+    .await;
+    assert_eq!(
+        env.shell_ok("gap-restored", "select count(*), max(v) from t")
+            .await
+            .split_whitespace()
+            .filter(|w| w.chars().all(|c| c.is_ascii_digit()))
+            .collect::<Vec<_>>(),
+        ["300", "300"]
+    );
+    runner.release(&env.namespace, "gap-0").unwrap();
+}

@@ -480,3 +480,61 @@ async fn an_agent_denied_by_its_role_fails_loudly_and_the_cluster_says_why() {
     assert!(message.contains("forbidden"), "{message}");
     env.wait_ready("deny").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_alter_role_never_logs_the_password_verifier() {
+    let env = Env::start("verifier").await;
+    env.create("vf", "postgres", "16.2").await;
+    env.wait_ready("vf").await;
+    // The agent's sessions (database postgres) become read-only: its next ALTER ROLE fails.
+    env.superuser_sql(
+        "vf-0",
+        "alter database postgres set default_transaction_read_only = on",
+    )
+    .await;
+    let new = "rotated-while-read-only-0123456789";
+    env.api::<Secret>()
+        .patch(
+            "vf-credentials",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "data": { "password": ByteString(new.as_bytes().to_vec()) } })),
+        )
+        .await
+        .unwrap();
+    devctl_testenv::eventually(
+        "the failed ALTER ROLE in the engine's log",
+        READY_TIMEOUT,
+        || async {
+            env.agent_log("vf-0")
+                .contains("cannot execute ALTER ROLE in a read-only transaction")
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let log = env.agent_log("vf-0");
+    assert!(
+        !log.contains("SCRAM-SHA-256$"),
+        "the engine logged a password verifier:\n{}",
+        log.lines()
+            .filter(|l| l.contains("SCRAM-SHA-256$"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // Writable again: the new password arrives.
+    env.superuser_sql(
+        "vf-0",
+        "alter database postgres reset default_transaction_read_only",
+    )
+    .await;
+    devctl_testenv::eventually("the new password to log in", READY_TIMEOUT, || async {
+        env.psql_login("vf-0", new)
+            .await
+            .status
+            .success()
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    env.assert_never_shown(new).await;
+}

@@ -396,6 +396,29 @@ impl Agent {
             ))
         })?;
         tracing::warn!(aside = %aside.display(), "moved the former primary's data aside; cloning the primary");
+        // One copy per instance: the newest (an older one would hold only older commits,
+        // and every copy could fill the volume).
+        if let Some(parent) = data.parent()
+            && let Ok(entries) = std::fs::read_dir(parent)
+        {
+            let names: Vec<String> = entries
+                .flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect();
+            let keep = aside
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            for old in older_copies(&names, &name, &keep) {
+                let path = parent.join(&old);
+                match std::fs::remove_dir_all(&path) {
+                    Ok(()) => {
+                        tracing::warn!(removed = %path.display(), "removed an older moved-aside copy")
+                    }
+                    Err(e) => tracing::warn!("removing the older copy {}: {e}", path.display()),
+                }
+            }
+        }
         self.rejoin_deadline = None;
         self.rejoining = Some(Rejoin::Recloned(aside.display().to_string()));
         prepare_dir(&data, "data directory", env::DATA_DIR)
@@ -464,5 +487,45 @@ impl Agent {
                 Ok(CloneStep::Failed(e))
             }
         }
+    }
+}
+
+/// The moved-aside copies of the data directory `name` (`<name>.old-<unix time>`) among
+/// `names`, other than `keep` (pure).
+pub(super) fn older_copies(names: &[String], name: &str, keep: &str) -> Vec<String> {
+    let prefix = format!("{name}.old-");
+    names
+        .iter()
+        .filter(|n| {
+            n.as_str() != keep
+                && n.strip_prefix(&prefix).is_some_and(|stamp| {
+                    !stamp.is_empty() && stamp.bytes().all(|b| b.is_ascii_digit())
+                })
+        })
+        .cloned()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_moved_aside_copy_is_kept() {
+        let names: Vec<String> = [
+            "data",
+            "data.old-100",
+            "data.old-200",
+            "data.old-x",
+            "other.old-1",
+            "data.clone",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            older_copies(&names, "data", "data.old-200"),
+            ["data.old-100"]
+        );
     }
 }

@@ -253,6 +253,94 @@ impl Agent {
         (None, true)
     }
 
+    /// In the background, after a promotion: the old timeline's segments the dead primary had
+    /// not archived ([`crate::archive_gap`]); event `ArchiveGapFilled`, or a Warning
+    /// `ArchiveGap` naming what could not be uploaded.
+    fn fill_archive_gap(&self) {
+        let shared = self.shared.clone();
+        let engine = self.engine.clone();
+        let recorder = self.recorder.clone();
+        let reference = self.cluster_reference();
+        let data_dir = self.config.data_dir.clone();
+        let pod = self.config.pod_name.clone();
+        tokio::spawn(async move {
+            let segment_size = engine
+                .wal_segment_size()
+                .await
+                .unwrap_or(crate::wal::DEFAULT_SEGMENT_SIZE);
+            let filled = tokio::time::timeout(
+                crate::archive_gap::FILL_TIMEOUT,
+                crate::archive_gap::fill(&shared, &data_dir, segment_size),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "not done within {}s",
+                    crate::archive_gap::FILL_TIMEOUT.as_secs()
+                ))
+            });
+            // The new timeline's first segment holds the old one's tail: archived now.
+            let tail = match &filled {
+                Ok(Some(_)) => Some(crate::archive_gap::archive_promotion_segment(&engine).await),
+                _ => None,
+            };
+            let event = |type_, reason: &str, note: String| ClusterEvent {
+                type_,
+                reason: reason.into(),
+                note: Some(note),
+                action: "ArchiveOldTimeline".into(),
+                secondary: None,
+            };
+            let news = match filled {
+                Ok(None) => None,
+                Ok(Some(_)) if let Some(Err(why)) = &tail => Some(event(
+                    EventType::Warning,
+                    "ArchiveGap",
+                    format!(
+                        "{pod} could not archive the segment holding the old timeline's tail: {why}"
+                    ),
+                )),
+                Ok(Some(filled)) if !filled.failed.is_empty() => Some(event(
+                    EventType::Warning,
+                    "ArchiveGap",
+                    format!(
+                        "{pod} could not archive segments of the old timeline that the archive lacks ({}); a restore past them stops there",
+                        filled
+                            .failed
+                            .iter()
+                            .map(|(name, why)| format!("{name}: {why}"))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    ),
+                )),
+                Ok(Some(filled)) => Some(event(
+                    EventType::Normal,
+                    "ArchiveGapFilled",
+                    format!(
+                        "{pod} made the archive whole up to its promotion: {} segment(s) of the old timeline the old primary had not archived{}, and {} (the old timeline's tail on the new one); a restore to the end of the archive now has every commit made before the failover",
+                        filled.uploaded.len(),
+                        if filled.uploaded.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({})", filled.uploaded.join(", "))
+                        },
+                        tail.and_then(Result::ok).unwrap_or_default()
+                    ),
+                )),
+                Err(why) => Some(event(
+                    EventType::Warning,
+                    "ArchiveGap",
+                    format!(
+                        "{pod} could not check the archive for the old timeline's segments: {why}"
+                    ),
+                )),
+            };
+            if let Some(event) = news {
+                super::replica::publish(&recorder, &reference, &event).await;
+            }
+        });
+    }
+
     /// Enters `role`, logging the change; the engine's mode follows the role once it runs.
     pub(super) fn set_role(&mut self, role: Role) {
         if self.role != role {
@@ -288,6 +376,7 @@ impl Agent {
         if let Err(e) = self.engine.clear_standby_extras().await {
             tracing::warn!("removing the standby's slot name and restore_command: {e}");
         }
+        self.fill_archive_gap();
         self.mode = Mode::Primary;
         self.switchover_problem = None;
         self.replica_problem = None;

@@ -225,14 +225,7 @@ impl Agent {
     /// Event `Rejoined` on the cluster: a former primary streams from the new one.
     pub(super) async fn publish_rejoined(&self, how: &Rejoin) {
         let view = self.view();
-        let reference = ObjectReference {
-            api_version: Some(format!("{}/v1beta1", devctl_api::DB_GROUP)),
-            kind: Some("DatabaseCluster".into()),
-            name: Some(self.config.cluster.clone()),
-            namespace: Some(self.config.pod_namespace.clone()),
-            uid: view.uid.clone(),
-            ..Default::default()
-        };
+        let reference = self.cluster_reference();
         let pod = &self.config.pod_name;
         let primary = view.current_primary.unwrap_or_default();
         let event = ClusterEvent {
@@ -259,12 +252,34 @@ impl Agent {
             },
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &reference).await {
-            tracing::warn!(
-                "publishing the Rejoined event: {}",
-                one_line(&e.to_string())
-            );
+        publish(&self.recorder, &reference, &event).await;
+    }
+
+    /// The DatabaseCluster, for events about it.
+    pub(super) fn cluster_reference(&self) -> ObjectReference {
+        ObjectReference {
+            api_version: Some(format!("{}/v1beta1", devctl_api::DB_GROUP)),
+            kind: Some("DatabaseCluster".into()),
+            name: Some(self.config.cluster.clone()),
+            namespace: Some(self.config.pod_namespace.clone()),
+            uid: self.view().uid.clone(),
+            ..Default::default()
         }
+    }
+}
+
+/// Publishes `event` on `reference`; a failure is logged (events are news, not state).
+pub(super) async fn publish(
+    recorder: &Recorder,
+    reference: &ObjectReference,
+    event: &ClusterEvent,
+) {
+    if let Err(e) = recorder.publish(event, reference).await {
+        tracing::warn!(
+            "publishing the {} event: {}",
+            event.reason,
+            one_line(&e.to_string())
+        );
     }
 }
 

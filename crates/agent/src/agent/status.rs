@@ -27,8 +27,9 @@ impl Agent {
             // The engine being down outranks everything else: an older complaint (an
             // invalid Secret not yet corrected) would otherwise hide the crash.
             last_error: self
-                .engine_error
-                .clone()
+                .shared
+                .restore_hole()
+                .or_else(|| self.engine_error.clone())
                 .or_else(|| self.secret_problem.clone())
                 .or_else(|| self.invalid_error.clone())
                 .or_else(|| self.role_problem.clone())

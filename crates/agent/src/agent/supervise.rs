@@ -69,6 +69,10 @@ impl AwaitingReplicas {
 impl Agent {
     pub(super) fn start_engine(&mut self) -> Result<Child> {
         let mut command = self.engine.server_command();
+        if let Some(seconds) = self.hooks.archive_timeout() {
+            // The last `-c` of a setting wins.
+            command.args(["-c", &format!("archive_timeout={seconds}")]);
+        }
         command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -259,7 +259,9 @@ impl Env {
         )
         .await
         .unwrap();
-        runner.set_agent_hooks(&self.namespace, replica, "").unwrap();
+        runner
+            .set_agent_hooks(&self.namespace, replica, "")
+            .unwrap();
         self.superuser_sql(primary, "select count(*) from t")
             .await
             .parse()
@@ -349,7 +351,9 @@ impl Env {
     pub async fn superuser_sql(&self, pod: &str, sql: &str) -> String {
         let runner = self.cluster.pod_runner().expect("process-backed pods");
         let pids = runner.agent_pids(&self.namespace, pod);
-        let agent = *pids.first().unwrap_or_else(|| panic!("no agent runs for {pod}"));
+        let agent = *pids
+            .first()
+            .unwrap_or_else(|| panic!("no agent runs for {pod}"));
         let environ = std::fs::read(format!("/proc/{agent}/environ")).unwrap();
         let run_dir = environ
             .split(|b| *b == 0)

@@ -33,6 +33,21 @@ use crate::reconciler::{now, publish, run_controller, write_status};
 /// How often a running backup is looked at: the agent's report is on the pod, which
 /// triggers the cluster's reconcile, not the backup's; a backup runs for a bounded time.
 const RUNNING_RECHECK: Duration = Duration::from_secs(2);
+/// How long a backup may wait for an instance to take it before it fails.
+pub const PENDING_LIMIT: Duration = Duration::from_secs(600);
+
+/// Whether a backup created at `created` has waited for an instance longer than
+/// [`PENDING_LIMIT`] at `now` (pure).
+pub fn pending_too_long(
+    created: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> bool {
+    created.is_some_and(|created| {
+        Duration::try_from(now.0.duration_since(created.0))
+            .is_ok_and(|waited| waited > PENDING_LIMIT)
+    })
+}
+
 /// How long a backup waits for another one of the same cluster.
 const PENDING_RECHECK: Duration = Duration::from_secs(5);
 
@@ -156,6 +171,35 @@ async fn write(
     write_status(ctx, backup, json!(status)).await
 }
 
+/// Why a pod's backup report cannot be taken in (values from pods are untrusted: the
+/// operator deletes files under the prefix it records). The prefix must be the one the
+/// operator recorded — the cluster's, or that plus a digits-only system identifier — and WAL
+/// names 24-hex segment names (pure).
+pub fn invalid_report(recorded_prefix: &str, report: &BackupReport) -> Option<String> {
+    if let Some(prefix) = &report.prefix {
+        let ok = prefix == recorded_prefix
+            || prefix
+                .strip_prefix(recorded_prefix)
+                .and_then(|rest| rest.strip_suffix('/'))
+                .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()));
+        if !ok {
+            return Some(format!(
+                "the instance reported the prefix {prefix:?}, which is not under the cluster's {recorded_prefix:?} (<prefix><system identifier>/)"
+            ));
+        }
+    }
+    for (field, wal) in [("beginWAL", &report.begin_wal), ("endWAL", &report.end_wal)] {
+        if let Some(name) = wal
+            && !(name.len() == 24 && name.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Some(format!(
+                "the instance reported {field} {name:?}, which is not a WAL segment name (24 hexadecimal digits)"
+            ));
+        }
+    }
+    None
+}
+
 fn copy_report(status: &mut DatabaseBackupStatus, report: &BackupReport) {
     status.started_at = report.started_at.clone().or(status.started_at.take());
     status.stopped_at = report.stopped_at.clone();
@@ -242,10 +286,34 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
     // Under way: follow the agent's report.
     if let Some(instance) = status.instance.clone() {
         let pod = pods.iter().find(|p| p.name_any() == instance);
+        // A report of another request (an older one of this backup's name, or a stale one
+        // left on the pod) is not this backup's.
         let report = pod
             .and_then(|p| report_of(p))
             .and_then(|r| r.backup)
-            .filter(|b| b.uid == uid);
+            .filter(|b| b.uid == uid && Some(&b.backup_id) == status.backup_id.as_ref());
+        if let Some(why) = report
+            .as_ref()
+            .and_then(|r| invalid_report(status.prefix.as_deref().unwrap_or_default(), r))
+        {
+            set_request(&pods_api, &instance, None).await?;
+            publish(
+                ctx,
+                backup.as_ref(),
+                EventType::Warning,
+                "InvalidBackupReport",
+                "Backup",
+                format!("{instance}: {why}; nothing is deleted or recorded from it"),
+            )
+            .await;
+            return fail(
+                ctx,
+                &backup,
+                status,
+                format!("invalid report from {instance}: {why}"),
+            )
+            .await;
+        }
         let requested = pod
             .and_then(|p| request_of(p))
             .is_some_and(|r| r.uid == uid);
@@ -346,6 +414,19 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
         .unwrap_or_else(|| format!("{}-0", names.stateful_set()));
     let Some(instance) = choose_instance(&pods, &primary, backup.spec.target, cluster.spec.engine)
     else {
+        // Not forever: a backup that never starts holds the cluster's WAL pruning up.
+        if pending_too_long(backup.metadata.creation_timestamp.as_ref(), &now()) {
+            return fail(
+                ctx,
+                &backup,
+                status,
+                format!(
+                    "no ready instance of {cluster_name} could take the backup within {} minutes",
+                    PENDING_LIMIT.as_secs() / 60
+                ),
+            )
+            .await;
+        }
         status.phase = Some(BackupPhase::Pending);
         write(
             ctx,
@@ -397,6 +478,65 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backup_no_instance_takes_fails_after_ten_minutes() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        use k8s_openapi::jiff::Timestamp;
+        let at = |s: i64| Time(Timestamp::from_second(s).unwrap());
+        assert!(!pending_too_long(Some(&at(0)), &at(600)));
+        assert!(pending_too_long(Some(&at(0)), &at(601)));
+        assert!(!pending_too_long(None, &at(601)));
+    }
+
+    #[test]
+    fn a_report_must_stay_under_the_recorded_prefix_with_segment_names() {
+        let report = |prefix: &str, begin: &str| BackupReport {
+            prefix: Some(prefix.into()),
+            begin_wal: Some(begin.into()),
+            end_wal: Some("000000010000000000000004".into()),
+            ..BackupReport::default()
+        };
+        let segment = "000000010000000000000003";
+        let recorded = "devctl/ns/db/";
+        assert_eq!(
+            invalid_report(
+                recorded,
+                &report("devctl/ns/db/7400000000000000001/", segment)
+            ),
+            None
+        );
+        // Once recorded with its system identifier: exactly that.
+        assert_eq!(
+            invalid_report(
+                "devctl/ns/db/7400000000000000001/",
+                &report("devctl/ns/db/7400000000000000001/", segment)
+            ),
+            None
+        );
+        for forged in [
+            "devctl/ns/other/7400000000000000001/",
+            "devctl/ns/db/../other/",
+            "devctl/ns/db/74x/",
+            "devctl/ns/db//",
+            "devctl/ns/db/7400000000000000001/base/",
+            "devctl/ns/",
+        ] {
+            assert!(
+                invalid_report(recorded, &report(forged, segment)).is_some(),
+                "{forged}"
+            );
+        }
+        assert!(
+            invalid_report(
+                "devctl/ns/db/7400000000000000001/",
+                &report("devctl/ns/db/7400000000000000002/", segment)
+            )
+            .is_some()
+        );
+        let why = invalid_report(recorded, &report("devctl/ns/db/7/", "../x")).unwrap();
+        assert!(why.contains("beginWAL") && why.contains("../x"), "{why}");
+    }
 
     fn pod(name: &str, role: &str, ready: bool, lag: i64) -> Pod {
         let report = InstanceStatus {

@@ -278,6 +278,24 @@ async fn delete_under(
     Ok(deleted)
 }
 
+/// The store prefix under which retention may delete a backup's files with the client of
+/// `destination`: the one its status records, only when that is at the same endpoint and
+/// bucket and is the destination's cluster prefix plus a digits-only system identifier
+/// (never where a pod's report pointed elsewhere, never another cluster's) (pure).
+pub fn deletable_prefix<'b>(
+    status: &'b devctl_api::database_backup::DatabaseBackupStatus,
+    destination: &devctl_api::instance::StoreLocation,
+) -> Option<&'b str> {
+    let prefix = status.prefix.as_deref()?;
+    let same_store = status.endpoint.as_deref() == Some(destination.endpoint.as_str())
+        && status.bucket.as_deref() == Some(destination.bucket.as_str());
+    let under = prefix
+        .strip_prefix(destination.prefix.as_str())
+        .and_then(|rest| rest.strip_suffix('/'))
+        .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()));
+    (same_store && under).then_some(prefix)
+}
+
 /// Retention: removes expired backups — their files, the WAL no kept backup needs, then the
 /// objects. Problems are reported, never fatal to the reconcile.
 pub async fn prune(
@@ -317,7 +335,12 @@ pub async fn prune(
         .filter(|b| !expired_names.contains(&b.name_any()))
         .filter_map(|b| b.status.as_ref())
         .filter(|s| s.phase == Some(BackupPhase::Completed))
-        .filter_map(|s| Some((s.prefix.clone()?, s.begin_wal.clone()?)))
+        .filter_map(|s| {
+            Some((
+                deletable_prefix(s, &destination.location)?.to_string(),
+                s.begin_wal.clone()?,
+            ))
+        })
         .fold(
             std::collections::BTreeMap::<String, String>::new(),
             |mut m, (p, w)| {
@@ -330,8 +353,10 @@ pub async fn prune(
         );
     for backup in &expired {
         let status = backup.status.clone().unwrap_or_default();
-        if let (Some(prefix), Some(id)) = (&status.prefix, &status.backup_id)
-            && status.phase == Some(BackupPhase::Completed)
+        if let (Some(prefix), Some(id)) = (
+            deletable_prefix(&status, &destination.location),
+            &status.backup_id,
+        ) && status.phase == Some(BackupPhase::Completed)
             && let Err(why) =
                 delete_under(s3.as_ref(), &format!("{prefix}base/{id}/"), |_| false).await
         {
@@ -513,6 +538,42 @@ pub async fn final_backup(db: &DatabaseCluster, ctx: &Context, names: &Names) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retention_deletes_only_under_the_destinations_cluster_prefix() {
+        use devctl_api::database_backup::DatabaseBackupStatus;
+        use devctl_api::instance::StoreLocation;
+        let destination = StoreLocation {
+            endpoint: "https://s3".into(),
+            bucket: "b".into(),
+            prefix: "devctl/ns/db/".into(),
+            region: String::new(),
+        };
+        let status = |endpoint: &str, bucket: &str, prefix: &str| DatabaseBackupStatus {
+            endpoint: Some(endpoint.into()),
+            bucket: Some(bucket.into()),
+            prefix: Some(prefix.into()),
+            ..DatabaseBackupStatus::default()
+        };
+        let ok = status("https://s3", "b", "devctl/ns/db/7400000000000000001/");
+        assert_eq!(
+            deletable_prefix(&ok, &destination),
+            Some("devctl/ns/db/7400000000000000001/")
+        );
+        for other in [
+            status("https://s3", "b", "devctl/ns/other/7400000000000000001/"),
+            status("https://s3", "b", "devctl/ns/db/../other/"),
+            status("https://s3", "b", "devctl/ns/db/"),
+            status(
+                "https://elsewhere",
+                "b",
+                "devctl/ns/db/7400000000000000001/",
+            ),
+            status("https://s3", "c", "devctl/ns/db/7400000000000000001/"),
+        ] {
+            assert_eq!(deletable_prefix(&other, &destination), None, "{other:?}");
+        }
+    }
 
     #[test]
     fn a_final_backup_counts_only_when_made_for_this_deletion() {
