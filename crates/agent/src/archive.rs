@@ -241,6 +241,9 @@ async fn fetch(shared: &Shared, name: &str, path: &str) -> Response {
         Ok(bytes) => match write_atomically(&path, &bytes).await {
             Ok(()) => {
                 tracing::info!(url = %store.url(&key), "restored archived WAL");
+                // A hole reported before (a store that answered "not found" for a moment)
+                // is not one any more.
+                shared.clear_restore_hole();
                 Response::new(FETCHED, store.url(&key))
             }
             Err(e) => Response::new(ERROR, e),

@@ -102,6 +102,21 @@ pub fn segments_to_fill(
     out
 }
 
+/// Whether `data` is the segment `name`: its first page header (`XLogLongPageHeaderData`,
+/// little-endian) names the segment's timeline and start address, and it is whole (pure).
+pub fn holds_segment(data: &[u8], name: &str, segment_size: u64) -> bool {
+    let Some((timeline, segment)) = parse_segment_name(name, segment_size) else {
+        return false;
+    };
+    if data.len() as u64 != segment_size || data.len() < 16 {
+        return false;
+    }
+    let tli = u32::from_le_bytes([data[4], data[5], data[6], data[7]]);
+    let mut address = [0u8; 8];
+    address.copy_from_slice(&data[8..16]);
+    tli == timeline && u64::from_le_bytes(address) == segment * segment_size
+}
+
 /// What filling came to.
 #[derive(Debug, Default)]
 pub struct Filled {
@@ -154,12 +169,26 @@ pub async fn fill(
     let mut filled = Filled::default();
     for name in segments_to_fill(&files, &parse_history(&history), segment_size) {
         let path = pg_wal.join(&name);
+        let key = wal_key(&prefix, &name);
         let result = match tokio::fs::read(&path).await {
-            // A segment removed since the listing (a checkpoint recycled it): archived by then.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            // Removed since the listing (the promotion's checkpoint): a gap only if the
+            // archive does not have it.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match store.head(&key).await {
+                Ok(Some(_)) => continue,
+                Ok(None) => Err("removed from pg_wal before it could be archived".to_string()),
+                Err(e) => Err(e.to_string()),
+            },
             Err(e) => Err(format!("reading {}: {e}", path.display())),
+            // A file recycled meanwhile holds other WAL under this name: never archived.
+            Ok(data) if !holds_segment(&data, &name, segment_size) => {
+                match store.head(&key).await {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => Err("recycled in pg_wal before it could be archived".to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
             Ok(data) => store
-                .put_once(&wal_key(&prefix, &name), Bytes::from(data))
+                .put_once(&key, Bytes::from(data))
                 .await
                 .map_err(|e| e.to_string()),
         };
@@ -182,6 +211,25 @@ pub async fn fill(
 mod tests {
     use super::*;
     use crate::wal::DEFAULT_SEGMENT_SIZE;
+
+    #[test]
+    fn only_a_file_whose_header_names_the_segment_is_archived() {
+        let size = 64 * 1024;
+        let segment = |tli: u32, address: u64| {
+            let mut data = vec![0u8; size as usize];
+            data[0..2].copy_from_slice(&0xD110u16.to_le_bytes());
+            data[4..8].copy_from_slice(&tli.to_le_bytes());
+            data[8..16].copy_from_slice(&address.to_le_bytes());
+            data
+        };
+        let name = crate::wal::segment_name(1, 5 * size, size);
+        assert!(holds_segment(&segment(1, 5 * size), &name, size));
+        // Recycled: an older segment's header, or another timeline's.
+        assert!(!holds_segment(&segment(1, 2 * size), &name, size));
+        assert!(!holds_segment(&segment(2, 5 * size), &name, size));
+        // Cut short.
+        assert!(!holds_segment(&segment(1, 5 * size)[..100], &name, size));
+    }
 
     #[test]
     fn fills_only_complete_segments_of_ancestors_before_their_switch_point() {

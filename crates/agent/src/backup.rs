@@ -314,6 +314,10 @@ impl Shared {
         lock(&self.restore_hole).clone()
     }
 
+    pub fn clear_restore_hole(&self) {
+        lock(&self.restore_hole).take();
+    }
+
     pub fn set_restore_hole(&self, why: String) {
         *lock(&self.restore_hole) = Some(why);
         self.changed.notify_one();
@@ -502,29 +506,52 @@ impl Shared {
         Ok(uid)
     }
 
-    /// Before the first write under the cluster's prefix: `owner.json` names this cluster's
-    /// uid (written when absent); another cluster's uid there refuses the write (a cluster
-    /// recreated under the same name reads its predecessor's backups but never overwrites
-    /// them).
+    /// Before the first write under the cluster's prefix: `<prefix><systemIdentifier>/owner.json`
+    /// names this cluster's uid (written when absent). The guard is at the system
+    /// identifier's level, below `<path>/<namespace>/<name>/`: a cluster recreated under the
+    /// same name has a new system identifier, so it writes a location of its own and never
+    /// touches its predecessor's files — which an `owner.json` at the name's level (from
+    /// before this layout) keeps naming. Another uid at this level is refused: only a cluster
+    /// restored under its source's name (same system identifier) gets there.
     pub async fn ensure_owner(&self, store: &Store) -> Result<(), String> {
-        let key = owner_key(&store.location.prefix);
+        let sysid = self.system_identifier().await?;
+        let key = owner_key(&crate::wal::system_prefix(&store.location.prefix, &sysid));
         let url = store.url(&key);
         if lock(&self.owners).contains(&url) {
             return Ok(());
         }
         let uid = self.cluster_uid().await?;
-        match store.get(&key).await {
-            Ok(bytes) => {
-                let owner: Owner = serde_json::from_slice(&bytes)
-                    .map_err(|e| format!("{url} is not valid: {e}; refusing to write"))?;
-                if owner.uid != uid {
-                    return Err(format!(
-                        "{url} names another cluster (uid {}), not this one ({uid}): refusing to write there; a cluster of this name wrote backups here before: give this one another spec.backup.destination.path or another name (the old backups stay for restores)",
-                        owner.uid
-                    ));
-                }
+        let read_owner = |key: String| async move {
+            match store.get(&key).await {
+                Ok(bytes) => serde_json::from_slice::<Owner>(&bytes)
+                    .map(|o| Some(o.uid))
+                    .map_err(|e| {
+                        format!("{} is not valid: {e}; refusing to write", store.url(&key))
+                    }),
+                Err(StoreError::NotFound(_)) => Ok(None),
+                Err(e) => Err(e.to_string()),
             }
-            Err(StoreError::NotFound(_)) => {
+        };
+        let mut recorded = read_owner(key.clone()).await?;
+        if recorded.is_none() {
+            // Written before owners were kept per system identifier: the name's owner.json
+            // speaks for the files already there (a cluster restored under its source's
+            // name and system identifier must not claim them).
+            let sys_prefix = crate::wal::system_prefix(&store.location.prefix, &sysid);
+            if let Some(legacy) = read_owner(owner_key(&store.location.prefix)).await?
+                && legacy != uid
+                && !store
+                    .keys_after(&sys_prefix, &sys_prefix, 1)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_empty()
+            {
+                recorded = Some(legacy);
+            }
+        }
+        match owner_verdict(recorded.as_deref(), &uid) {
+            OwnerVerdict::Ours => {}
+            OwnerVerdict::Claim => {
                 let body = serde_json::to_vec(&Owner { uid: uid.clone() })
                     .map_err(|e| format!("encoding {url}: {e}"))?;
                 store
@@ -533,10 +560,34 @@ impl Shared {
                     .map_err(|e| e.to_string())?;
                 tracing::info!(%url, %uid, "wrote the store's owner file");
             }
-            Err(e) => return Err(e.to_string()),
+            OwnerVerdict::Another(other) => {
+                return Err(format!(
+                    "{url} names another cluster (uid {other}), not this one ({uid}): this cluster has the system identifier {sysid} of one that archived here before — a cluster restored under its source's name and destination; refusing to write there: give it another spec.backup.destination.path (the source's backups and WAL stay for restores)"
+                ));
+            }
         }
         lock(&self.owners).insert(url);
         Ok(())
+    }
+}
+
+/// What an `owner.json` at a system identifier's prefix says to the cluster `uid`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OwnerVerdict {
+    Ours,
+    /// None yet: write ours.
+    Claim,
+    /// Another cluster's.
+    Another(String),
+}
+
+/// The verdict on the uid `recorded` in `owner.json` (`None`: no file) for cluster `uid`
+/// (pure).
+pub fn owner_verdict(recorded: Option<&str>, uid: &str) -> OwnerVerdict {
+    match recorded {
+        None => OwnerVerdict::Claim,
+        Some(r) if r == uid => OwnerVerdict::Ours,
+        Some(r) => OwnerVerdict::Another(r.to_string()),
     }
 }
 
@@ -855,12 +906,34 @@ async fn take_postgres(
 }
 
 /// Waits until every segment in `segments` is in the archive.
+/// Whether `segments` (a backup's WAL range) holds the segment of `segment`'s number on a
+/// later timeline (pure).
+fn continues_on_a_later_timeline(segment: &str, segments: &[String]) -> bool {
+    let size = crate::wal::DEFAULT_SEGMENT_SIZE;
+    let Some((timeline, number)) = crate::wal::parse_segment_name(segment, size) else {
+        return false;
+    };
+    segments.iter().any(|other| {
+        crate::wal::parse_segment_name(other, size)
+            .is_some_and(|(t, n)| t > timeline && n == number)
+    })
+}
+
+/// Why a backup whose WAL range ends in `segment` cannot complete: the primary changed
+/// while it ran.
+fn spans_a_failover(segment: &str) -> String {
+    format!(
+        "the backup spans a failover: WAL segment {segment} of its timeline reached the archive only as {segment}.partial (the primary changed while the backup ran), so the WAL this backup needs will never be archived complete; take another backup"
+    )
+}
+
 async fn wait_for_wal(
     store: &Store,
     sys_prefix: &str,
     segments: Vec<String>,
 ) -> Result<(), String> {
     let deadline = tokio::time::Instant::now() + WAL_WAIT;
+    let all = segments.clone();
     let mut missing: VecDeque<String> = segments.into();
     loop {
         while let Some(name) = missing.front() {
@@ -873,9 +946,24 @@ async fn wait_for_wal(
                 Err(e) => return Err(format!("checking the archived WAL: {e}")),
             }
         }
-        let Some(first) = missing.front() else {
+        let Some(first) = missing.front().cloned() else {
             return Ok(());
         };
+        let first = first.as_str();
+        // A timeline switch at this segment: the old timeline's part of it is archived only
+        // as `.partial`. That covers it when the range goes on on the next timeline (whose
+        // segment of the same number holds the rest, and is in the range); otherwise no
+        // complete one will ever come — said at once, not after the whole wait.
+        let partial = format!("{first}.partial");
+        match store.head(&crate::wal::wal_key(sys_prefix, &partial)).await {
+            Ok(Some(_)) if continues_on_a_later_timeline(first, &all) => {
+                missing.pop_front();
+                continue;
+            }
+            Ok(Some(_)) => return Err(spans_a_failover(first)),
+            Ok(None) => {}
+            Err(e) => return Err(format!("checking the archived WAL: {e}")),
+        }
         if tokio::time::Instant::now() > deadline {
             return Err(format!(
                 "WAL segment {first} did not reach the archive within {}s",
@@ -1263,6 +1351,41 @@ pub async fn restore_mysql(shared: &Shared) -> Result<String, RestoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_partial_segment_covers_a_range_only_when_it_goes_on_on_a_later_timeline() {
+        let range: Vec<String> = [
+            "000000010000000000000004",
+            "000000010000000000000005",
+            "000000020000000000000005",
+            "000000020000000000000006",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert!(continues_on_a_later_timeline(
+            "000000010000000000000005",
+            &range
+        ));
+        assert!(!continues_on_a_later_timeline(
+            "000000010000000000000004",
+            &range
+        ));
+        assert!(!continues_on_a_later_timeline(
+            "000000020000000000000006",
+            &range
+        ));
+    }
+
+    #[test]
+    fn a_system_identifiers_owner_is_claimed_once_and_kept() {
+        assert_eq!(owner_verdict(None, "new"), OwnerVerdict::Claim);
+        assert_eq!(owner_verdict(Some("new"), "new"), OwnerVerdict::Ours);
+        assert_eq!(
+            owner_verdict(Some("old"), "new"),
+            OwnerVerdict::Another("old".into())
+        );
+    }
 
     fn report(uid: &str, phase: &str) -> BackupReport {
         BackupReport {

@@ -1643,7 +1643,7 @@ async fn postgres_archives_wal_backs_up_to_s3_and_restores_into_new_clusters() {
     let objects = s3.objects(&prefix);
     let keys: Vec<&str> = objects.iter().map(|(k, _)| k.as_str()).collect();
     assert!(
-        keys.contains(&format!("{prefix}owner.json").as_str()),
+        keys.contains(&format!("{sys_prefix}owner.json").as_str()),
         "{keys:?}"
     );
     assert!(
@@ -1835,7 +1835,8 @@ async fn postgres_archives_wal_backs_up_to_s3_and_restores_into_new_clusters() {
 }
 
 #[tokio::test]
-async fn a_restore_refuses_an_incomplete_backup_and_another_clusters_prefix() {
+async fn a_restore_refuses_an_incomplete_backup_and_a_recreated_cluster_archives_beside_its_predecessor()
+ {
     let s3 = devctl_testenv::shared_s3().await.unwrap();
     let (client, namespace) = namespace_with_cluster("refuse", Some("db-0")).await;
     // Another cluster's owner.json where this cluster would archive.
@@ -1889,8 +1890,9 @@ async fn a_restore_refuses_an_incomplete_backup_and_another_clusters_prefix() {
         agent.logs()
     );
 
-    // Without the restore, the same pod bootstraps, but refuses to archive into a prefix
-    // another cluster owns (reported as failing, WAL kept by PostgreSQL).
+    // Without the restore, the same pod bootstraps. The owner.json at the name's level is an
+    // earlier cluster's of this name: it archives beside it, under its own system identifier,
+    // and leaves that file alone.
     instance
         .annotate(json!({ devctl_api::instance::RESTORE_ANNOTATION: null }))
         .await;
@@ -1906,15 +1908,22 @@ async fn a_restore_refuses_an_incomplete_backup_and_another_clusters_prefix() {
         .await
         .unwrap();
     let status = instance
-        .wait_long("archiving to be reported failing", &mut agent, |s| {
-            s.wal_archive.as_ref().is_some_and(|w| w.failing)
+        .wait_long("archiving beside the earlier cluster", &mut agent, |s| {
+            s.wal_archive
+                .as_ref()
+                .is_some_and(|w| !w.failing && w.last_archived.is_some())
         })
         .await;
-    let error = status.wal_archive.unwrap().error.unwrap();
-    assert!(error.contains("another cluster"), "{error}");
     assert_eq!(
         std::fs::read_to_string(&owner).unwrap(),
         r#"{"uid":"another-cluster"}"#
+    );
+    let sysid = status.system_identifier.unwrap();
+    let own = s3.bucket_dir().join(format!("{prefix}{sysid}/owner.json"));
+    assert!(
+        std::fs::read_to_string(&own).is_ok_and(|o| !o.contains("another-cluster")),
+        "{}",
+        own.display()
     );
     assert_eq!(
         instance.terminate_and_check(&mut agent).await,

@@ -31,6 +31,12 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Size", type_ = "integer", json_path = ".status.size"),
     printcolumn(name = "Started", type_ = "date", json_path = ".status.startedAt"),
     printcolumn(
+        name = "Cluster UID",
+        type_ = "string",
+        json_path = ".status.clusterUID",
+        priority = "1"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -102,6 +108,15 @@ pub struct DatabaseBackupStatus {
     /// The pod that took it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<String>,
+    /// The uid of the DatabaseCluster that made it (also the label `db.devctl.io/cluster-uid`):
+    /// a later cluster of the same name never counts it as its own (retention, `keepLast`,
+    /// WAL pruning).
+    #[serde(
+        default,
+        rename = "clusterUID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cluster_uid: Option<String>,
     /// `<UTC time>-<name>`: the backup's directory in the store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup_id: Option<String>,

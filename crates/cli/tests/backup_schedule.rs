@@ -238,19 +238,18 @@ async fn deletion_takes_a_final_backup_and_never_waits_past_the_bound() {
     let env = Env::start("final").await;
     store_secrets(&env, &s3).await;
     // fin's bound leaves a loaded machine time for the backup; fin-down's is the one measured.
+    let manifest = |bound: &str| {
+        json!({
+            "engine": "postgres", "version": "16.2", "replicas": 1,
+            "storage": { "size": "1Gi" },
+            "backup": {
+                "enabled": true, "schedule": "0 3 * * *", "finalBackup": true, "keepLast": 1,
+                "finalBackupTimeout": bound, "destination": destination(&s3),
+            },
+        })
+    };
     for (name, bound) in [("fin", "150s"), ("fin-down", "40s")] {
-        env.create_spec(
-            name,
-            json!({
-                "engine": "postgres", "version": "16.2", "replicas": 1,
-                "storage": { "size": "1Gi" },
-                "backup": {
-                    "enabled": true, "schedule": "0 3 * * *", "finalBackup": true,
-                    "finalBackupTimeout": bound, "destination": destination(&s3),
-                },
-            }),
-        )
-        .await;
+        env.create_spec(name, manifest(bound)).await;
     }
     for name in ["fin", "fin-down"] {
         env.wait_db(name, "Ready", ready).await;
@@ -307,6 +306,76 @@ async fn deletion_takes_a_final_backup_and_never_waits_past_the_bound() {
     .unwrap();
     assert_eq!(
         env.instance_sql_ok("fin-back", "fin-back-0", "select count(*) from t")
+            .await,
+        "42"
+    );
+
+    // The same manifest applied again (as GitOps does): a new cluster of the old name backs
+    // up with no change to its spec, beside the old one's files, and its retention
+    // (keepLast: 1) never takes the old one's final backup.
+    let final_status = last.status.clone().unwrap();
+    let final_files = s3.objects(&format!(
+        "{}base/{}/",
+        final_status.prefix.clone().unwrap(),
+        final_status.backup_id.clone().unwrap()
+    ));
+    assert!(!final_files.is_empty());
+    env.create_spec("fin", manifest("150s")).await;
+    env.wait_db("fin", "Ready", ready).await;
+    env.shell_ok(
+        "fin",
+        "create table t (v int); insert into t select generate_series(1, 7)",
+    )
+    .await;
+    for _ in 0..2 {
+        env.devctl_ok(&["db", "backup", "fin", "--wait", "--timeout", "300"])
+            .await;
+    }
+    let new_uid = dbs.get("fin").await.unwrap().metadata.uid.unwrap();
+    devctl_testenv::eventually(
+        "keepLast: 1 to expire the new cluster's first backup",
+        Duration::from_secs(120),
+        || async {
+            let mine: Vec<DatabaseBackup> = backups(&env, "fin")
+                .await
+                .into_iter()
+                .filter(|b| {
+                    b.status.as_ref().and_then(|s| s.cluster_uid.as_deref())
+                        == Some(new_uid.as_str())
+                })
+                .collect();
+            (mine.len() == 1 && mine.iter().all(completed)).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let kept = env.api::<DatabaseBackup>().get("fin-final").await.unwrap();
+    assert_ne!(
+        kept.status.as_ref().and_then(|s| s.cluster_uid.as_deref()),
+        Some(new_uid.as_str())
+    );
+    assert_eq!(
+        s3.objects(&format!(
+            "{}base/{}/",
+            final_status.prefix.clone().unwrap(),
+            final_status.backup_id.clone().unwrap()
+        )),
+        final_files,
+        "the old cluster's final backup files changed"
+    );
+    env.devctl_ok(&[
+        "db",
+        "restore",
+        "fin-again",
+        "--from",
+        "fin-final",
+        "--wait",
+        "--timeout",
+        "400",
+    ])
+    .await;
+    assert_eq!(
+        env.instance_sql_ok("fin-again", "fin-again-0", "select count(*) from t")
             .await,
         "42"
     );

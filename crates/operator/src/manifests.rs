@@ -71,7 +71,8 @@ pub const RULES: &[Rule] = &[
     Rule {
         group: "db.devctl.io",
         resources: &["databasebackups"],
-        verbs: &["get", "list", "watch", "create", "delete"],
+        // patch: the label with the uid of the cluster a backup was made of.
+        verbs: &["get", "list", "watch", "create", "patch", "delete"],
     },
     Rule {
         group: "db.devctl.io",

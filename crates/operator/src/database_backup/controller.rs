@@ -217,6 +217,31 @@ fn copy_report(status: &mut DatabaseBackupStatus, report: &BackupReport) {
     status.end_wal = report.end_wal.clone();
 }
 
+/// The label `db.devctl.io/cluster-uid` on a backup that does not carry it yet (one a user
+/// or an older CLI created): `kubectl get dbb -l` finds a cluster's backups by it.
+async fn label_cluster_uid(ctx: &Context, backup: &DatabaseBackup, uid: &str) -> Result<()> {
+    use crate::database_cluster::backup_lifecycle::CLUSTER_UID_LABEL;
+    if backup.labels().get(CLUSTER_UID_LABEL).map(String::as_str) == Some(uid) {
+        return Ok(());
+    }
+    let api: Api<DatabaseBackup> =
+        Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
+    let patch = json!({ "metadata": { "labels": { CLUSTER_UID_LABEL: uid } } });
+    api.patch(
+        &backup.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|source| Error::Child {
+        action: "label",
+        kind: "DatabaseBackup",
+        name: backup.name_any(),
+        source,
+    })
+}
+
 async fn set_request(api: &Api<Pod>, pod: &str, request: Option<&BackupRequest>) -> Result<()> {
     let value = request.and_then(|r| serde_json::to_string(r).ok());
     let patch = json!({ "metadata": { "annotations": { BACKUP_REQUEST_ANNOTATION: value } } });
@@ -374,7 +399,22 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
         }
     }
 
-    // Not started: a destination, no other backup of the cluster under way, an instance.
+    // Not started: made for this cluster (not an earlier one of its name), a destination,
+    // no other backup of the cluster under way, an instance.
+    let cluster_uid = cluster.uid().unwrap_or_default();
+    if let Some(recorded) = crate::database_cluster::backup_lifecycle::recorded_cluster_uid(&backup)
+        && recorded != cluster_uid
+    {
+        return fail(
+            ctx,
+            &backup,
+            status,
+            format!(
+                "made for an earlier DatabaseCluster {cluster_name} (uid {recorded}), not the one that exists now (uid {cluster_uid})"
+            ),
+        )
+        .await;
+    }
     let store = match backup::destination(ctx, &cluster, &names).await {
         Ok(Some(store)) => store,
         Ok(None) => {
@@ -414,8 +454,29 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
         .unwrap_or_else(|| format!("{}-0", names.stateful_set()));
     let Some(instance) = choose_instance(&pods, &primary, backup.spec.target, cluster.spec.engine)
     else {
-        // Not forever: a backup that never starts holds the cluster's WAL pruning up.
-        if pending_too_long(backup.metadata.creation_timestamp.as_ref(), &now()) {
+        // Not forever: a backup that never starts holds the cluster's WAL pruning up. It
+        // waits for an instance since it was made, or since the cluster's last backup ended
+        // (one that queued behind another is not blamed for that one's time).
+        let others = backups.list(&kube::api::ListParams::default()).await?;
+        let last_ended = others
+            .items
+            .iter()
+            .filter(|b| b.spec.cluster.name == *cluster_name && b.uid() != Some(uid.clone()))
+            .filter_map(|b| {
+                b.status
+                    .as_ref()?
+                    .stopped_at
+                    .as_deref()?
+                    .parse::<k8s_openapi::jiff::Timestamp>()
+                    .ok()
+            })
+            .max()
+            .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time);
+        let since = [backup.metadata.creation_timestamp.clone(), last_ended]
+            .into_iter()
+            .flatten()
+            .max_by_key(|t| t.0);
+        if pending_too_long(since.as_ref(), &now()) {
             return fail(
                 ctx,
                 &backup,
@@ -443,8 +504,10 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
         uid: uid.clone(),
         backup_id: backup_id(&name, &started),
     };
+    label_cluster_uid(ctx, &backup, &cluster_uid).await?;
     set_request(&pods_api, &instance, Some(&request)).await?;
     status.phase = Some(BackupPhase::Running);
+    status.cluster_uid = Some(cluster_uid.clone());
     status.instance = Some(instance.clone());
     status.backup_id = Some(request.backup_id.clone());
     status.started_at = Some(started.to_string());

@@ -25,6 +25,35 @@ use crate::reconciler::publish;
 
 /// Label on the DatabaseBackups a cluster's schedule (or its deletion) creates.
 pub const CLUSTER_LABEL: &str = "db.devctl.io/cluster";
+/// Label with the uid of the cluster a DatabaseBackup was made of (also
+/// `status.clusterUID`): a later cluster of the same name never takes it for its own.
+pub const CLUSTER_UID_LABEL: &str = "db.devctl.io/cluster-uid";
+
+/// The uid of the cluster `backup` was made of, as recorded (status, else label).
+pub fn recorded_cluster_uid(backup: &DatabaseBackup) -> Option<&str> {
+    backup
+        .status
+        .as_ref()
+        .and_then(|s| s.cluster_uid.as_deref())
+        .or_else(|| {
+            backup
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(CLUSTER_UID_LABEL))
+                .map(String::as_str)
+        })
+}
+
+/// Whether `backup` is the cluster `uid`'s own for retention: recorded as made of it; one
+/// made before uids were recorded, when the store's `owner.json` at the cluster's prefix
+/// (`legacy_owner`) names this cluster. Any other is kept, whatever its age (pure).
+pub fn belongs_to(backup: &DatabaseBackup, uid: &str, legacy_owner: Option<&str>) -> bool {
+    match recorded_cluster_uid(backup) {
+        Some(recorded) => recorded == uid,
+        None => legacy_owner == Some(uid),
+    }
+}
 
 /// What the schedule did in this reconcile.
 #[derive(Debug, Clone, Default)]
@@ -39,7 +68,7 @@ pub struct Scheduled {
 fn backup_object(db: &DatabaseCluster, name: &str, owned: bool) -> Option<DatabaseBackup> {
     let mut metadata = json!({
         "name": name,
-        "labels": { CLUSTER_LABEL: db.name_any() },
+        "labels": { CLUSTER_LABEL: db.name_any(), CLUSTER_UID_LABEL: db.uid()? },
     });
     if owned {
         metadata["ownerReferences"] = json!([db.controller_owner_ref(&())?]);
@@ -255,6 +284,27 @@ fn manifest_prefix<'k>(
     .then_some(prefix)
 }
 
+/// The uid the store's `owner.json` at the cluster prefix `prefix` names (written by the
+/// first cluster of this name to back up there), if any.
+async fn legacy_owner(s3: &dyn ObjectStore, prefix: &str) -> Result<Option<String>, String> {
+    let path = StorePath::from(format!("{prefix}owner.json").as_str());
+    match s3.get(&path).await {
+        Ok(result) => {
+            let bytes = result
+                .bytes()
+                .await
+                .map_err(|e| format!("reading {path}: {e}"))?;
+            #[derive(serde::Deserialize)]
+            struct Owner {
+                uid: String,
+            }
+            Ok(serde_json::from_slice::<Owner>(&bytes).ok().map(|o| o.uid))
+        }
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(format!("reading {path}: {e}")),
+    }
+}
+
 /// Deletes every object under `prefix` for which `keep(name)` is false.
 async fn delete_under(
     s3: &dyn ObjectStore,
@@ -311,9 +361,29 @@ pub async fn prune(
         Ok(list) => list.items,
         Err(e) => return Some(format!("listing DatabaseBackups: {e}")),
     };
-    let mine: Vec<DatabaseBackup> = all
+    let uid = db.uid().unwrap_or_default();
+    let named: Vec<DatabaseBackup> = all
         .into_iter()
         .filter(|b| b.spec.cluster.name == names.name)
+        .collect();
+    let s3 = match client(destination) {
+        Ok(s3) => s3,
+        Err(why) => return Some(scrub(why, destination)),
+    };
+    // Backups from before uids were recorded: the cluster whose owner.json the store has at
+    // this cluster's prefix made them (read only when there are any).
+    let legacy_owner = if named.iter().any(|b| recorded_cluster_uid(b).is_none()) {
+        match legacy_owner(s3.as_ref(), &destination.location.prefix).await {
+            Ok(owner) => owner,
+            Err(why) => return Some(scrub(why, destination)),
+        }
+    } else {
+        None
+    };
+    let mine: Vec<DatabaseBackup> = named
+        .iter()
+        .filter(|b| belongs_to(b, &uid, legacy_owner.as_deref()))
+        .cloned()
         .collect();
     let expired = schedule::expired(
         &mine,
@@ -324,13 +394,10 @@ pub async fn prune(
     if expired.is_empty() {
         return None;
     }
-    let s3 = match client(destination) {
-        Ok(s3) => s3,
-        Err(why) => return Some(scrub(why, destination)),
-    };
     let expired_names: Vec<String> = expired.iter().map(|b| b.name_any()).collect();
-    // The oldest WAL a kept completed backup needs, per store prefix.
-    let kept_begin = mine
+    // The oldest WAL a kept completed backup needs, per store prefix — any backup of this
+    // name, this cluster's or not: WAL under a prefix one of them needs stays.
+    let kept_begin = named
         .iter()
         .filter(|b| !expired_names.contains(&b.name_any()))
         .filter_map(|b| b.status.as_ref())
@@ -353,6 +420,17 @@ pub async fn prune(
         );
     for backup in &expired {
         let status = backup.status.clone().unwrap_or_default();
+        if status.phase == Some(BackupPhase::Completed)
+            && deletable_prefix(&status, &destination.location).is_none()
+        {
+            // Recorded at another store or prefix (the destination changed since): its files
+            // are not this client's to delete, and the object is their only record — kept.
+            tracing::warn!(
+                backup = %backup.name_any(),
+                "expired, but recorded outside the cluster's destination: kept with its files"
+            );
+            continue;
+        }
         if let (Some(prefix), Some(id)) = (
             deletable_prefix(&status, &destination.location),
             &status.backup_id,
@@ -391,7 +469,7 @@ pub async fn prune(
     }
     // WAL older than what the oldest kept backup begins with (history files stay) — not
     // while a backup is under way: it may begin earlier than every completed one.
-    let unfinished = mine.iter().any(|b| {
+    let unfinished = named.iter().any(|b| {
         !b.status
             .as_ref()
             .and_then(|s| s.phase)
@@ -400,7 +478,17 @@ pub async fn prune(
     if unfinished {
         return None;
     }
-    for (prefix, begin) in kept_begin {
+    // Only under this cluster's own prefixes (where a backup of its uid lives): a
+    // predecessor's WAL is never pruned by its successor.
+    let my_prefixes: std::collections::BTreeSet<String> = mine
+        .iter()
+        .filter_map(|b| deletable_prefix(b.status.as_ref()?, &destination.location))
+        .map(str::to_string)
+        .collect();
+    for (prefix, begin) in kept_begin
+        .into_iter()
+        .filter(|(prefix, _)| my_prefixes.contains(prefix))
+    {
         let keep = |name: &str| {
             name.ends_with(".history") || name.get(..24).is_none_or(|s| s >= begin.as_str())
         };
@@ -538,6 +626,40 @@ pub async fn final_backup(db: &DatabaseCluster, ctx: &Context, names: &Names) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retention_counts_only_the_backups_of_this_cluster_uid() {
+        let backup = |label: Option<&str>, status: Option<&str>| -> DatabaseBackup {
+            let mut b: DatabaseBackup = serde_json::from_value(serde_json::json!({
+                "apiVersion": "db.devctl.io/v1beta1", "kind": "DatabaseBackup",
+                "metadata": { "name": "db-x", "namespace": "ns" },
+                "spec": { "cluster": { "name": "db" } }
+            }))
+            .unwrap();
+            if let Some(uid) = label {
+                b.metadata.labels = Some([(CLUSTER_UID_LABEL.to_string(), uid.to_string())].into());
+            }
+            if let Some(uid) = status {
+                b.status = Some(devctl_api::database_backup::DatabaseBackupStatus {
+                    cluster_uid: Some(uid.into()),
+                    ..Default::default()
+                });
+            }
+            b
+        };
+        assert!(belongs_to(&backup(Some("new"), None), "new", None));
+        assert!(belongs_to(&backup(None, Some("new")), "new", Some("old")));
+        // An earlier cluster of the same name (its -final backup): never.
+        assert!(!belongs_to(
+            &backup(Some("old"), Some("old")),
+            "new",
+            Some("new")
+        ));
+        // Made before uids were recorded: the owner.json decides; without one, kept.
+        assert!(belongs_to(&backup(None, None), "new", Some("new")));
+        assert!(!belongs_to(&backup(None, None), "new", Some("old")));
+        assert!(!belongs_to(&backup(None, None), "new", None));
+    }
 
     #[test]
     fn retention_deletes_only_under_the_destinations_cluster_prefix() {
