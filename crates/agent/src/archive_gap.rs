@@ -170,23 +170,23 @@ pub async fn fill(
     for name in segments_to_fill(&files, &parse_history(&history), segment_size) {
         let path = pg_wal.join(&name);
         let key = wal_key(&prefix, &name);
-        let result = match tokio::fs::read(&path).await {
-            // Removed since the listing (the promotion's checkpoint): a gap only if the
-            // archive does not have it.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match store.head(&key).await {
-                Ok(Some(_)) => continue,
-                Ok(None) => Err("removed from pg_wal before it could be archived".to_string()),
-                Err(e) => Err(e.to_string()),
-            },
-            Err(e) => Err(format!("reading {}: {e}", path.display())),
-            // A file recycled meanwhile holds other WAL under this name: never archived.
-            Ok(data) if !holds_segment(&data, &name, segment_size) => {
-                match store.head(&key).await {
-                    Ok(Some(_)) => continue,
-                    Ok(None) => Err("recycled in pg_wal before it could be archived".to_string()),
+        // The file no longer holds the segment: a gap only if the archive lacks it.
+        let lost = |what: &str| {
+            let (store, key, what) = (&store, &key, what.to_string());
+            async move {
+                match store.head(key).await {
+                    Ok(Some(_)) => Ok(PutOnce::AlreadyStored),
+                    Ok(None) => Err(format!("{what} pg_wal before it could be archived")),
                     Err(e) => Err(e.to_string()),
                 }
             }
+        };
+        let result = match tokio::fs::read(&path).await {
+            // Removed since the listing (the promotion's checkpoint).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => lost("removed from").await,
+            Err(e) => Err(format!("reading {}: {e}", path.display())),
+            // Recycled meanwhile: other WAL under this name, never archived.
+            Ok(data) if !holds_segment(&data, &name, segment_size) => lost("recycled in").await,
             Ok(data) => store
                 .put_once(&key, Bytes::from(data))
                 .await

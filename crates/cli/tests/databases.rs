@@ -253,14 +253,7 @@ async fn passwords_follow_the_secret_and_a_lost_secret_is_regenerated() {
     // A user rotates the password in the Secret.
     let new = "rotated-by-the-user-0123456789";
     let secrets = env.api::<Secret>();
-    secrets
-        .patch(
-            "pw-credentials",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "data": { "password": ByteString(new.as_bytes().to_vec()) } })),
-        )
-        .await
-        .unwrap();
+    set_password(&env, "pw-credentials", new).await;
     devctl_testenv::eventually("the new password to log in", READY_TIMEOUT, || async {
         env.psql_login("pw-0", new)
             .await
@@ -493,14 +486,7 @@ async fn a_failing_alter_role_never_logs_the_password_verifier() {
     )
     .await;
     let new = "rotated-while-read-only-0123456789";
-    env.api::<Secret>()
-        .patch(
-            "vf-credentials",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "data": { "password": ByteString(new.as_bytes().to_vec()) } })),
-        )
-        .await
-        .unwrap();
+    set_password(&env, "vf-credentials", new).await;
     devctl_testenv::eventually(
         "the failed ALTER ROLE in the engine's log",
         READY_TIMEOUT,
@@ -537,4 +523,18 @@ async fn a_failing_alter_role_never_logs_the_password_verifier() {
     .await
     .unwrap();
     env.assert_never_shown(new).await;
+}
+
+/// A user's rotation: `password` into the credentials Secret `secret`.
+async fn set_password(env: &Env, secret: &str, password: &str) {
+    env.api::<Secret>()
+        .patch(
+            secret,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({ "data": { "password": ByteString(password.as_bytes().to_vec()) } }),
+            ),
+        )
+        .await
+        .unwrap();
 }

@@ -96,7 +96,17 @@ impl Agent {
             } else {
                 let observation = self.observe_stopped(&view).await;
                 let next = role::transition(&self.role, &observation, &cluster_name);
-                match self.start_steps(next, &mut backoff, &mut retry_in).await? {
+                // A switchover's clean stop, as the observation read it from the control file.
+                let clean_stop = match &observation.data {
+                    role::DataState::Primary {
+                        clean_stop: Some(Ok(checkpoint)),
+                    } => Some(checkpoint.clone()),
+                    _ => None,
+                };
+                match self
+                    .start_steps(next, clean_stop, &mut backoff, &mut retry_in)
+                    .await?
+                {
                     StartStep::Started(fresh) => return Ok(Ok(fresh)),
                     StartStep::Ended(outcome) => return Ok(Err(outcome)),
                     StartStep::Again => continue,
@@ -162,6 +172,7 @@ impl Agent {
     async fn start_steps(
         &mut self,
         next: role::Transition,
+        clean_stop: Option<String>,
         backoff: &mut Duration,
         retry_in: &mut Duration,
     ) -> Result<StartStep> {
@@ -170,16 +181,16 @@ impl Agent {
             match step {
                 Step::Wait(why) => {
                     if let Role::HandingOver { target } = &next.role
-                        && let Ok(control) = self.engine.control_data().await
+                        && let Some(checkpoint) = &clean_stop
                     {
-                        if self.final_lsn.as_deref() != Some(control.checkpoint.as_str()) {
+                        if self.final_lsn.as_ref() != Some(checkpoint) {
                             tracing::info!(
-                                final_lsn = %control.checkpoint,
+                                final_lsn = %checkpoint,
                                 %target,
                                 "stopped for a switchover: not restarting as the primary"
                             );
                         }
-                        self.final_lsn = Some(control.checkpoint);
+                        self.final_lsn = Some(checkpoint.clone());
                     }
                     if matches!(next.role, Role::Fenced | Role::HandingOver { .. }) {
                         self.mode = Mode::Primary;

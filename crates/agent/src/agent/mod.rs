@@ -242,9 +242,9 @@ struct Agent {
     sync_applied: Option<String>,
     /// Why the replication slots could not be brought in line last time.
     slot_problem: Option<String>,
-    /// Replica: the slots its primary reports having, and the slot and `restore_command`
-    /// the engine has.
-    primary_slots: Option<Vec<String>>,
+    /// Replica: the primary whose report it last read and the slots that report lists, and
+    /// the slot and `restore_command` the engine has.
+    primary_slots: Option<(String, Vec<String>)>,
     extras_applied: Option<StandbyExtras>,
     /// Replica: since when (and at which replayed position) the primary has been saying that
     /// the WAL this replica needs is gone.

@@ -8,12 +8,7 @@ pub fn synchronous_standby_names(view: &ClusterView, me: &str) -> String {
     let Some((method, number)) = &view.synchronous else {
         return String::new();
     };
-    let Some((prefix, _)) = me.rsplit_once('-') else {
-        return String::new();
-    };
-    let others: Vec<String> = (0..view.replicas.max(1))
-        .map(|ordinal| format!("{prefix}-{ordinal}"))
-        .filter(|name| name != me)
+    let others: Vec<String> = other_instances(view, me)
         .map(|name| format!("\"{name}\""))
         .collect();
     if others.is_empty() {
@@ -24,14 +19,23 @@ pub fn synchronous_standby_names(view: &ClusterView, me: &str) -> String {
 
 /// The slots the primary `me` keeps: one per other instance of `spec.replicas`.
 pub(super) fn desired_slots(view: &ClusterView, me: &str) -> Vec<String> {
-    let Some((prefix, _)) = me.rsplit_once('-') else {
-        return Vec::new();
-    };
-    (0..view.replicas.max(1))
-        .map(|ordinal| format!("{prefix}-{ordinal}"))
-        .filter(|name| name != me)
+    other_instances(view, me)
         .map(|name| slot_name(&name))
         .collect()
+}
+
+/// The pod names of the cluster's other instances (`spec.replicas`, named like `me`:
+/// `<statefulset>-<ordinal>`); none when `me` is not so named.
+fn other_instances<'a>(view: &ClusterView, me: &'a str) -> impl Iterator<Item = String> + 'a {
+    let prefix = me.rsplit_once('-').map(|(prefix, _)| prefix);
+    let count = if prefix.is_some() {
+        view.replicas.max(1)
+    } else {
+        0
+    };
+    (0..count)
+        .filter_map(move |ordinal| Some(format!("{}-{ordinal}", prefix?)))
+        .filter(move |name| name != me)
 }
 
 /// One step bringing the agent's slots in line.

@@ -54,14 +54,8 @@ impl Agent {
     /// agent has none, and streaming through a missing slot fails), and the archive as the
     /// fallback while the cluster archives.
     pub(super) fn standby_extras(&self) -> StandbyExtras {
-        let slot = slot_name(&self.config.pod_name);
         StandbyExtras {
-            slot: self
-                .primary_slots
-                .as_ref()
-                .filter(|slots| slots.contains(&slot))
-                .map(|_| slot)
-                .unwrap_or_default(),
+            slot: self.slot_on_primary().unwrap_or_default(),
             // During a failover nothing more is replayed (from the archive either): the
             // position reported for the election is final.
             restore_command: if self.view().failed_primary.is_none()
@@ -72,6 +66,17 @@ impl Agent {
                 String::new()
             },
         }
+    }
+
+    /// This replica's slot, when the current primary's last report lists it (never an
+    /// earlier primary's list: after a failover the new one has to create it first).
+    fn slot_on_primary(&self) -> Option<String> {
+        let slot = slot_name(&self.config.pod_name);
+        let current = self.view().current_primary;
+        self.primary_slots
+            .as_ref()
+            .filter(|(primary, slots)| Some(primary) == current.as_ref() && slots.contains(&slot))
+            .map(|_| slot)
     }
 
     /// Replica: the primary's address (`annotation`: from its report, kept when the report
@@ -91,13 +96,20 @@ impl Agent {
         // Named ourselves (a promotion we do not make): keep streaming from where we do.
         // (`None`: no problem to report.)
         let primary = current.filter(|p| *p != self.config.pod_name)?;
+        // `service`: the address is the Service's; the report is read only until it lists
+        // this replica's slot (not a GET of the primary's pod every probe).
+        if !matches!(self.config.primary_from, PrimaryFrom::Annotation)
+            && self.slot_on_primary().is_some()
+        {
+            return None;
+        }
         match resolve_primary_report(&self.pods, &self.config, &primary).await {
             Ok((address, report)) => {
                 if self.primary_address.as_ref() != Some(&address) {
                     tracing::info!(%primary, %address, "the primary's address");
                 }
                 self.primary_address = Some(address);
-                self.primary_slots = report.replication_slots;
+                self.primary_slots = report.replication_slots.map(|slots| (primary, slots));
                 None
             }
             // `service`: the Service's address serves whatever the report says.
