@@ -513,6 +513,12 @@ impl Shared {
     /// touches its predecessor's files — which an `owner.json` at the name's level (from
     /// before this layout) keeps naming. Another uid at this level is refused: only a cluster
     /// restored under its source's name (same system identifier) gets there.
+    /// Makes the next [`Shared::ensure_owner`] for `sysid` in `store` read the store again.
+    pub fn forget_owner(&self, store: &Store, sysid: &str) {
+        let key = owner_key(&crate::wal::system_prefix(&store.location.prefix, sysid));
+        lock(&self.owners).remove(&store.url(&key));
+    }
+
     pub async fn ensure_owner(&self, store: &Store) -> Result<(), String> {
         let sysid = self.system_identifier().await?;
         let key = owner_key(&crate::wal::system_prefix(&store.location.prefix, &sysid));
@@ -674,6 +680,9 @@ async fn backup_target(
     report.prefix = Some(sys_prefix.clone());
     report.object_path = Some(store.url(&base));
     shared.set_backup(report.clone());
+    // Read again for every backup (one request): a store that is down, or an owner file
+    // changed since WAL archiving last read it, fails the backup here, before any upload.
+    shared.forget_owner(&store, &sysid);
     shared.ensure_owner(&store).await?;
     Ok((store, sysid, sys_prefix, base))
 }
@@ -769,14 +778,13 @@ async fn take_postgres(
     // On a primary the server itself waits for the archiver before it ends the backup
     // (`-X none`): bounded here, so a failing archive fails the backup instead of hanging.
     let archive_guard = async {
-        let mut waiting_since = None;
+        let mut wait = ArchiveWait::default();
         loop {
             tokio::time::sleep(Duration::from_secs(5)).await;
-            if lock(&progress).waiting_for_archive {
-                let since = *waiting_since.get_or_insert_with(tokio::time::Instant::now);
-                if since.elapsed() > WAL_WAIT {
-                    return;
-                }
+            let waiting = lock(&progress).waiting_for_archive;
+            let failing = shared.wal_archive().is_some_and(|a| a.failing);
+            if let Some(why) = wait.observe(waiting, failing, tokio::time::Instant::now()) {
+                return why;
             }
         }
     };
@@ -784,9 +792,8 @@ async fn take_postgres(
         result = store.put_stream(&key, &mut stdout, |chunk| watcher.feed(chunk)) => {
             result.map_err(|e| e.to_string())
         }
-        _ = archive_guard => Err(format!(
-            "the server waited more than {}s for WAL archiving to end the backup ({})",
-            WAL_WAIT.as_secs(),
+        why = archive_guard => Err(format!(
+            "{why} ({})",
             shared
                 .wal_archive()
                 .and_then(|a| a.error)
@@ -905,7 +912,50 @@ async fn take_postgres(
     write_manifest(shared, &store, &base, &sysid, report, Some(segment_size)).await
 }
 
-/// Waits until every segment in `segments` is in the archive.
+/// How long the server may wait for the archiver at the end of a backup while every
+/// archiving attempt fails (the store is down, say): a short outage is waited out, a
+/// lasting one fails the backup with the archiver's error instead of after [`WAL_WAIT`].
+const ARCHIVE_FAILING_WAIT: Duration = Duration::from_secs(60);
+
+/// The server's wait for the archiver at the end of a backup, observed every few seconds
+/// (pure over the instants it is given).
+#[derive(Debug, Default)]
+struct ArchiveWait {
+    waiting_since: Option<tokio::time::Instant>,
+    failing_since: Option<tokio::time::Instant>,
+}
+
+impl ArchiveWait {
+    /// `Some(why)` when the wait is to end the backup: waiting longer than [`WAL_WAIT`], or
+    /// archiving failing all along for [`ARCHIVE_FAILING_WAIT`] while the server waits.
+    fn observe(
+        &mut self,
+        waiting: bool,
+        failing: bool,
+        now: tokio::time::Instant,
+    ) -> Option<String> {
+        if !waiting {
+            return None;
+        }
+        let waiting_since = *self.waiting_since.get_or_insert(now);
+        if !failing {
+            self.failing_since = None;
+        } else if now.duration_since(*self.failing_since.get_or_insert(now)) >= ARCHIVE_FAILING_WAIT
+        {
+            return Some(format!(
+                "WAL archiving failed for {}s while the server waited for it to end the backup",
+                ARCHIVE_FAILING_WAIT.as_secs()
+            ));
+        }
+        (now.duration_since(waiting_since) > WAL_WAIT).then(|| {
+            format!(
+                "the server waited more than {}s for WAL archiving to end the backup",
+                WAL_WAIT.as_secs()
+            )
+        })
+    }
+}
+
 /// Whether `segments` (a backup's WAL range) holds the segment of `segment`'s number on a
 /// later timeline (pure).
 fn continues_on_a_later_timeline(segment: &str, segments: &[String]) -> bool {
@@ -927,7 +977,11 @@ fn spans_a_failover(segment: &str) -> String {
     )
 }
 
-async fn wait_for_wal(
+/// Waits (at most [`WAL_WAIT`]) until every segment in `segments` — a backup's WAL range,
+/// every timeline it spans — is in the archive under `sys_prefix`. A segment archived only
+/// as `.partial` (the primary changed while the backup ran) is covered when the range goes
+/// on on a later timeline; otherwise the wait fails at once, saying so.
+pub async fn wait_for_wal(
     store: &Store,
     sys_prefix: &str,
     segments: Vec<String>,
@@ -1350,6 +1404,28 @@ pub async fn restore_mysql(shared: &Shared) -> Result<String, RestoreError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_backup_waiting_on_an_archiver_that_keeps_failing_ends_after_a_minute() {
+        let start = tokio::time::Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        let mut wait = super::ArchiveWait::default();
+        // Not waiting yet: failures of the archiver are not the backup's business.
+        assert_eq!(wait.observe(false, true, at(0)), None);
+        assert_eq!(wait.observe(true, true, at(5)), None);
+        // A success in between starts the count again.
+        assert_eq!(wait.observe(true, false, at(50)), None);
+        assert_eq!(wait.observe(true, true, at(55)), None);
+        assert_eq!(wait.observe(true, true, at(110)), None);
+        let why = wait.observe(true, true, at(115)).unwrap();
+        assert!(why.contains("failed for 60s"), "{why}");
+        // An archiver that works but is slow: only the whole bound ends the wait.
+        let mut slow = super::ArchiveWait::default();
+        assert_eq!(slow.observe(true, false, at(0)), None);
+        assert_eq!(slow.observe(true, false, at(600)), None);
+        let why = slow.observe(true, false, at(601)).unwrap();
+        assert!(why.contains("more than 600s"), "{why}");
+    }
+
     use super::*;
 
     #[test]

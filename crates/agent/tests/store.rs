@@ -94,3 +94,51 @@ async fn errors_name_the_object_but_never_the_keys() {
     let store = Store::new(location(s3, "errors/"), &no_ca).unwrap();
     assert!(store.head("errors/x").await.is_err());
 }
+
+/// A standby backup whose range ends in a segment the old primary archived only as
+/// `.partial` (a failover while it ran): finished when the range goes on on the new
+/// timeline, failed at once with the reason otherwise — never the whole ten-minute wait.
+#[tokio::test]
+async fn a_backup_spanning_a_failover_finishes_on_the_new_timeline_or_fails_at_once() {
+    use devctl_agent::backup::wait_for_wal;
+    use devctl_agent::wal::wal_key;
+    use std::time::Duration;
+    let s3 = devctl_testenv::shared_s3().await.unwrap();
+    let prefix = format!("span-test-{}/", std::process::id());
+    let store = Store::new(location(s3, &prefix), &credentials(s3)).unwrap();
+    let put = |name: &'static str| {
+        let key = wal_key(&prefix, name);
+        let store = &store;
+        async move { store.put(&key, Bytes::from_static(b"wal")).await.unwrap() }
+    };
+    put("000000010000000000000004").await;
+    put("000000010000000000000005.partial").await;
+    let old_timeline = || {
+        vec![
+            "000000010000000000000004".to_string(),
+            "000000010000000000000005".to_string(),
+        ]
+    };
+    let failed = tokio::time::timeout(
+        Duration::from_secs(30),
+        wait_for_wal(&store, &prefix, old_timeline()),
+    )
+    .await
+    .expect("the wait fails at once, not after the whole bound")
+    .unwrap_err();
+    assert!(
+        failed.contains("spans a failover") && failed.contains("000000010000000000000005"),
+        "{failed}"
+    );
+    // The range goes on on timeline 2: its segment 5 holds the rest, and is archived.
+    put("000000020000000000000005").await;
+    let mut spanning = old_timeline();
+    spanning.push("000000020000000000000005".into());
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        wait_for_wal(&store, &prefix, spanning),
+    )
+    .await
+    .expect("the wait ends at once")
+    .unwrap();
+}

@@ -112,6 +112,10 @@ pub struct InstanceStatus {
     /// operator elects the most advanced replica from them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover_epoch: Option<i64>,
+    /// The copy of this instance's earlier data a failed rejoin moved aside (a path on its
+    /// volume; at most one is kept): it may hold commits the primary never received.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_aside: Option<String>,
     /// The backup this instance runs or ran last (docs/backup.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupReport>,
@@ -314,6 +318,7 @@ mod tests {
             credentials_version: Some("42".into()),
             final_lsn: Some("0/3000060".into()),
             failover_epoch: Some(2),
+            moved_aside: Some("/data/pgdata.old-1".into()),
             backup: None,
             wal_archive: None,
             streaming_replicas: Some(vec!["db-1".into()]),
@@ -343,6 +348,7 @@ mod tests {
                 "lastError",
                 "lastExit",
                 "lastRestartTime",
+                "movedAside",
                 "ready",
                 "receivedLSN",
                 "replayedLSN",

@@ -318,6 +318,17 @@ async fn a_store_that_is_down_fails_the_backup_and_both_conditions_clear_when_it
     env.wait_ready_with("down", 1).await;
     env.shell_ok("down", "create table t (v int); insert into t values (1)")
         .await;
+    // A cluster that has run a while has archived WAL (so its agent knows the store):
+    // one segment reaches the archive before the store goes down.
+    env.superuser_sql("down-0", "select pg_switch_wal()").await;
+    devctl_testenv::eventually("a segment archived", Duration::from_secs(60), || async {
+        env.report("down-0")
+            .await
+            .wal_archive
+            .and_then(|a| a.last_archived)
+    })
+    .await
+    .unwrap();
     // BackupFailing stands until WAL archiving fails too (it outranks a failed backup):
     // watched from before the store goes down.
     let since = env.mark_db("down").await;
@@ -342,7 +353,14 @@ async fn a_store_that_is_down_fails_the_backup_and_both_conditions_clear_when_it
     assert!(!out.status.success(), "{}", support::stdout(&out));
     let failed = newest_backup(&env, "down").await;
     let status = failed.status.unwrap();
-    assert_eq!(status.phase, Some(BackupPhase::Failed));
+    assert_eq!(
+        status.phase,
+        Some(BackupPhase::Failed),
+        "the CLI said: {}{}\nthe agent's log ends: {}",
+        support::stdout(&out),
+        support::stderr(&out),
+        env.agent_log("down-0")
+    );
     let message = status.message.unwrap_or_default();
     assert!(!message.is_empty());
     assert!(

@@ -531,6 +531,18 @@ async fn without_auto_failover_a_lost_primary_is_reported_and_promote_fails_over
     )
     .await
     .unwrap();
+    // And its status entry points at the copy, for an administrator to recover from.
+    env.wait_db("fm", "fm-0's message to name its moved-aside copy", |db| {
+        db.status.as_ref().is_some_and(|s| {
+            s.instances.iter().any(|i| {
+                i.name == "fm-0"
+                    && i.message.as_deref().is_some_and(|m| {
+                        m.contains("data.old-") && m.contains("commits the primary never received")
+                    })
+            })
+        })
+    })
+    .await;
     assert_eq!(
         env.instance_sql_ok("fm", "fm-0", "select count(*) from t")
             .await,

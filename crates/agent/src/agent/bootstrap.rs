@@ -435,6 +435,20 @@ impl Agent {
         prepare_dir(&data, "data directory", env::DATA_DIR)
     }
 
+    /// The moved-aside copy of the data directory on the volume, if any (read each report:
+    /// an administrator who deletes it clears the message).
+    pub(super) fn moved_aside_copy(&self) -> Option<String> {
+        let data = &self.config.data_dir;
+        let name = data.file_name()?.to_string_lossy().into_owned();
+        let parent = data.parent()?;
+        let names: Vec<String> = std::fs::read_dir(parent)
+            .ok()?
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        newest_copy(&names, &name).map(|copy| parent.join(copy).display().to_string())
+    }
+
     /// A replica's data, removed for a fresh clone: the primary has all of it, and a copy
     /// kept aside could fill the volume.
     pub(super) fn remove_data(&mut self) -> Result<()> {
@@ -501,6 +515,23 @@ impl Agent {
     }
 }
 
+/// The newest moved-aside copy of the data directory `name` among `names` (pure).
+pub(super) fn newest_copy(names: &[String], name: &str) -> Option<String> {
+    let prefix = format!("{name}.old-");
+    names
+        .iter()
+        .filter_map(|n| {
+            let stamp = n.strip_prefix(&prefix)?;
+            let stamp: u64 = stamp
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| stamp.parse().ok())??;
+            Some((stamp, n))
+        })
+        .max()
+        .map(|(_, n)| n.clone())
+}
+
 /// The moved-aside copies of the data directory `name` (`<name>.old-<unix time>`) among
 /// `names`, other than `keep` (pure).
 pub(super) fn older_copies(names: &[String], name: &str, keep: &str) -> Vec<String> {
@@ -538,5 +569,6 @@ mod tests {
             older_copies(&names, "data", "data.old-200"),
             ["data.old-100"]
         );
+        assert_eq!(newest_copy(&names, "data").as_deref(), Some("data.old-200"));
     }
 }

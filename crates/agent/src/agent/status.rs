@@ -54,6 +54,7 @@ impl Agent {
             restarts: (self.restarts > 0).then_some(self.restarts),
             last_restart_time: self.last_restart.as_ref().map(|(at, _)| at.clone()),
             last_exit: self.last_restart.as_ref().map(|(_, exit)| exit.clone()),
+            moved_aside: self.moved_aside_copy(),
             backup: self.shared.backup(),
             // The primary's archiving, while there is a destination to archive to.
             wal_archive: (self.cluster.is_some()

@@ -48,6 +48,21 @@ pub fn pending_too_long(
     })
 }
 
+/// How long an instance asked to take a backup may go without reporting it (the agent
+/// starts a requested backup within a tick or two; one that never does must not hold the
+/// cluster's later backups and WAL pruning up for ever).
+pub const START_LIMIT: Duration = Duration::from_secs(180);
+
+/// Whether a backup requested at `started` (RFC 3339) and not reported by its instance has
+/// waited longer than [`START_LIMIT`] at `now` (pure; an unreadable time has not).
+pub fn never_started(started: Option<&str>, now: &k8s_openapi::jiff::Timestamp) -> bool {
+    started
+        .and_then(|s| s.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        .is_some_and(|started| {
+            Duration::try_from(now.duration_since(started)).is_ok_and(|d| d > START_LIMIT)
+        })
+}
+
 /// How long a backup waits for another one of the same cluster.
 const PENDING_RECHECK: Duration = Duration::from_secs(5);
 
@@ -79,6 +94,25 @@ pub fn backup_id(name: &str, at: &k8s_openapi::jiff::Timestamp) -> String {
 
 fn request_of(pod: &Pod) -> Option<BackupRequest> {
     serde_json::from_str(pod.annotations().get(BACKUP_REQUEST_ANNOTATION)?).ok()
+}
+
+/// The pod that already holds a request of the backup `uid`, and that request (pure).
+fn requested_on(pods: &[&Pod], uid: &str) -> Option<(String, BackupRequest)> {
+    pods.iter().find_map(|pod| {
+        request_of(pod)
+            .filter(|r| r.uid == uid)
+            .map(|r| (pod.name_any(), r))
+    })
+}
+
+/// When the attempt `backup_id` (see [`backup_id`]) started, from its leading time (pure).
+fn started_of(backup_id: &str) -> Option<k8s_openapi::jiff::Timestamp> {
+    let stamp = backup_id.get(..16)?;
+    k8s_openapi::jiff::civil::DateTime::strptime("%Y%m%dT%H%M%SZ", stamp)
+        .ok()?
+        .to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC)
+        .ok()
+        .map(|z| z.timestamp())
 }
 
 fn report_of(pod: &Pod) -> Option<InstanceStatus> {
@@ -395,6 +429,23 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
                 )
                 .await;
             }
+            None if never_started(
+                status.started_at.as_deref(),
+                &k8s_openapi::jiff::Timestamp::now(),
+            ) =>
+            {
+                set_request(&pods_api, &instance, None).await?;
+                return fail(
+                    ctx,
+                    &backup,
+                    status,
+                    format!(
+                        "the instance {instance} did not start the backup within {} minutes (see its log)",
+                        START_LIMIT.as_secs() / 60
+                    ),
+                )
+                .await;
+            }
             None => return Ok(Action::requeue(RUNNING_RECHECK)),
         }
     }
@@ -428,84 +479,102 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
         }
         Err(why) => return fail(ctx, &backup, status, why).await,
     };
-    let backups: Api<DatabaseBackup> = Api::namespaced(ctx.client.clone(), &namespace);
-    for pod in &pods {
-        let Some(other) = request_of(pod).filter(|r| r.uid != uid) else {
-            continue;
-        };
-        match backups.get_opt(&other.name).await? {
-            Some(b) if b.uid().as_deref() == Some(other.uid.as_str()) => {
-                status.phase = Some(BackupPhase::Pending);
-                let message = format!(
-                    "waiting for backup {} of {cluster_name} to finish",
-                    other.name
-                );
-                write(ctx, &backup, status, &message).await?;
-                return Ok(Action::requeue(PENDING_RECHECK));
+    // Already asked of an instance: this reconcile read the backup before its own status
+    // write reached the cache. The request on the pod is the attempt under way; a second
+    // one under another id would never be reported (the agent runs a backup's uid once).
+    let (instance, request, started, asked_now) = match requested_on(&pods, &uid) {
+        Some((instance, request)) => {
+            let started =
+                started_of(&request.backup_id).unwrap_or_else(k8s_openapi::jiff::Timestamp::now);
+            (instance, request, started, false)
+        }
+        None => {
+            let backups: Api<DatabaseBackup> = Api::namespaced(ctx.client.clone(), &namespace);
+            for pod in &pods {
+                let Some(other) = request_of(pod).filter(|r| r.uid != uid) else {
+                    continue;
+                };
+                match backups.get_opt(&other.name).await? {
+                    Some(b) if b.uid().as_deref() == Some(other.uid.as_str()) => {
+                        status.phase = Some(BackupPhase::Pending);
+                        let message = format!(
+                            "waiting for backup {} of {cluster_name} to finish",
+                            other.name
+                        );
+                        write(ctx, &backup, status, &message).await?;
+                        return Ok(Action::requeue(PENDING_RECHECK));
+                    }
+                    // Its DatabaseBackup is gone: the request is stale.
+                    _ => set_request(&pods_api, &pod.name_any(), None).await?,
+                }
             }
-            // Its DatabaseBackup is gone: the request is stale.
-            _ => set_request(&pods_api, &pod.name_any(), None).await?,
+            let primary = cluster
+                .status
+                .as_ref()
+                .and_then(|s| s.current_primary.clone())
+                .unwrap_or_else(|| format!("{}-0", names.stateful_set()));
+            let Some(instance) =
+                choose_instance(&pods, &primary, backup.spec.target, cluster.spec.engine)
+            else {
+                // Not forever: a backup that never starts holds the cluster's WAL pruning up. It
+                // waits for an instance since it was made, or since the cluster's last backup ended
+                // (one that queued behind another is not blamed for that one's time).
+                let others = backups.list(&kube::api::ListParams::default()).await?;
+                let last_ended = others
+                    .items
+                    .iter()
+                    .filter(|b| {
+                        b.spec.cluster.name == *cluster_name && b.uid() != Some(uid.clone())
+                    })
+                    .filter_map(|b| {
+                        b.status
+                            .as_ref()?
+                            .stopped_at
+                            .as_deref()?
+                            .parse::<k8s_openapi::jiff::Timestamp>()
+                            .ok()
+                    })
+                    .max()
+                    .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time);
+                let since = [backup.metadata.creation_timestamp.clone(), last_ended]
+                    .into_iter()
+                    .flatten()
+                    .max_by_key(|t| t.0);
+                if pending_too_long(since.as_ref(), &now()) {
+                    return fail(
+                        ctx,
+                        &backup,
+                        status,
+                        format!(
+                            "no ready instance of {cluster_name} could take the backup within {} minutes",
+                            PENDING_LIMIT.as_secs() / 60
+                        ),
+                    )
+                    .await;
+                }
+                status.phase = Some(BackupPhase::Pending);
+                write(
+                    ctx,
+                    &backup,
+                    status,
+                    &format!("waiting for a ready instance of {cluster_name}"),
+                )
+                .await?;
+                return Ok(Action::requeue(PENDING_RECHECK));
+            };
+            let now = k8s_openapi::jiff::Timestamp::now();
+            let request = BackupRequest {
+                name: name.clone(),
+                uid: uid.clone(),
+                backup_id: backup_id(&name, &now),
+            };
+            // In whole seconds, as an adopted attempt reads it back from the id.
+            let started = started_of(&request.backup_id).unwrap_or(now);
+            label_cluster_uid(ctx, &backup, &cluster_uid).await?;
+            set_request(&pods_api, &instance, Some(&request)).await?;
+            (instance, request, started, true)
         }
-    }
-    let primary = cluster
-        .status
-        .as_ref()
-        .and_then(|s| s.current_primary.clone())
-        .unwrap_or_else(|| format!("{}-0", names.stateful_set()));
-    let Some(instance) = choose_instance(&pods, &primary, backup.spec.target, cluster.spec.engine)
-    else {
-        // Not forever: a backup that never starts holds the cluster's WAL pruning up. It
-        // waits for an instance since it was made, or since the cluster's last backup ended
-        // (one that queued behind another is not blamed for that one's time).
-        let others = backups.list(&kube::api::ListParams::default()).await?;
-        let last_ended = others
-            .items
-            .iter()
-            .filter(|b| b.spec.cluster.name == *cluster_name && b.uid() != Some(uid.clone()))
-            .filter_map(|b| {
-                b.status
-                    .as_ref()?
-                    .stopped_at
-                    .as_deref()?
-                    .parse::<k8s_openapi::jiff::Timestamp>()
-                    .ok()
-            })
-            .max()
-            .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time);
-        let since = [backup.metadata.creation_timestamp.clone(), last_ended]
-            .into_iter()
-            .flatten()
-            .max_by_key(|t| t.0);
-        if pending_too_long(since.as_ref(), &now()) {
-            return fail(
-                ctx,
-                &backup,
-                status,
-                format!(
-                    "no ready instance of {cluster_name} could take the backup within {} minutes",
-                    PENDING_LIMIT.as_secs() / 60
-                ),
-            )
-            .await;
-        }
-        status.phase = Some(BackupPhase::Pending);
-        write(
-            ctx,
-            &backup,
-            status,
-            &format!("waiting for a ready instance of {cluster_name}"),
-        )
-        .await?;
-        return Ok(Action::requeue(PENDING_RECHECK));
     };
-    let started = k8s_openapi::jiff::Timestamp::now();
-    let request = BackupRequest {
-        name: name.clone(),
-        uid: uid.clone(),
-        backup_id: backup_id(&name, &started),
-    };
-    label_cluster_uid(ctx, &backup, &cluster_uid).await?;
-    set_request(&pods_api, &instance, Some(&request)).await?;
     status.phase = Some(BackupPhase::Running);
     status.cluster_uid = Some(cluster_uid.clone());
     status.instance = Some(instance.clone());
@@ -523,6 +592,9 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
     status.credentials_secret = declared.map(|d| d.credentials_secret.clone());
     status.ca_secret = declared.and_then(|d| d.ca_secret.clone());
     write(ctx, &backup, status, &format!("running on {instance}")).await?;
+    if !asked_now {
+        return Ok(Action::requeue(RUNNING_RECHECK));
+    }
     publish(
         ctx,
         backup.as_ref(),
@@ -541,6 +613,62 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backup_already_requested_on_a_pod_is_adopted_under_the_same_id() {
+        // A reconcile that reads the backup before its own status write reached the cache
+        // finds the request on the pod: the same attempt, never a second id.
+        let pod = |name: &str, request: Option<&BackupRequest>| -> Pod {
+            let mut annotations = std::collections::BTreeMap::new();
+            if let Some(r) = request {
+                annotations.insert(
+                    BACKUP_REQUEST_ANNOTATION.to_string(),
+                    serde_json::to_string(r).unwrap(),
+                );
+            }
+            Pod {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(name.into()),
+                    annotations: Some(annotations),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }
+        };
+        let at = k8s_openapi::jiff::Timestamp::from_second(1_765_000_001).unwrap();
+        let mine = BackupRequest {
+            name: "db-1".into(),
+            uid: "u1".into(),
+            backup_id: backup_id("db-1", &at),
+        };
+        let other = BackupRequest {
+            uid: "u0".into(),
+            ..mine.clone()
+        };
+        let pods = [
+            pod("db-0", Some(&other)),
+            pod("db-1", Some(&mine)),
+            pod("db-2", None),
+        ];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let (instance, request) = requested_on(&refs, "u1").unwrap();
+        assert_eq!((instance.as_str(), request), ("db-1", mine.clone()));
+        assert_eq!(requested_on(&refs, "u9"), None);
+        // The attempt's start comes back from its id, to the second.
+        assert_eq!(started_of(&mine.backup_id), Some(at));
+        assert_eq!(started_of("garbage"), None);
+    }
+
+    #[test]
+    fn a_backup_its_instance_never_reports_fails_after_three_minutes() {
+        use k8s_openapi::jiff::Timestamp;
+        let at = |s: i64| Timestamp::from_second(s).unwrap();
+        let started = at(0).to_string();
+        assert!(!never_started(Some(&started), &at(180)));
+        assert!(never_started(Some(&started), &at(181)));
+        assert!(!never_started(None, &at(181)));
+        assert!(!never_started(Some("yesterday"), &at(181)));
+    }
 
     #[test]
     fn a_backup_no_instance_takes_fails_after_ten_minutes() {

@@ -314,6 +314,7 @@ pub fn observe(pods: &[&Pod], replicas: i32, credentials_version: Option<&str>) 
                     .map(|why| format!("the pod is not Ready: {why}"))
                     .unwrap_or_else(|| "the pod is not Ready".into()),
             ),
+            Some(r) if r.moved_aside.is_some() => r.moved_aside.as_deref().map(moved_aside),
             Some(_) => None,
             None => Some(
                 blocker(pod)
@@ -346,6 +347,19 @@ pub fn observe(pods: &[&Pod], replicas: i32, credentials_version: Option<&str>) 
     instances.credentials_applied =
         credentials_version.is_some() && instances.ready > 0 && every_ready_has_credentials;
     instances
+}
+
+/// The message of an instance that keeps a moved-aside copy of its earlier data (`path`
+/// comes from the pod: one line, bounded).
+fn moved_aside(path: &str) -> String {
+    let path: String = path
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(256)
+        .collect();
+    format!(
+        "a copy of its earlier data is kept at {path}: it may hold commits the primary never received (docs/failover.md says how to read them; delete the copy to free the space)"
+    )
 }
 
 #[cfg(test)]
@@ -469,6 +483,36 @@ mod tests {
         let instances = observe(&refs, 1, Some("7"));
         assert_eq!(instances.summaries[0].message.as_deref(), Some("boom"));
         assert!(!instances.credentials_applied);
+    }
+
+    #[test]
+    fn a_moved_aside_copy_is_the_message_of_a_healthy_instance_and_errors_outrank_it() {
+        let copy = "/var/lib/postgresql/data.old-1764000000";
+        let pods = [
+            pod(
+                "db-0",
+                true,
+                Some(json!({ "ready": true, "movedAside": copy })),
+            ),
+            pod(
+                "db-1",
+                true,
+                Some(json!({ "ready": true, "movedAside": copy, "lastError": "boom" })),
+            ),
+        ];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let instances = observe(&refs, 2, None);
+        let message = instances.summaries[0].message.clone().unwrap();
+        assert!(
+            message.contains(copy) && message.contains("commits"),
+            "{message}"
+        );
+        assert!(instances.summaries[0].ready);
+        assert_eq!(instances.summaries[1].message.as_deref(), Some("boom"));
+        // Values from pods are untrusted: one line, bounded.
+        let long = format!("/x\n{}", "a".repeat(1000));
+        assert!(!moved_aside(&long).contains('\n'));
+        assert!(moved_aside(&long).len() < 500);
     }
 
     #[test]
