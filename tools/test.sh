@@ -47,36 +47,47 @@ build_image() {
 }
 phase "build image" build_image
 
-# Two lanes: the test binaries that mostly wait (schedules, failover timers, backups) run
-# one after another beside all the others, whose cargo test skips their tests. The machine
-# idles through most of the suite (docs/performance.md), so this halves its wall time.
-side_lane=(backup_schedule failover backup)
+# Three lanes: the test binaries that mostly wait (a minute-by-minute schedule, failover
+# timers, backups) run in two side lanes, one binary after another, beside all the others,
+# whose cargo test skips their tests. The machine idles through most of the suite
+# (docs/performance.md), so this cuts its wall time to about the longest lane.
+side_lanes=("backup_schedule" "failover backup")
+test_executable() { # test_executable <test target name>
+  grep '"kind":\["test"\]' target/test-artifacts.json | grep "\"name\":\"$1\"" \
+    | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1 || true
+}
 run_tests() {
-  local side_bins=() skip=() name bin
-  for name in "${side_lane[@]}"; do
-    bin="$(grep '"kind":\["test"\]' target/test-artifacts.json | grep "\"name\":\"$name\"" \
-      | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1 || true)"
-    [[ -x $bin ]] || { echo "error: no test executable for $name" >&2; return 1; }
-    side_bins+=("$bin")
-    while read -r test; do skip+=(--skip "$test"); done \
-      < <("$bin" --list --format terse | sed -n 's/: test$//p')
-  done
-  local side_log=target/test-side-lane.log
-  (
-    rc=0
-    for bin in "${side_bins[@]}"; do
-      printf '\n     Running %s (side lane)\n' "$bin"
-      # cargo runs a package's integration tests from its directory; so does this.
-      (cd crates/cli && "$bin") || rc=1
+  local skip=() pids=() logs=() lane name bin i
+  for i in "${!side_lanes[@]}"; do
+    lane="${side_lanes[$i]}"
+    local bins=()
+    for name in $lane; do
+      bin="$(test_executable "$name")"
+      [[ -x $bin ]] || { echo "error: no test executable for $name" >&2; return 1; }
+      bins+=("$bin")
+      while read -r test; do skip+=(--skip "$test"); done \
+        < <("$bin" --list --format terse | sed -n 's/: test$//p')
     done
-    exit $rc
-  ) >"$side_log" 2>&1 &
-  local side_pid=$! rc=0
+    logs+=("target/test-lane-$i.log")
+    (
+      rc=0
+      for bin in "${bins[@]}"; do
+        printf '\n     Running %s (side lane)\n' "$bin"
+        # cargo runs a package's integration tests from its directory; so does this.
+        (cd crates/cli && "$bin") || rc=1
+      done
+      exit $rc
+    ) >"target/test-lane-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  local rc=0
   # --no-fail-fast: one failing binary must not hide the results of the binaries after it.
   cargo test --workspace --locked --no-fail-fast -- --exact "${skip[@]}" || rc=1
-  wait "$side_pid" || rc=1
-  printf '\n==> side lane: %s\n' "${side_lane[*]}"
-  cat "$side_log"
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || rc=1
+    printf '\n==> side lane: %s\n' "${side_lanes[$i]}"
+    cat "${logs[$i]}"
+  done
   return $rc
 }
 phase "cargo test" run_tests

@@ -506,6 +506,12 @@ impl Shared {
         Ok(uid)
     }
 
+    /// Makes the next [`Shared::ensure_owner`] for `sysid` in `store` read the store again.
+    pub fn forget_owner(&self, store: &Store, sysid: &str) {
+        let key = owner_key(&crate::wal::system_prefix(&store.location.prefix, sysid));
+        lock(&self.owners).remove(&store.url(&key));
+    }
+
     /// Before the first write under the cluster's prefix: `<prefix><systemIdentifier>/owner.json`
     /// names this cluster's uid (written when absent). The guard is at the system
     /// identifier's level, below `<path>/<namespace>/<name>/`: a cluster recreated under the
@@ -513,12 +519,6 @@ impl Shared {
     /// touches its predecessor's files — which an `owner.json` at the name's level (from
     /// before this layout) keeps naming. Another uid at this level is refused: only a cluster
     /// restored under its source's name (same system identifier) gets there.
-    /// Makes the next [`Shared::ensure_owner`] for `sysid` in `store` read the store again.
-    pub fn forget_owner(&self, store: &Store, sysid: &str) {
-        let key = owner_key(&crate::wal::system_prefix(&store.location.prefix, sysid));
-        lock(&self.owners).remove(&store.url(&key));
-    }
-
     pub async fn ensure_owner(&self, store: &Store) -> Result<(), String> {
         let sysid = self.system_identifier().await?;
         let key = owner_key(&crate::wal::system_prefix(&store.location.prefix, &sysid));
@@ -782,8 +782,10 @@ async fn take_postgres(
         loop {
             tokio::time::sleep(Duration::from_secs(5)).await;
             let waiting = lock(&progress).waiting_for_archive;
-            let failing = shared.wal_archive().is_some_and(|a| a.failing);
-            if let Some(why) = wait.observe(waiting, failing, tokio::time::Instant::now()) {
+            let archive = shared.wal_archive();
+            let failing = archive.as_ref().is_some_and(|a| a.failing);
+            let last = archive.as_ref().and_then(|a| a.last_archived.as_deref());
+            if let Some(why) = wait.observe(waiting, failing, last, tokio::time::Instant::now()) {
                 return why;
             }
         }
@@ -915,7 +917,9 @@ async fn take_postgres(
 /// How long the server may wait for the archiver at the end of a backup while every
 /// archiving attempt fails (the store is down, say): a short outage is waited out, a
 /// lasting one fails the backup with the archiver's error instead of after [`WAL_WAIT`].
-const ARCHIVE_FAILING_WAIT: Duration = Duration::from_secs(60);
+/// Well past PostgreSQL's own pause between rounds of attempts (60 s after three failures),
+/// so one failed round followed by a working one never ends a healthy backup.
+const ARCHIVE_FAILING_WAIT: Duration = Duration::from_secs(180);
 
 /// The server's wait for the archiver at the end of a backup, observed every few seconds
 /// (pure over the instants it is given).
@@ -923,6 +927,9 @@ const ARCHIVE_FAILING_WAIT: Duration = Duration::from_secs(60);
 struct ArchiveWait {
     waiting_since: Option<tokio::time::Instant>,
     failing_since: Option<tokio::time::Instant>,
+    /// The last segment archived when last looked: a success between two looks (which the
+    /// `failing` flag no longer shows once a later attempt failed) starts the count again.
+    last_archived: Option<String>,
 }
 
 impl ArchiveWait {
@@ -932,13 +939,16 @@ impl ArchiveWait {
         &mut self,
         waiting: bool,
         failing: bool,
+        last_archived: Option<&str>,
         now: tokio::time::Instant,
     ) -> Option<String> {
         if !waiting {
             return None;
         }
         let waiting_since = *self.waiting_since.get_or_insert(now);
-        if !failing {
+        let progressed = self.last_archived.as_deref() != last_archived;
+        self.last_archived = last_archived.map(str::to_string);
+        if !failing || progressed {
             self.failing_since = None;
         } else if now.duration_since(*self.failing_since.get_or_insert(now)) >= ARCHIVE_FAILING_WAIT
         {
@@ -1405,24 +1415,31 @@ pub async fn restore_mysql(shared: &Shared) -> Result<String, RestoreError> {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn a_backup_waiting_on_an_archiver_that_keeps_failing_ends_after_a_minute() {
+    fn a_backup_waiting_on_an_archiver_that_keeps_failing_ends_after_three_minutes() {
         let start = tokio::time::Instant::now();
         let at = |s: u64| start + Duration::from_secs(s);
         let mut wait = super::ArchiveWait::default();
+        let seg = Some("000000010000000000000002");
         // Not waiting yet: failures of the archiver are not the backup's business.
-        assert_eq!(wait.observe(false, true, at(0)), None);
-        assert_eq!(wait.observe(true, true, at(5)), None);
+        assert_eq!(wait.observe(false, true, seg, at(0)), None);
+        assert_eq!(wait.observe(true, true, seg, at(5)), None);
         // A success in between starts the count again.
-        assert_eq!(wait.observe(true, false, at(50)), None);
-        assert_eq!(wait.observe(true, true, at(55)), None);
-        assert_eq!(wait.observe(true, true, at(110)), None);
-        let why = wait.observe(true, true, at(115)).unwrap();
-        assert!(why.contains("failed for 60s"), "{why}");
+        assert_eq!(wait.observe(true, false, seg, at(50)), None);
+        assert_eq!(wait.observe(true, true, seg, at(55)), None);
+        assert_eq!(wait.observe(true, true, seg, at(230)), None);
+        let why = wait.observe(true, true, seg, at(235)).unwrap();
+        assert!(why.contains("failed for 180s"), "{why}");
+        // A success between two looks (failing again by the next) counts as one too.
+        let mut between = super::ArchiveWait::default();
+        assert_eq!(between.observe(true, true, seg, at(0)), None);
+        let next = Some("000000010000000000000003");
+        assert_eq!(between.observe(true, true, next, at(175)), None);
+        assert_eq!(between.observe(true, true, next, at(200)), None);
         // An archiver that works but is slow: only the whole bound ends the wait.
         let mut slow = super::ArchiveWait::default();
-        assert_eq!(slow.observe(true, false, at(0)), None);
-        assert_eq!(slow.observe(true, false, at(600)), None);
-        let why = slow.observe(true, false, at(601)).unwrap();
+        assert_eq!(slow.observe(true, false, seg, at(0)), None);
+        assert_eq!(slow.observe(true, false, seg, at(600)), None);
+        let why = slow.observe(true, false, seg, at(601)).unwrap();
         assert!(why.contains("more than 600s"), "{why}");
     }
 

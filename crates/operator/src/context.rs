@@ -81,7 +81,7 @@ impl Default for Settings {
             metrics: Arc::default(),
             concurrency: DEFAULT_CONCURRENCY,
             child_event_window: DEFAULT_CHILD_EVENT_WINDOW,
-            agent_image: crate::manifests::DEFAULT_IMAGE.into(),
+            agent_image: crate::names::DEFAULT_IMAGE.into(),
             default_backup_secret: None,
             workers: Workers::default(),
         }

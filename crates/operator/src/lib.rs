@@ -21,6 +21,7 @@ pub mod lean_decode;
 pub mod manifests;
 pub mod memory;
 pub mod metrics;
+pub mod names;
 pub mod pod_security;
 pub mod reconciler;
 pub mod status_writes;

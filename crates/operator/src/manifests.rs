@@ -11,18 +11,7 @@
 
 use serde_json::{Value, json};
 
-/// Namespace the operator runs in.
-pub const NAMESPACE: &str = "devctl-system";
-/// Name of the ServiceAccount, ClusterRole, ClusterRoleBinding and Deployment, and of the
-/// Role and RoleBinding in each watched namespace.
-pub const NAME: &str = "devctl-operator";
-/// Field manager of `devctl operator install`.
-pub const INSTALL_FIELD_MANAGER: &str = "devctl-install";
-/// The operator image built from this version.
-pub const DEFAULT_IMAGE: &str = concat!(
-    "ghcr.io/devctl/devctl-operator:v",
-    env!("CARGO_PKG_VERSION")
-);
+pub use crate::names::{DEFAULT_IMAGE, INSTALL_FIELD_MANAGER, NAME, NAMESPACE};
 
 /// One RBAC rule: API group, resources, verbs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

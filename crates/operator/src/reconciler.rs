@@ -141,16 +141,7 @@ pub async fn publish_applied<K: Resource<DynamicType = ()>>(
     publish(ctx, object, EventType::Normal, "Applied", &action, summary).await;
 }
 
-/// An API for one namespace, or for all when `None`.
-pub fn scoped_api<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
-{
-    match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    }
-}
+pub use crate::children::{prune, scoped_api};
 
 /// The predicate of every primary watch: reconcile only when something a user or the
 /// finalizer helper changed — the spec (generation), deletion, finalizers, annotations or
@@ -335,15 +326,6 @@ impl RelevantChanges {
             }
             Event::Apply(_) => {}
         }
-    }
-}
-
-/// Drops what the operator never reads from cached objects: managedFields and kubectl's
-/// last-applied-configuration (a full copy of the object). Caches are the operator's memory.
-pub fn prune<K: Resource>(object: &mut K) {
-    object.managed_fields_mut().clear();
-    if let Some(annotations) = object.meta_mut().annotations.as_mut() {
-        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
     }
 }
 

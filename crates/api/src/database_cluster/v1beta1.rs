@@ -220,10 +220,9 @@ pub struct BackupSpec {
     #[serde(default = "default_true")]
     pub enabled: bool,
 
-    /// Cron schedule (UTC), default `0 2 * * *`: five fields, or six with seconds first
-    /// (`0 30 2 * * *`, as CloudNativePG's ScheduledBackup).
+    /// Cron schedule (five fields, UTC), default `0 2 * * *`.
     #[serde(default = "default_backup_schedule")]
-    #[schemars(regex(pattern = r"^\s*\S+(\s+\S+){4,5}\s*$"))]
+    #[schemars(regex(pattern = r"^\s*\S+(\s+\S+){4}\s*$"))]
     pub schedule: String,
 
     /// Days to keep backups (1-3650). When neither this nor `keepLast` is set, 7; with

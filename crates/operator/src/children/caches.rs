@@ -33,10 +33,10 @@ use tokio::sync::{broadcast, watch};
 
 use super::compact::{ByNamespace, CompactString, Uid};
 use super::{Applier, ChildKind, HASH_ANNOTATION, slim};
+use super::{prune, scoped_api};
 use crate::debounce::Urgency;
 use crate::error::{Error, Result};
 use crate::lean_decode::{Lean, ManagedFields, SkipFields};
-use crate::reconciler::{prune, scoped_api};
 
 /// Which owner a child event concerns: its kind, namespace and name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

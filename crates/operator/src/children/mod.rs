@@ -30,7 +30,7 @@ use std::sync::Mutex;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::discovery::ApiResource;
-use kube::{Client, Resource};
+use kube::{Client, Resource, ResourceExt};
 use serde_json::Value;
 use sha2::Digest;
 
@@ -39,8 +39,27 @@ pub use caches::{Caches, CachesBuilder, Claim, KindCache, LiveMeta, Written};
 use crate::error::{Error, Result};
 use compact::{ByNamespace, CompactString};
 
-/// The field manager of everything the operator writes (children and status).
-pub const FIELD_MANAGER: &str = "devctl-operator";
+pub use crate::names::FIELD_MANAGER;
+
+/// An API for one namespace, or for all when `None`.
+pub fn scoped_api<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Drops what the operator never reads from cached objects: managedFields and kubectl's
+/// last-applied-configuration (a full copy of the object). Caches are the operator's memory.
+pub fn prune<K: Resource>(object: &mut K) {
+    object.managed_fields_mut().clear();
+    if let Some(annotations) = object.meta_mut().annotations.as_mut() {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
 
 /// Hash of the body devctl last applied to a child.
 pub const HASH_ANNOTATION: &str = "devctl.io/last-applied-hash";

@@ -105,14 +105,12 @@ fn requested_on(pods: &[&Pod], uid: &str) -> Option<(String, BackupRequest)> {
     })
 }
 
-/// When the attempt `backup_id` (see [`backup_id`]) started, from its leading time (pure).
-fn started_of(backup_id: &str) -> Option<k8s_openapi::jiff::Timestamp> {
-    let stamp = backup_id.get(..16)?;
-    k8s_openapi::jiff::civil::DateTime::strptime("%Y%m%dT%H%M%SZ", stamp)
-        .ok()?
-        .to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC)
-        .ok()
-        .map(|z| z.timestamp())
+/// Whether `pod` reports a backup other than `uid` still running: its agent takes the next
+/// one once that one ends (pure).
+fn busy_with_another(pod: Option<&Pod>, uid: &str) -> bool {
+    pod.and_then(report_of)
+        .and_then(|r| r.backup)
+        .is_some_and(|b| b.uid != uid && b.phase == "Running")
 }
 
 fn report_of(pod: &Pod) -> Option<InstanceStatus> {
@@ -418,8 +416,15 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
                 return Ok(Action::requeue(RUNNING_RECHECK));
             }
             None if pod.is_none() || !requested => {
-                if let Some(pod) = pod.filter(|_| requested) {
-                    set_request(&pods_api, &pod.name_any(), None).await?;
+                // The cache may not show yet the request written a moment ago: the API
+                // server says whether the pod (still) holds it.
+                let live = pods_api.get_opt(&instance).await?;
+                if live
+                    .as_ref()
+                    .and_then(request_of)
+                    .is_some_and(|r| r.uid == uid)
+                {
+                    return Ok(Action::requeue(RUNNING_RECHECK));
                 }
                 return fail(
                     ctx,
@@ -429,10 +434,14 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
                 )
                 .await;
             }
-            None if never_started(
-                status.started_at.as_deref(),
-                &k8s_openapi::jiff::Timestamp::now(),
-            ) =>
+            // Never reported (no report was ever copied) and the instance is not busy with
+            // another backup it was asked for before (it finishes that one first).
+            None if status.engine.is_none()
+                && !busy_with_another(pod.copied(), &uid)
+                && never_started(
+                    status.started_at.as_deref(),
+                    &k8s_openapi::jiff::Timestamp::now(),
+                ) =>
             {
                 set_request(&pods_api, &instance, None).await?;
                 return fail(
@@ -453,9 +462,18 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
     // Not started: made for this cluster (not an earlier one of its name), a destination,
     // no other backup of the cluster under way, an instance.
     let cluster_uid = cluster.uid().unwrap_or_default();
+    // Failing before it starts: a request of this backup already on a pod (a reconcile that
+    // read the backup behind its own writes) goes too, or it would hold later backups up.
+    let drop_own_request = async || -> Result<()> {
+        if let Some((pod, _)) = requested_on(&pods, &uid) {
+            set_request(&pods_api, &pod, None).await?;
+        }
+        Ok(())
+    };
     if let Some(recorded) = crate::database_cluster::backup_lifecycle::recorded_cluster_uid(&backup)
         && recorded != cluster_uid
     {
+        drop_own_request().await?;
         return fail(
             ctx,
             &backup,
@@ -469,6 +487,7 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
     let store = match backup::destination(ctx, &cluster, &names).await {
         Ok(Some(store)) => store,
         Ok(None) => {
+            drop_own_request().await?;
             return fail(
                 ctx,
                 &backup,
@@ -477,15 +496,17 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
             )
             .await;
         }
-        Err(why) => return fail(ctx, &backup, status, why).await,
+        Err(why) => {
+            drop_own_request().await?;
+            return fail(ctx, &backup, status, why).await;
+        }
     };
     // Already asked of an instance: this reconcile read the backup before its own status
     // write reached the cache. The request on the pod is the attempt under way; a second
     // one under another id would never be reported (the agent runs a backup's uid once).
     let (instance, request, started, asked_now) = match requested_on(&pods, &uid) {
         Some((instance, request)) => {
-            let started =
-                started_of(&request.backup_id).unwrap_or_else(k8s_openapi::jiff::Timestamp::now);
+            let started = k8s_openapi::jiff::Timestamp::now();
             (instance, request, started, false)
         }
         None => {
@@ -495,7 +516,14 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
                     continue;
                 };
                 match backups.get_opt(&other.name).await? {
-                    Some(b) if b.uid().as_deref() == Some(other.uid.as_str()) => {
+                    Some(b)
+                        if b.uid().as_deref() == Some(other.uid.as_str())
+                            && !b
+                                .status
+                                .as_ref()
+                                .and_then(|s| s.phase)
+                                .is_some_and(BackupPhase::is_final) =>
+                    {
                         status.phase = Some(BackupPhase::Pending);
                         let message = format!(
                             "waiting for backup {} of {cluster_name} to finish",
@@ -504,7 +532,7 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
                         write(ctx, &backup, status, &message).await?;
                         return Ok(Action::requeue(PENDING_RECHECK));
                     }
-                    // Its DatabaseBackup is gone: the request is stale.
+                    // Its DatabaseBackup is gone or finished: the request is stale.
                     _ => set_request(&pods_api, &pod.name_any(), None).await?,
                 }
             }
@@ -562,14 +590,20 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
                 .await?;
                 return Ok(Action::requeue(PENDING_RECHECK));
             };
-            let now = k8s_openapi::jiff::Timestamp::now();
+            let started = k8s_openapi::jiff::Timestamp::now();
+            // Named by the backup's creation, not by this reconcile: a reconcile that reads
+            // the backup from a cache behind both writes asks again under the same id, which
+            // the agent's report then matches.
+            let named_at = backup
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(started, |t| t.0);
             let request = BackupRequest {
                 name: name.clone(),
                 uid: uid.clone(),
-                backup_id: backup_id(&name, &now),
+                backup_id: backup_id(&name, &named_at),
             };
-            // In whole seconds, as an adopted attempt reads it back from the id.
-            let started = started_of(&request.backup_id).unwrap_or(now);
             label_cluster_uid(ctx, &backup, &cluster_uid).await?;
             set_request(&pods_api, &instance, Some(&request)).await?;
             (instance, request, started, true)
@@ -654,9 +688,17 @@ mod tests {
         let (instance, request) = requested_on(&refs, "u1").unwrap();
         assert_eq!((instance.as_str(), request), ("db-1", mine.clone()));
         assert_eq!(requested_on(&refs, "u9"), None);
-        // The attempt's start comes back from its id, to the second.
-        assert_eq!(started_of(&mine.backup_id), Some(at));
-        assert_eq!(started_of("garbage"), None);
+        // An instance busy with an earlier backup is not blamed for not starting this one.
+        let mut busy = pod("db-1", Some(&mine));
+        let report = serde_json::json!({ "ready": true,
+            "backup": { "name": "db-0", "uid": "u0", "backupId": "x", "phase": "Running" } });
+        busy.metadata.annotations.as_mut().unwrap().insert(
+            devctl_api::instance::STATUS_ANNOTATION.to_string(),
+            report.to_string(),
+        );
+        assert!(busy_with_another(Some(&busy), "u1"));
+        assert!(!busy_with_another(Some(&busy), "u0"));
+        assert!(!busy_with_another(Some(&pods[2]), "u1"));
     }
 
     #[test]

@@ -26,23 +26,7 @@ use crate::children::Child;
 use crate::context::Context;
 use crate::error::Result;
 
-/// A store location with the credentials to use it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Store {
-    pub location: StoreLocation,
-    pub access_key_id: String,
-    pub secret_access_key: String,
-    pub ca: Option<String>,
-}
-
-impl std::fmt::Debug for Store {
-    // Never the keys.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store")
-            .field("location", &self.location)
-            .finish_non_exhaustive()
-    }
-}
+pub use super::store::Store;
 
 /// The cluster's own prefix in a store whose configured path is `path`.
 pub fn cluster_prefix(path: &str, namespace: &str, name: &str) -> String {
@@ -211,7 +195,7 @@ pub async fn restore_source(
                 None => {
                     let root =
                         declared(ctx, &names.namespace, &source.destination, String::new()).await?;
-                    super::backup_lifecycle::locate_backup(&root, source).await?
+                    super::store::locate_backup(&root, source).await?
                 }
             },
         };
@@ -433,7 +417,7 @@ pub fn observe(
     pods: &[&k8s_openapi::api::core::v1::Pod],
     store: &Resolved,
 ) -> (Option<Problem>, Option<(String, String)>, Option<Health>) {
-    use super::status::{BACKUP_FAILING, RESTORE_SOURCE_UNAVAILABLE, WAL_ARCHIVING_FAILING};
+    use super::reasons::{BACKUP_FAILING, RESTORE_SOURCE_UNAVAILABLE, WAL_ARCHIVING_FAILING};
     use devctl_api::instance::InstanceStatus;
     let reports: Vec<InstanceStatus> = pods
         .iter()

@@ -2,7 +2,6 @@
 //! expired ones (their files in the store first, then the objects), and takes the final
 //! backup when a cluster is deleted (docs/backup.md).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use devctl_api::database_backup::{BackupPhase, DatabaseBackup};
@@ -12,14 +11,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde_json::json;
 
-use super::backup::{self, Store};
+use super::backup;
 use super::resources::Names;
 use super::schedule;
+use super::store::{client, scrub};
 use crate::context::Context;
 use crate::reconciler::publish;
 
@@ -119,7 +118,7 @@ pub async fn schedule_step(
     let cron = match schedule::parse(&spec.schedule) {
         Ok(cron) => cron,
         Err(why) => {
-            scheduled.problem = Some((super::status::BACKUP_FAILING, why));
+            scheduled.problem = Some((super::reasons::BACKUP_FAILING, why));
             return scheduled;
         }
     };
@@ -155,11 +154,11 @@ pub async fn schedule_step(
                     }
                     scheduled.last = Some(run.to_string());
                 }
-                Err(why) => scheduled.problem = Some((super::status::BACKUP_FAILING, why)),
+                Err(why) => scheduled.problem = Some((super::reasons::BACKUP_FAILING, why)),
             },
             None => {
                 scheduled.problem = Some((
-                    super::status::BACKUP_FAILING,
+                    super::reasons::BACKUP_FAILING,
                     "the cluster has no uid yet".into(),
                 ))
             }
@@ -172,116 +171,6 @@ pub async fn schedule_step(
         );
     }
     scheduled
-}
-
-/// A client for `store` (ring TLS, the store's CA when given).
-fn client(store: &Store) -> Result<Arc<dyn ObjectStore>, String> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut options = object_store::ClientOptions::new()
-        .with_connect_timeout(Duration::from_secs(10))
-        .with_timeout(Duration::from_secs(60));
-    if let Some(ca) = &store.ca {
-        let certificate = object_store::Certificate::from_pem(ca.as_bytes())
-            .map_err(|_| "the store's ca.crt is not a PEM certificate".to_string())?;
-        options = options.with_root_certificate(certificate);
-    }
-    let s3 = AmazonS3Builder::new()
-        .with_endpoint(&store.location.endpoint)
-        .with_bucket_name(&store.location.bucket)
-        .with_region(&store.location.region)
-        .with_access_key_id(&store.access_key_id)
-        .with_secret_access_key(&store.secret_access_key)
-        .with_virtual_hosted_style_request(false)
-        .with_client_options(options)
-        .build()
-        .map_err(|e| format!("store client: {e}"))?;
-    Ok(Arc::new(s3))
-}
-
-/// `text` without the store's keys (object_store errors may quote the S3 response, which
-/// names the access key).
-fn scrub(text: String, store: &Store) -> String {
-    let mut text = text;
-    for secret in [&store.access_key_id, &store.secret_access_key] {
-        if !secret.is_empty() {
-            text = text.replace(secret.as_str(), "<redacted>");
-        }
-    }
-    text.replace('\n', " ")
-}
-
-/// The store prefix (`<path>/<namespace>/<cluster>/<systemIdentifier>/`, ending in `/`) of
-/// the backup a `recovery.source` names by its id, found by listing the store under what the
-/// source gives; only complete backups (with their manifest) count. `store` is the source's
-/// store at its root.
-pub async fn locate_backup(
-    store: &Store,
-    source: &devctl_api::database_cluster::RecoverySource,
-) -> Result<String, String> {
-    let given = [
-        source.namespace.as_deref(),
-        source.cluster.as_deref(),
-        source.system_identifier.as_deref(),
-    ];
-    let root = source.destination.path.trim_matches('/');
-    // As deep as the given fields go without a gap.
-    let search: Vec<&str> = std::iter::once(root)
-        .filter(|r| !r.is_empty())
-        .chain(given.iter().map_while(|g| *g))
-        .collect();
-    let search = search.join("/");
-    let s3 = client(store).map_err(|why| scrub(why, store))?;
-    let path = (!search.is_empty()).then(|| StorePath::from(search.as_str()));
-    let mut listing = s3.list(path.as_ref());
-    let mut found = std::collections::BTreeSet::new();
-    while let Some(entry) = listing.next().await {
-        let entry = entry.map_err(|e| scrub(format!("listing the store: {e}"), store))?;
-        let key = entry.location.to_string();
-        if let Some(prefix) = manifest_prefix(&key, root, &source.backup_id, given) {
-            found.insert(prefix.to_string());
-        }
-    }
-    let where_ = if search.is_empty() {
-        format!("bucket {}", store.location.bucket)
-    } else {
-        format!("{}/{search}/", store.location.bucket)
-    };
-    match found.len() {
-        1 => Ok(found.into_iter().next().unwrap_or_default()),
-        0 => Err(format!(
-            "spec.bootstrap.recovery.source: no complete backup {} under {where_}",
-            source.backup_id
-        )),
-        _ => Err(format!(
-            "spec.bootstrap.recovery.source: backup {} is under several clusters ({}): set namespace, cluster and systemIdentifier",
-            source.backup_id,
-            found.into_iter().collect::<Vec<_>>().join(", ")
-        )),
-    }
-}
-
-/// The cluster prefix of `key` when it is the manifest of backup `backup_id` in the store's
-/// layout under `root` (`<root>/<namespace>/<cluster>/<systemIdentifier>/base/<id>/backup.json`)
-/// and agrees with every `given` part of the layout (pure).
-fn manifest_prefix<'k>(
-    key: &'k str,
-    root: &str,
-    backup_id: &str,
-    given: [Option<&str>; 3],
-) -> Option<&'k str> {
-    let prefix = key.strip_suffix(&format!("base/{backup_id}/backup.json"))?;
-    let relative = match root {
-        "" => prefix,
-        root => prefix.strip_prefix(root)?.strip_prefix('/')?,
-    };
-    let layout: Vec<&str> = relative.trim_end_matches('/').split('/').collect();
-    (layout.len() == 3
-        && layout.iter().all(|part| !part.is_empty())
-        && given
-            .iter()
-            .zip(&layout)
-            .all(|(given, part)| given.is_none_or(|g| g == *part)))
-    .then_some(prefix)
 }
 
 /// The uid the store's `owner.json` at the cluster prefix `prefix` names (written by the
@@ -550,7 +439,7 @@ pub async fn final_backup(db: &DatabaseCluster, ctx: &Context, names: &Names) ->
             // Deleted before it ever made a data volume (admitted with the finalizer and
             // deleted before its first reconcile, say): there is nothing to back up, and
             // waiting for a backup of a database that never ran would only hold the deletion.
-            match super::controller::live_data_claims(ctx, names).await {
+            match super::claims::live_data_claims(ctx, names).await {
                 Ok(claims) if claims.is_empty() => {
                     publish(
                         ctx,
@@ -726,35 +615,5 @@ mod tests {
         // An earlier cluster of the same name left it.
         db.metadata.deletion_timestamp = Some(at(5_000));
         assert!(!taken_for_this_deletion(&backup, &db));
-    }
-
-    #[test]
-    fn a_backup_is_found_by_its_id_where_the_given_parts_of_the_layout_agree() {
-        let key = "devctl/prod/db/7301/base/20261130T120000Z-db-1/backup.json";
-        let id = "20261130T120000Z-db-1";
-        let none = [None, None, None];
-        assert_eq!(
-            manifest_prefix(key, "devctl", id, none),
-            Some("devctl/prod/db/7301/")
-        );
-        assert_eq!(
-            manifest_prefix(key, "devctl", id, [Some("prod"), Some("db"), None]),
-            Some("devctl/prod/db/7301/")
-        );
-        assert_eq!(
-            manifest_prefix(key, "devctl", id, [Some("dev"), None, None]),
-            None
-        );
-        assert_eq!(manifest_prefix(key, "devctl", "other", none), None);
-        // Another root, or not the layout's depth.
-        assert_eq!(manifest_prefix(key, "devct", id, none), None);
-        assert_eq!(manifest_prefix(key, "", id, none), None);
-        assert_eq!(
-            manifest_prefix(&key["devctl/".len()..], "", id, none),
-            Some("prod/db/7301/")
-        );
-        // A file of the backup that is not its manifest: an incomplete backup is not found.
-        let data = "devctl/prod/db/7301/base/20261130T120000Z-db-1/base.tar";
-        assert_eq!(manifest_prefix(data, "devctl", id, none), None);
     }
 }

@@ -23,6 +23,7 @@ use serde_json::json;
 
 use super::backup;
 use super::backup_lifecycle;
+use super::claims::{data_claims, live_data_claims};
 use super::failover::{self, LeaseObservation};
 use super::instances::{self, Instances};
 use super::pods::{self, PodAction};
@@ -1320,54 +1321,6 @@ async fn credentials(
         live: live.and_then(|l| serde_json::to_value(l).ok()),
         create_only: false,
     })
-}
-
-/// This cluster's data claims (`data-<statefulset>-<ordinal>`, made by its StatefulSet), as
-/// the cache shows them.
-fn data_claims(ctx: &Context, names: &Names) -> Vec<Arc<PersistentVolumeClaim>> {
-    let prefix = data_claim_prefix(names);
-    let mut claims = ctx
-        .caches
-        .of_instance::<PersistentVolumeClaim>(&names.namespace, &names.name);
-    claims.retain(|pvc| {
-        pvc.metadata
-            .name
-            .as_deref()
-            .is_some_and(|n| n.starts_with(&prefix))
-    });
-    claims
-}
-
-fn data_claim_prefix(names: &Names) -> String {
-    format!(
-        "{}-{}-",
-        resources::stateful_set::DATA_VOLUME,
-        names.stateful_set()
-    )
-}
-
-/// The cluster's data claims as the API has them now (listed live: a claim the StatefulSet
-/// made a moment ago may not be cached yet).
-pub(super) async fn live_data_claims(
-    ctx: &Context,
-    names: &Names,
-) -> kube::Result<Vec<PersistentVolumeClaim>> {
-    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    let selector = format!(
-        "{}={},{}={}",
-        labels::NAME,
-        resources::APP_NAME,
-        labels::INSTANCE,
-        names.name
-    );
-    let prefix = data_claim_prefix(names);
-    Ok(api
-        .list(&kube::api::ListParams::default().labels(&selector))
-        .await?
-        .items
-        .into_iter()
-        .filter(|c| c.name_any().starts_with(&prefix))
-        .collect())
 }
 
 /// What the deletion of a cluster did with its volumes.

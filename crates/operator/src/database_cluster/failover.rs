@@ -33,19 +33,7 @@ use devctl_api::instance::{
 };
 
 use super::instances::ordinal;
-use super::switchover::Primary;
-
-/// What the operator's watch saw of the primary lock.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseObservation {
-    /// `spec.holderIdentity` (none when released).
-    pub holder: Option<String>,
-    /// Someone took the lock once: a lock nobody ever took (a new cluster, agents without
-    /// failover support) never counts as lost.
-    pub ever_held: bool,
-    /// How long the lock has been unchanged, on the operator's monotonic clock.
-    pub unchanged_for: Duration,
-}
+pub use super::primary::{LeaseObservation, PROMOTION_WAIT, Primary};
 
 /// Everything a failover step depends on.
 #[derive(Debug, Clone)]
@@ -238,7 +226,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Step {
         None => lease.unchanged_for.min(
             inputs
                 .since_switchover
-                .saturating_sub(super::switchover::deadline(Some(timeout))),
+                .saturating_sub(super::primary::deadline(Some(timeout))),
         ),
         Some(_) => lease.unchanged_for,
     };
@@ -382,10 +370,6 @@ fn target_lost(inputs: &Inputs<'_>, target: &str, epoch: i64) -> Option<String> 
 /// After this many targets of one failover did not promote, the operator stops electing: a
 /// live replica that cannot take the lock would otherwise be elected again and again.
 pub const MAX_FAILED_TARGETS: usize = 3;
-
-/// How long a promoting target may hold the lock without renewing it: the agent's
-/// `pg_promote(true, 60)` and its margin.
-pub(super) const PROMOTION_WAIT: Duration = Duration::from_secs(75);
 
 /// Without a lock: a new request (with [`FORCE_FAILOVER_ANNOTATION`](devctl_api::instance::FORCE_FAILOVER_ANNOTATION)) naming another
 /// replica while the target has not promoted elects again, for that replica — nothing else

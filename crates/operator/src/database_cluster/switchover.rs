@@ -13,24 +13,8 @@ use std::time::Duration;
 use devctl_api::database_cluster::DatabaseCluster;
 use devctl_api::instance::{InstanceStatus, ROLE_PRIMARY, ROLE_REPLICA, SWITCHOVER_ANNOTATION};
 
-use super::failover::LeaseObservation;
 use super::instances::ordinal;
-
-/// Who is primary, and who is becoming it; the failover bookkeeping of the status.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Primary {
-    pub current: String,
-    /// A pod, or [`devctl_api::instance::TARGET_PENDING`] while a failover elects one.
-    pub target: Option<String>,
-    /// The primary a failover under way replaces.
-    pub failed: Option<String>,
-    pub epoch: Option<i64>,
-    pub last_failover_time: Option<String>,
-    /// Targets of the failover under way that did not promote (`status.failedTargets`).
-    pub failed_targets: Vec<String>,
-    /// When the switchover under way started (`status.lastSwitchoverTime`).
-    pub last_switchover_time: Option<String>,
-}
+pub use super::primary::{LeaseObservation, Primary, deadline};
 
 /// What to do about a switchover in this reconcile.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,12 +51,6 @@ pub fn requested(db: &DatabaseCluster) -> Option<&str> {
         .map(String::as_str)
 }
 
-/// How long a switchover may take before it is aborted: two lock durations with high
-/// availability (`failoverTimeout`), a minute without.
-pub fn deadline(lock_duration: Option<Duration>) -> Duration {
-    lock_duration.map_or(Duration::from_secs(60), |d| d * 2)
-}
-
 /// A switchover under way against its deadline.
 #[derive(Debug, Clone)]
 pub struct Clock<'a> {
@@ -104,8 +82,8 @@ fn abort(primary: &Primary, target: &str, clock: &Clock<'_>) -> Option<Step> {
         (None, Some(_)) => None,
         (Some(lock), Some(duration)) if lock.holder.as_deref() == Some(target) => {
             // Promoting, it renews only once `pg_promote` returned (as for a failover's
-            // target, [`super::failover::PROMOTION_WAIT`]).
-            let quiet = duration + super::failover::PROMOTION_WAIT;
+            // target, [`super::primary::PROMOTION_WAIT`]).
+            let quiet = duration + super::primary::PROMOTION_WAIT;
             (lock.unchanged_for >= quiet).then(|| Step::Abort {
                 target: target.to_string(),
                 fail_over: true,

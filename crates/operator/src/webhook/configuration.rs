@@ -73,10 +73,10 @@ fn webhook(settings: &WebhookSettings, name: &str, path: &str, ca_bundle: &str) 
 
 fn labels() -> Value {
     json!({
-        "app.kubernetes.io/name": crate::manifests::NAME,
+        "app.kubernetes.io/name": crate::names::NAME,
         "app.kubernetes.io/component": "webhook",
         "app.kubernetes.io/part-of": "devctl",
-        "app.kubernetes.io/managed-by": crate::children::FIELD_MANAGER,
+        "app.kubernetes.io/managed-by": crate::names::FIELD_MANAGER,
     })
 }
 
@@ -206,7 +206,7 @@ where
             return Ok(false);
         }
         None => {
-            let params = PatchParams::apply(crate::children::FIELD_MANAGER).force();
+            let params = PatchParams::apply(crate::names::FIELD_MANAGER).force();
             api.patch(name, &params, &Patch::Apply(&desired)).await?;
         }
     }

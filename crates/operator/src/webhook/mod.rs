@@ -91,9 +91,9 @@ impl Default for WebhookSettings {
             url: None,
             cert_dir: None,
             cert_validity: DEFAULT_CERT_VALIDITY,
-            namespace: crate::manifests::NAMESPACE.into(),
+            namespace: crate::names::NAMESPACE.into(),
             service_name: devctl_api::database_cluster::CONVERSION_SERVICE_NAME.into(),
-            configuration_name: crate::manifests::NAME.into(),
+            configuration_name: crate::names::NAME.into(),
             watch_namespaces: Vec::new(),
             admission: AdmissionSettings::default(),
         }
@@ -381,13 +381,10 @@ async fn ensure_secret(
                 namespace: Some(settings.namespace.clone()),
                 labels: Some(
                     [
-                        ("app.kubernetes.io/name", crate::manifests::NAME),
+                        ("app.kubernetes.io/name", crate::names::NAME),
                         ("app.kubernetes.io/component", "webhook"),
                         ("app.kubernetes.io/part-of", "devctl"),
-                        (
-                            "app.kubernetes.io/managed-by",
-                            crate::children::FIELD_MANAGER,
-                        ),
+                        ("app.kubernetes.io/managed-by", crate::names::FIELD_MANAGER),
                     ]
                     .into_iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -175,6 +175,11 @@ impl Names {
 }
 
 /// Pod selector: never changes after creation (the engine is immutable).
+/// The name of the engine's port on the pods and the Services (`postgres`, `mysql`).
+pub fn port_name(db: &DatabaseCluster) -> &'static str {
+    db.spec.engine.as_str()
+}
+
 pub fn selector(db: &DatabaseCluster) -> BTreeMap<String, String> {
     labels::selector(APP_NAME, &db.name_any())
 }

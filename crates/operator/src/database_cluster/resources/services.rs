@@ -6,17 +6,13 @@
 use devctl_api::database_cluster::DatabaseCluster;
 use serde_json::json;
 
-use super::{Inputs, Names, metadata, selector};
+use super::{Inputs, Names, metadata, port_name, selector};
 use k8s_openapi::api::core::v1::Service;
 
 use crate::children::Child;
 use crate::error::Result;
 
 use devctl_api::instance::{ROLE_LABEL, ROLE_PRIMARY, ROLE_REPLICA};
-
-pub fn port_name(db: &DatabaseCluster) -> &'static str {
-    db.spec.engine.as_str()
-}
 
 pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Result<Vec<Child>> {
     let ports = json!([{

@@ -3,7 +3,7 @@
 use devctl_api::database_cluster::{DatabaseCluster, Engine};
 use serde_json::{Value, json};
 
-use super::{Inputs, Names, config_map, labels, metadata, selector, services};
+use super::{Inputs, Names, config_map, labels, metadata, port_name, selector};
 use k8s_openapi::api::apps::v1::StatefulSet;
 
 use crate::children::Child;
@@ -189,7 +189,7 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
     let name = names.stateful_set();
     let image = image(db, inputs.version);
     let port = spec.port();
-    let port_name = services::port_name(db);
+    let port_name = port_name(db);
 
     let (config_dir, data_dir, run_dir) = match spec.engine {
         Engine::Postgres => (
