@@ -413,6 +413,18 @@ pub fn manifests(options: &InstallOptions) -> Vec<Value> {
     let mut objects: Vec<Value> = devctl_api::crds()
         .into_iter()
         .map(|crd| serde_json::to_value(crd).unwrap_or(Value::Null))
+        .map(|mut crd| {
+            // The Service, and no URL: `kubectl apply` over an operator that ran with
+            // `--webhook-url` removes its URL (install replaces it the same way).
+            if let Some(config) = crd
+                .pointer_mut("/spec/conversion/webhook/clientConfig")
+                .and_then(Value::as_object_mut)
+                && config.contains_key("service")
+            {
+                config.insert("url".into(), Value::Null);
+            }
+            crd
+        })
         .collect();
     let restricted = json!({ "pod-security.kubernetes.io/enforce": "restricted" });
     let mut namespace_labels = labels();

@@ -7,6 +7,7 @@ use clap::Subcommand;
 use devctl_api::database_cluster::DatabaseCluster;
 use devctl_api::web_app::WebApp;
 use devctl_operator::manifests::{self, INSTALL_FIELD_MANAGER, InstallOptions, NAME, NAMESPACE};
+use devctl_operator::webhook::configuration::{client_config_switch, without_nulls};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -337,8 +338,24 @@ pub async fn apply_all(connection: &Connection, objects: &[Value]) -> anyhow::Re
             .get_opt(name)
             .await
             .map_err(|e| cluster::explain(e, &format!("reading {what}"), &connection.server))?;
+        // An operator that ran with --webhook-url (`devctl dev up`) left URLs in the webhook
+        // configurations and the CRD's conversion: a server-side apply of the Service would
+        // add to them (a client configuration holds exactly one), so they are replaced first.
+        if let Some(live) = &before
+            && let Some(replace) = client_config_switch(&serde_json::to_value(live)?, object)
+        {
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&replace))
+                .await
+                .map_err(|e| {
+                    cluster::explain(
+                        e,
+                        &format!("replacing the webhook client configuration of {what}"),
+                        &connection.server,
+                    )
+                })?;
+        }
         let after = api
-            .patch(name, &params, &Patch::Apply(object))
+            .patch(name, &params, &Patch::Apply(without_nulls(object)))
             .await
             .map_err(|e| cluster::explain(e, &format!("applying {what}"), &connection.server))?;
         let verb = match before {

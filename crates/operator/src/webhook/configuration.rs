@@ -26,13 +26,22 @@ pub const CRD_NAME: &str = "databaseclusters.db.devctl.io";
 pub const SERVICE_PORT: i32 = 443;
 
 /// A webhook's client configuration: the URL (`--webhook-url`) or the Service, and the CA.
+/// The other one is `null`: a client configuration holds exactly one, and `kubectl apply`
+/// (like a JSON merge patch) removes a field set to `null`, so applying the install
+/// manifests over an operator that ran with `--webhook-url` replaces its URL.
 pub fn client_config(settings: &WebhookSettings, path: &str, ca_bundle: &str) -> Value {
     let mut config = match &settings.url {
-        Some(base) => json!({ "url": format!("{}{path}", base.trim_end_matches('/')) }),
-        None => json!({ "service": {
-            "namespace": settings.namespace, "name": settings.service_name,
-            "path": path, "port": SERVICE_PORT,
-        } }),
+        Some(base) => json!({
+            "url": format!("{}{path}", base.trim_end_matches('/')),
+            "service": null,
+        }),
+        None => json!({
+            "service": {
+                "namespace": settings.namespace, "name": settings.service_name,
+                "path": path, "port": SERVICE_PORT,
+            },
+            "url": null,
+        }),
     };
     if !ca_bundle.is_empty() {
         config["caBundle"] = json!(base64::engine::general_purpose::STANDARD.encode(ca_bundle));
@@ -104,16 +113,65 @@ pub fn mutating(settings: &WebhookSettings, ca_bundle: &str) -> Value {
 
 /// The CRD's `spec.conversion`, as a JSON merge patch (`service: null` when a URL replaces it).
 pub fn conversion_patch(settings: &WebhookSettings, ca_bundle: &str) -> Value {
-    let mut client_config = client_config(settings, CONVERSION_PATH, ca_bundle);
-    if settings.url.is_some() {
-        client_config["service"] = Value::Null;
-    } else {
-        client_config["url"] = Value::Null;
-    }
+    let client_config = client_config(settings, CONVERSION_PATH, ca_bundle);
     json!({ "spec": { "conversion": {
         "strategy": "Webhook",
         "webhook": { "conversionReviewVersions": ["v1"], "clientConfig": client_config },
     } } })
+}
+
+/// `value` without the object fields set to `null`: what a server-side apply is given (it
+/// owns what it names; `null` says "absent" only to a merge patch or `kubectl apply`).
+pub fn without_nulls(value: &Value) -> Value {
+    match value {
+        Value::Object(fields) => Value::Object(
+            fields
+                .iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), without_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(without_nulls).collect()),
+        other => other.clone(),
+    }
+}
+
+/// The JSON merge patch to apply before a server-side apply of `desired` over `live` when
+/// a client configuration switches between a URL and a Service (a webhook configuration's
+/// webhooks, or a CRD's conversion webhook): applied as is, the new one would join the old
+/// one, and a client configuration holds exactly one. `None` when nothing switches (pure).
+pub fn client_config_switch(live: &Value, desired: &Value) -> Option<Value> {
+    let switches = |live: &Value, wanted: &Value| {
+        ["url", "service"]
+            .iter()
+            .any(|key| !live[key].is_null() && wanted[key].is_null())
+    };
+    if let Some(wanted) = desired["webhooks"].as_array() {
+        let existing = live["webhooks"].as_array()?;
+        let any = wanted.iter().any(|w| {
+            existing
+                .iter()
+                .filter(|e| e["name"] == w["name"])
+                .any(|e| switches(&e["clientConfig"], &w["clientConfig"]))
+        });
+        return any.then(|| json!({ "webhooks": desired["webhooks"] }));
+    }
+    let wanted = &desired["spec"]["conversion"]["webhook"]["clientConfig"];
+    if !wanted.is_object()
+        || !switches(
+            &live["spec"]["conversion"]["webhook"]["clientConfig"],
+            wanted,
+        )
+    {
+        return None;
+    }
+    let mut config = wanted.clone();
+    for key in ["url", "service"] {
+        if config[key].is_null() {
+            config[key] = Value::Null;
+        }
+    }
+    Some(json!({ "spec": { "conversion": { "webhook": { "clientConfig": config } } } }))
 }
 
 /// Whether everything `desired` says is already in `actual` (`null` in `desired`: absent).
@@ -207,7 +265,8 @@ where
         }
         None => {
             let params = PatchParams::apply(crate::names::FIELD_MANAGER).force();
-            api.patch(name, &params, &Patch::Apply(&desired)).await?;
+            api.patch(name, &params, &Patch::Apply(&without_nulls(&desired)))
+                .await?;
         }
     }
     Ok(true)
@@ -222,6 +281,36 @@ mod tests {
             url: url.map(String::from),
             ..WebhookSettings::default()
         }
+    }
+
+    #[test]
+    fn applying_the_service_over_a_url_replaces_it() {
+        let with_url = validating(&settings(Some("https://10.0.0.1:9443")), "CA");
+        let with_service = validating(&settings(None), "CA");
+        // The install's Service over a dev operator's URL: the webhooks are replaced whole.
+        let patch = client_config_switch(&with_url, &with_service).unwrap();
+        assert_eq!(patch["webhooks"], with_service["webhooks"]);
+        assert!(patch["webhooks"][0]["clientConfig"]["url"].is_null());
+        assert_eq!(client_config_switch(&with_service, &with_service), None);
+        // A server-side apply names only what it owns.
+        let applied = without_nulls(&with_service);
+        assert!(
+            applied["webhooks"][0]["clientConfig"]
+                .as_object()
+                .unwrap()
+                .get("url")
+                .is_none()
+        );
+        // The CRD's conversion the same way, with the URL removed explicitly.
+        let crd_live = json!({ "spec": { "conversion": { "webhook": { "clientConfig": {
+            "url": "https://10.0.0.1:9443/convert", "caBundle": "Q0E=" } } } } });
+        let crd_desired = json!({ "spec": { "conversion": { "webhook": { "clientConfig": {
+            "service": { "name": "devctl-operator-webhook", "namespace": "devctl-system" } } } } } });
+        let patch = client_config_switch(&crd_live, &crd_desired).unwrap();
+        let config = &patch["spec"]["conversion"]["webhook"]["clientConfig"];
+        assert!(config.as_object().unwrap().contains_key("url") && config["url"].is_null());
+        assert_eq!(config["service"]["name"], "devctl-operator-webhook");
+        assert_eq!(client_config_switch(&crd_desired, &crd_desired), None);
     }
 
     #[test]
@@ -247,7 +336,8 @@ mod tests {
         let mutating = mutating(&scoped, "");
         assert_eq!(
             mutating["webhooks"][0]["clientConfig"],
-            json!({ "url": "https://127.0.0.1:9443/mutate-db-devctl-io-v1beta1-databasecluster" })
+            json!({ "url": "https://127.0.0.1:9443/mutate-db-devctl-io-v1beta1-databasecluster",
+                "service": null })
         );
         assert_eq!(
             mutating["webhooks"][0]["namespaceSelector"]["matchExpressions"][0]["values"],
