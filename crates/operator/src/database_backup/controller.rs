@@ -319,9 +319,7 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
     let uid = backup.uid().ok_or(Error::MissingField("metadata.uid"))?;
-    let name = backup.name_any();
-    let mut status = backup.status.clone().unwrap_or_default();
-    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let status = backup.status.clone().unwrap_or_default();
     if status.phase.is_some_and(BackupPhase::is_final) {
         return Ok(Action::await_change());
     }
@@ -338,115 +336,173 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
     };
     let names = Names::of(&cluster)?;
     let cached = cluster_pods(ctx, &names);
-    let pods: Vec<&Pod> = cached.iter().map(|p| p.as_ref()).collect();
+    let run = Run {
+        ctx,
+        backup: &backup,
+        uid,
+        name: backup.name_any(),
+        cluster: &cluster,
+        names,
+        pods: cached.iter().map(|p| p.as_ref()).collect(),
+        pods_api: Api::namespaced(ctx.client.clone(), &namespace),
+        backups: Api::namespaced(ctx.client.clone(), &namespace),
+    };
+    match status.instance.clone() {
+        Some(instance) => run.follow(status, instance).await,
+        None => run.start(status).await,
+    }
+}
 
-    // Under way: follow the agent's report.
-    if let Some(instance) = status.instance.clone() {
-        let pod = pods.iter().find(|p| p.name_any() == instance);
+/// One reconcile of one backup: what its steps read.
+struct Run<'a> {
+    ctx: &'a Context,
+    backup: &'a DatabaseBackup,
+    uid: String,
+    name: String,
+    cluster: &'a DatabaseCluster,
+    names: Names,
+    /// The cluster's pods, from the cache.
+    pods: Vec<&'a Pod>,
+    pods_api: Api<Pod>,
+    backups: Api<DatabaseBackup>,
+}
+
+impl Run<'_> {
+    fn cluster_name(&self) -> &str {
+        &self.backup.spec.cluster.name
+    }
+
+    async fn fail(&self, status: DatabaseBackupStatus, why: String) -> Result<Action> {
+        fail(self.ctx, self.backup, status, why).await
+    }
+
+    /// Under way: follow the agent's report.
+    async fn follow(&self, mut status: DatabaseBackupStatus, instance: String) -> Result<Action> {
+        let pod = self.pods.iter().find(|p| p.name_any() == instance).copied();
         // A report of another request (an older one of this backup's name, or a stale one
         // left on the pod) is not this backup's.
         let report = pod
-            .and_then(|p| report_of(p))
+            .and_then(report_of)
             .and_then(|r| r.backup)
-            .filter(|b| b.uid == uid && Some(&b.backup_id) == status.backup_id.as_ref());
+            .filter(|b| b.uid == self.uid && Some(&b.backup_id) == status.backup_id.as_ref());
         if let Some(why) = report
             .as_ref()
             .and_then(|r| invalid_report(status.prefix.as_deref().unwrap_or_default(), r))
         {
-            set_request(&pods_api, &instance, None).await?;
+            set_request(&self.pods_api, &instance, None).await?;
             publish(
-                ctx,
-                backup.as_ref(),
+                self.ctx,
+                self.backup,
                 EventType::Warning,
                 "InvalidBackupReport",
                 "Backup",
                 format!("{instance}: {why}; nothing is deleted or recorded from it"),
             )
             .await;
-            return fail(
-                ctx,
-                &backup,
-                status,
-                format!("invalid report from {instance}: {why}"),
-            )
-            .await;
+            return self
+                .fail(status, format!("invalid report from {instance}: {why}"))
+                .await;
         }
-        let requested = pod
-            .and_then(|p| request_of(p))
-            .is_some_and(|r| r.uid == uid);
         match report {
             Some(report) if report.phase == "Completed" || report.phase == "Failed" => {
-                copy_report(&mut status, &report);
-                set_request(&pods_api, &instance, None).await?;
-                if report.phase == "Failed" {
-                    let why = report
-                        .error
-                        .clone()
-                        .unwrap_or_else(|| "the agent gave no reason".into());
-                    return fail(ctx, &backup, status, why).await;
-                }
-                status.phase = Some(BackupPhase::Completed);
-                status.message = None;
-                let size = status.size.unwrap_or(0);
-                write(
-                    ctx,
-                    &backup,
-                    status.clone(),
-                    "the backup is stored and restorable",
-                )
-                .await?;
-                publish(
-                    ctx,
-                    backup.as_ref(),
-                    EventType::Normal,
-                    "BackupCompleted",
-                    "Backup",
-                    format!(
-                        "Backup {} of {cluster_name} completed on {instance}: {size} bytes at {}",
-                        status.backup_id.as_deref().unwrap_or_default(),
-                        status.object_path.as_deref().unwrap_or_default()
-                    ),
-                )
-                .await;
-                return Ok(Action::await_change());
+                self.finished(status, &report, &instance).await
             }
             Some(report) => {
                 copy_report(&mut status, &report);
-                write(ctx, &backup, status, &format!("running on {instance}")).await?;
+                write(
+                    self.ctx,
+                    self.backup,
+                    status,
+                    &format!("running on {instance}"),
+                )
+                .await?;
+                Ok(Action::requeue(RUNNING_RECHECK))
+            }
+            None => self.unreported(status, &instance, pod).await,
+        }
+    }
+
+    /// The agent reports the backup finished: record it, drop the request.
+    async fn finished(
+        &self,
+        mut status: DatabaseBackupStatus,
+        report: &BackupReport,
+        instance: &str,
+    ) -> Result<Action> {
+        copy_report(&mut status, report);
+        set_request(&self.pods_api, instance, None).await?;
+        if report.phase == "Failed" {
+            let why = report
+                .error
+                .clone()
+                .unwrap_or_else(|| "the agent gave no reason".into());
+            return self.fail(status, why).await;
+        }
+        status.phase = Some(BackupPhase::Completed);
+        status.message = None;
+        let size = status.size.unwrap_or(0);
+        write(
+            self.ctx,
+            self.backup,
+            status.clone(),
+            "the backup is stored and restorable",
+        )
+        .await?;
+        publish(
+            self.ctx,
+            self.backup,
+            EventType::Normal,
+            "BackupCompleted",
+            "Backup",
+            format!(
+                "Backup {} of {} completed on {instance}: {size} bytes at {}",
+                status.backup_id.as_deref().unwrap_or_default(),
+                self.cluster_name(),
+                status.object_path.as_deref().unwrap_or_default()
+            ),
+        )
+        .await;
+        Ok(Action::await_change())
+    }
+
+    /// Asked of `instance`, whose report does not show it (yet).
+    async fn unreported(
+        &self,
+        status: DatabaseBackupStatus,
+        instance: &str,
+        pod: Option<&Pod>,
+    ) -> Result<Action> {
+        let requested = pod.and_then(request_of).is_some_and(|r| r.uid == self.uid);
+        if pod.is_none() || !requested {
+            // The cache may not show yet the request written a moment ago: the API server
+            // says whether the pod (still) holds it.
+            let live = self.pods_api.get_opt(instance).await?;
+            if live
+                .as_ref()
+                .and_then(request_of)
+                .is_some_and(|r| r.uid == self.uid)
+            {
                 return Ok(Action::requeue(RUNNING_RECHECK));
             }
-            None if pod.is_none() || !requested => {
-                // The cache may not show yet the request written a moment ago: the API
-                // server says whether the pod (still) holds it.
-                let live = pods_api.get_opt(&instance).await?;
-                if live
-                    .as_ref()
-                    .and_then(request_of)
-                    .is_some_and(|r| r.uid == uid)
-                {
-                    return Ok(Action::requeue(RUNNING_RECHECK));
-                }
-                return fail(
-                    ctx,
-                    &backup,
+            return self
+                .fail(
                     status,
                     format!("the instance {instance} was replaced or restarted before it finished the backup"),
                 )
                 .await;
-            }
-            // Never reported (no report was ever copied) and the instance is not busy with
-            // another backup it was asked for before (it finishes that one first).
-            None if status.engine.is_none()
-                && !busy_with_another(pod.copied(), &uid)
-                && never_started(
-                    status.started_at.as_deref(),
-                    &k8s_openapi::jiff::Timestamp::now(),
-                ) =>
-            {
-                set_request(&pods_api, &instance, None).await?;
-                return fail(
-                    ctx,
-                    &backup,
+        }
+        // Never reported (no report was ever copied) and the instance is not busy with
+        // another backup it was asked for before (it finishes that one first).
+        if status.engine.is_none()
+            && !busy_with_another(pod, &self.uid)
+            && never_started(
+                status.started_at.as_deref(),
+                &k8s_openapi::jiff::Timestamp::now(),
+            )
+        {
+            set_request(&self.pods_api, instance, None).await?;
+            return self
+                .fail(
                     status,
                     format!(
                         "the instance {instance} did not start the backup within {} minutes (see its log)",
@@ -454,194 +510,206 @@ async fn reconcile(backup: Arc<DatabaseBackup>, ctx: &Context) -> Result<Action>
                     ),
                 )
                 .await;
-            }
-            None => return Ok(Action::requeue(RUNNING_RECHECK)),
         }
+        Ok(Action::requeue(RUNNING_RECHECK))
     }
 
-    // Not started: made for this cluster (not an earlier one of its name), a destination,
-    // no other backup of the cluster under way, an instance.
-    let cluster_uid = cluster.uid().unwrap_or_default();
-    // Failing before it starts: a request of this backup already on a pod (a reconcile that
-    // read the backup behind its own writes) goes too, or it would hold later backups up.
-    let drop_own_request = async || -> Result<()> {
-        if let Some((pod, _)) = requested_on(&pods, &uid) {
-            set_request(&pods_api, &pod, None).await?;
+    /// Failing before it starts: a request of this backup already on a pod (a reconcile
+    /// that read the backup behind its own writes) goes too, or it would hold later
+    /// backups up.
+    async fn fail_unstarted(&self, status: DatabaseBackupStatus, why: String) -> Result<Action> {
+        if let Some((pod, _)) = requested_on(&self.pods, &self.uid) {
+            set_request(&self.pods_api, &pod, None).await?;
         }
-        Ok(())
-    };
-    if let Some(recorded) = crate::database_cluster::backup_lifecycle::recorded_cluster_uid(&backup)
-        && recorded != cluster_uid
-    {
-        drop_own_request().await?;
-        return fail(
-            ctx,
-            &backup,
-            status,
-            format!(
-                "made for an earlier DatabaseCluster {cluster_name} (uid {recorded}), not the one that exists now (uid {cluster_uid})"
-            ),
-        )
-        .await;
+        self.fail(status, why).await
     }
-    let store = match backup::destination(ctx, &cluster, &names).await {
-        Ok(Some(store)) => store,
-        Ok(None) => {
-            drop_own_request().await?;
-            return fail(
-                ctx,
-                &backup,
-                status,
-                format!("backups of {cluster_name} are disabled (spec.backup.enabled: false)"),
+
+    /// Not started: made for this cluster (not an earlier one of its name), a destination,
+    /// no other backup of the cluster under way, an instance.
+    async fn start(&self, mut status: DatabaseBackupStatus) -> Result<Action> {
+        let cluster_name = self.cluster_name();
+        let cluster_uid = self.cluster.uid().unwrap_or_default();
+        if let Some(recorded) =
+            crate::database_cluster::backup_lifecycle::recorded_cluster_uid(self.backup)
+            && recorded != cluster_uid
+        {
+            let why = format!(
+                "made for an earlier DatabaseCluster {cluster_name} (uid {recorded}), not the one that exists now (uid {cluster_uid})"
+            );
+            return self.fail_unstarted(status, why).await;
+        }
+        let store = match backup::destination(self.ctx, self.cluster, &self.names).await {
+            Ok(Some(store)) => store,
+            Ok(None) => {
+                let why =
+                    format!("backups of {cluster_name} are disabled (spec.backup.enabled: false)");
+                return self.fail_unstarted(status, why).await;
+            }
+            Err(why) => return self.fail_unstarted(status, why).await,
+        };
+        // Already asked of an instance: this reconcile read the backup before its own
+        // status write reached the cache. The request on the pod is the attempt under way;
+        // a second one under another id would never be reported (the agent runs a
+        // backup's uid once).
+        let started = k8s_openapi::jiff::Timestamp::now();
+        let (instance, request, asked_now) = match requested_on(&self.pods, &self.uid) {
+            Some((instance, request)) => (instance, request, false),
+            None => {
+                if let Some(waiting) = self.wait_for_another(&mut status).await? {
+                    return Ok(waiting);
+                }
+                let Some(instance) = self.instance() else {
+                    return self.pending(status).await;
+                };
+                // Named by the backup's creation, not by this reconcile: a reconcile that
+                // reads the backup from a cache behind both writes asks again under the
+                // same id, which the agent's report then matches.
+                let named_at = self
+                    .backup
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map_or(started, |t| t.0);
+                let request = BackupRequest {
+                    name: self.name.clone(),
+                    uid: self.uid.clone(),
+                    backup_id: backup_id(&self.name, &named_at),
+                };
+                label_cluster_uid(self.ctx, self.backup, &cluster_uid).await?;
+                set_request(&self.pods_api, &instance, Some(&request)).await?;
+                (instance, request, true)
+            }
+        };
+        status.phase = Some(BackupPhase::Running);
+        status.cluster_uid = Some(cluster_uid.clone());
+        status.instance = Some(instance.clone());
+        status.backup_id = Some(request.backup_id.clone());
+        status.started_at = Some(started.to_string());
+        status.endpoint = Some(store.location.endpoint.clone());
+        status.bucket = Some(store.location.bucket.clone());
+        status.region = Some(store.location.region.clone());
+        status.prefix = Some(store.location.prefix.clone());
+        let declared = self
+            .cluster
+            .spec
+            .backup
+            .as_ref()
+            .and_then(|b| b.destination.as_ref());
+        status.credentials_secret = declared.map(|d| d.credentials_secret.clone());
+        status.ca_secret = declared.and_then(|d| d.ca_secret.clone());
+        write(
+            self.ctx,
+            self.backup,
+            status,
+            &format!("running on {instance}"),
+        )
+        .await?;
+        if asked_now {
+            publish(
+                self.ctx,
+                self.backup,
+                EventType::Normal,
+                "BackupStarted",
+                "Backup",
+                format!(
+                    "Backing up {cluster_name} on {instance} as {}",
+                    request.backup_id
+                ),
             )
             .await;
         }
-        Err(why) => {
-            drop_own_request().await?;
-            return fail(ctx, &backup, status, why).await;
-        }
-    };
-    // Already asked of an instance: this reconcile read the backup before its own status
-    // write reached the cache. The request on the pod is the attempt under way; a second
-    // one under another id would never be reported (the agent runs a backup's uid once).
-    let (instance, request, started, asked_now) = match requested_on(&pods, &uid) {
-        Some((instance, request)) => {
-            let started = k8s_openapi::jiff::Timestamp::now();
-            (instance, request, started, false)
-        }
-        None => {
-            let backups: Api<DatabaseBackup> = Api::namespaced(ctx.client.clone(), &namespace);
-            for pod in &pods {
-                let Some(other) = request_of(pod).filter(|r| r.uid != uid) else {
-                    continue;
-                };
-                match backups.get_opt(&other.name).await? {
-                    Some(b)
-                        if b.uid().as_deref() == Some(other.uid.as_str())
-                            && !b
-                                .status
-                                .as_ref()
-                                .and_then(|s| s.phase)
-                                .is_some_and(BackupPhase::is_final) =>
-                    {
-                        status.phase = Some(BackupPhase::Pending);
-                        let message = format!(
-                            "waiting for backup {} of {cluster_name} to finish",
-                            other.name
-                        );
-                        write(ctx, &backup, status, &message).await?;
-                        return Ok(Action::requeue(PENDING_RECHECK));
-                    }
-                    // Its DatabaseBackup is gone or finished: the request is stale.
-                    _ => set_request(&pods_api, &pod.name_any(), None).await?,
-                }
-            }
-            let primary = cluster
-                .status
-                .as_ref()
-                .and_then(|s| s.current_primary.clone())
-                .unwrap_or_else(|| format!("{}-0", names.stateful_set()));
-            let Some(instance) =
-                choose_instance(&pods, &primary, backup.spec.target, cluster.spec.engine)
-            else {
-                // Not forever: a backup that never starts holds the cluster's WAL pruning up. It
-                // waits for an instance since it was made, or since the cluster's last backup ended
-                // (one that queued behind another is not blamed for that one's time).
-                let others = backups.list(&kube::api::ListParams::default()).await?;
-                let last_ended = others
-                    .items
-                    .iter()
-                    .filter(|b| {
-                        b.spec.cluster.name == *cluster_name && b.uid() != Some(uid.clone())
-                    })
-                    .filter_map(|b| {
-                        b.status
-                            .as_ref()?
-                            .stopped_at
-                            .as_deref()?
-                            .parse::<k8s_openapi::jiff::Timestamp>()
-                            .ok()
-                    })
-                    .max()
-                    .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time);
-                let since = [backup.metadata.creation_timestamp.clone(), last_ended]
-                    .into_iter()
-                    .flatten()
-                    .max_by_key(|t| t.0);
-                if pending_too_long(since.as_ref(), &now()) {
-                    return fail(
-                        ctx,
-                        &backup,
-                        status,
-                        format!(
-                            "no ready instance of {cluster_name} could take the backup within {} minutes",
-                            PENDING_LIMIT.as_secs() / 60
-                        ),
-                    )
-                    .await;
-                }
-                status.phase = Some(BackupPhase::Pending);
-                write(
-                    ctx,
-                    &backup,
-                    status,
-                    &format!("waiting for a ready instance of {cluster_name}"),
-                )
-                .await?;
-                return Ok(Action::requeue(PENDING_RECHECK));
-            };
-            let started = k8s_openapi::jiff::Timestamp::now();
-            // Named by the backup's creation, not by this reconcile: a reconcile that reads
-            // the backup from a cache behind both writes asks again under the same id, which
-            // the agent's report then matches.
-            let named_at = backup
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .map_or(started, |t| t.0);
-            let request = BackupRequest {
-                name: name.clone(),
-                uid: uid.clone(),
-                backup_id: backup_id(&name, &named_at),
-            };
-            label_cluster_uid(ctx, &backup, &cluster_uid).await?;
-            set_request(&pods_api, &instance, Some(&request)).await?;
-            (instance, request, started, true)
-        }
-    };
-    status.phase = Some(BackupPhase::Running);
-    status.cluster_uid = Some(cluster_uid.clone());
-    status.instance = Some(instance.clone());
-    status.backup_id = Some(request.backup_id.clone());
-    status.started_at = Some(started.to_string());
-    status.endpoint = Some(store.location.endpoint.clone());
-    status.bucket = Some(store.location.bucket.clone());
-    status.region = Some(store.location.region.clone());
-    status.prefix = Some(store.location.prefix.clone());
-    let declared = cluster
-        .spec
-        .backup
-        .as_ref()
-        .and_then(|b| b.destination.as_ref());
-    status.credentials_secret = declared.map(|d| d.credentials_secret.clone());
-    status.ca_secret = declared.and_then(|d| d.ca_secret.clone());
-    write(ctx, &backup, status, &format!("running on {instance}")).await?;
-    if !asked_now {
-        return Ok(Action::requeue(RUNNING_RECHECK));
+        Ok(Action::requeue(RUNNING_RECHECK))
     }
-    publish(
-        ctx,
-        backup.as_ref(),
-        EventType::Normal,
-        "BackupStarted",
-        "Backup",
-        format!(
-            "Backing up {cluster_name} on {instance} as {}",
-            request.backup_id
-        ),
-    )
-    .await;
-    Ok(Action::requeue(RUNNING_RECHECK))
+
+    /// Another backup of the cluster is under way on one of its pods: wait (Pending). A
+    /// request whose backup is gone or finished is stale and dropped.
+    async fn wait_for_another(&self, status: &mut DatabaseBackupStatus) -> Result<Option<Action>> {
+        for pod in &self.pods {
+            let Some(other) = request_of(pod).filter(|r| r.uid != self.uid) else {
+                continue;
+            };
+            match self.backups.get_opt(&other.name).await? {
+                Some(b)
+                    if b.uid().as_deref() == Some(other.uid.as_str())
+                        && !b
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.phase)
+                            .is_some_and(BackupPhase::is_final) =>
+                {
+                    status.phase = Some(BackupPhase::Pending);
+                    let message = format!(
+                        "waiting for backup {} of {} to finish",
+                        other.name,
+                        self.cluster_name()
+                    );
+                    write(self.ctx, self.backup, status.clone(), &message).await?;
+                    return Ok(Some(Action::requeue(PENDING_RECHECK)));
+                }
+                _ => set_request(&self.pods_api, &pod.name_any(), None).await?,
+            }
+        }
+        Ok(None)
+    }
+
+    /// The instance to take the backup ([`choose_instance`]).
+    fn instance(&self) -> Option<String> {
+        let primary = self
+            .cluster
+            .status
+            .as_ref()
+            .and_then(|s| s.current_primary.clone())
+            .unwrap_or_else(|| format!("{}-0", self.names.stateful_set()));
+        choose_instance(
+            &self.pods,
+            &primary,
+            self.backup.spec.target,
+            self.cluster.spec.engine,
+        )
+    }
+
+    /// No instance can take it now. Not forever: a backup that never starts holds the
+    /// cluster's WAL pruning up. It waits for an instance since it was made, or since the
+    /// cluster's last backup ended (one that queued behind another is not blamed for that
+    /// one's time).
+    async fn pending(&self, mut status: DatabaseBackupStatus) -> Result<Action> {
+        let cluster_name = self.cluster_name();
+        let others = self.backups.list(&kube::api::ListParams::default()).await?;
+        let last_ended = others
+            .items
+            .iter()
+            .filter(|b| b.spec.cluster.name == cluster_name && b.uid() != Some(self.uid.clone()))
+            .filter_map(|b| {
+                b.status
+                    .as_ref()?
+                    .stopped_at
+                    .as_deref()?
+                    .parse::<k8s_openapi::jiff::Timestamp>()
+                    .ok()
+            })
+            .max()
+            .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time);
+        let since = [self.backup.metadata.creation_timestamp.clone(), last_ended]
+            .into_iter()
+            .flatten()
+            .max_by_key(|t| t.0);
+        if pending_too_long(since.as_ref(), &now()) {
+            let why = format!(
+                "no ready instance of {cluster_name} could take the backup within {} minutes",
+                PENDING_LIMIT.as_secs() / 60
+            );
+            return self.fail(status, why).await;
+        }
+        status.phase = Some(BackupPhase::Pending);
+        write(
+            self.ctx,
+            self.backup,
+            status,
+            &format!("waiting for a ready instance of {cluster_name}"),
+        )
+        .await?;
+        Ok(Action::requeue(PENDING_RECHECK))
+    }
 }
 
 #[cfg(test)]
