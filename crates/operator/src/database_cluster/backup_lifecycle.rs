@@ -18,7 +18,7 @@ use serde_json::json;
 use super::backup;
 use super::resources::Names;
 use super::schedule;
-use super::store::{client, scrub};
+use super::store::{Store, client, scrub};
 use crate::context::Context;
 use crate::reconciler::publish;
 
@@ -173,6 +173,98 @@ pub async fn schedule_step(
     scheduled
 }
 
+/// The oldest WAL a kept completed backup needs, per store prefix — any backup of this
+/// name, this cluster's or not: WAL under a prefix one of them needs stays (pure).
+fn oldest_wal_kept(
+    named: &[DatabaseBackup],
+    expired_names: &[String],
+    location: &devctl_api::instance::StoreLocation,
+) -> std::collections::BTreeMap<String, String> {
+    named
+        .iter()
+        .filter(|b| !expired_names.contains(&b.name_any()))
+        .filter_map(|b| b.status.as_ref())
+        .filter(|s| s.phase == Some(BackupPhase::Completed))
+        .filter_map(|s| {
+            Some((
+                deletable_prefix(s, location)?.to_string(),
+                s.begin_wal.clone()?,
+            ))
+        })
+        .fold(
+            std::collections::BTreeMap::<String, String>::new(),
+            |mut m, (p, w)| {
+                let e = m.entry(p).or_insert(w.clone());
+                if w < *e {
+                    *e = w;
+                }
+                m
+            },
+        )
+}
+
+/// Deletes one expired backup: its files (a completed one recorded under the cluster's
+/// destination), then the object, then says so (event `BackupExpired`).
+async fn expire(
+    db: &DatabaseCluster,
+    ctx: &Context,
+    api: &Api<DatabaseBackup>,
+    s3: &dyn ObjectStore,
+    destination: &Store,
+    backup: &DatabaseBackup,
+) -> Result<(), String> {
+    let Some(spec) = db.spec.backup.as_ref() else {
+        return Ok(());
+    };
+    let status = backup.status.clone().unwrap_or_default();
+    if status.phase == Some(BackupPhase::Completed)
+        && deletable_prefix(&status, &destination.location).is_none()
+    {
+        // Recorded at another store or prefix (the destination changed since): its files
+        // are not this client's to delete, and the object is their only record — kept.
+        tracing::warn!(
+            backup = %backup.name_any(),
+            "expired, but recorded outside the cluster's destination: kept with its files"
+        );
+        return Ok(());
+    }
+    if let (Some(prefix), Some(id)) = (
+        deletable_prefix(&status, &destination.location),
+        &status.backup_id,
+    ) && status.phase == Some(BackupPhase::Completed)
+        && let Err(why) = delete_under(s3, &format!("{prefix}base/{id}/"), |_| false).await
+    {
+        return Err(scrub(why, destination));
+    }
+    match api
+        .delete(&backup.name_any(), &DeleteParams::default())
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => {
+            return Err(format!(
+                "deleting DatabaseBackup {}: {e}",
+                backup.name_any()
+            ));
+        }
+    }
+    publish(
+        ctx,
+        db,
+        EventType::Normal,
+        "BackupExpired",
+        &format!("Expire {}", backup.name_any()),
+        format!(
+            "Deleted backup {} (retention: {})",
+            backup.name_any(),
+            schedule::policy(spec.keep_last, spec.retention_days())
+        ),
+    )
+    .await;
+    Ok(())
+}
+
 /// The uid the store's `owner.json` at the cluster prefix `prefix` names (written by the
 /// first cluster of this name to back up there), if any.
 async fn legacy_owner(s3: &dyn ObjectStore, prefix: &str) -> Result<Option<String>, String> {
@@ -284,77 +376,11 @@ pub async fn prune(
         return None;
     }
     let expired_names: Vec<String> = expired.iter().map(|b| b.name_any()).collect();
-    // The oldest WAL a kept completed backup needs, per store prefix — any backup of this
-    // name, this cluster's or not: WAL under a prefix one of them needs stays.
-    let kept_begin = named
-        .iter()
-        .filter(|b| !expired_names.contains(&b.name_any()))
-        .filter_map(|b| b.status.as_ref())
-        .filter(|s| s.phase == Some(BackupPhase::Completed))
-        .filter_map(|s| {
-            Some((
-                deletable_prefix(s, &destination.location)?.to_string(),
-                s.begin_wal.clone()?,
-            ))
-        })
-        .fold(
-            std::collections::BTreeMap::<String, String>::new(),
-            |mut m, (p, w)| {
-                let e = m.entry(p).or_insert(w.clone());
-                if w < *e {
-                    *e = w;
-                }
-                m
-            },
-        );
+    let kept_begin = oldest_wal_kept(&named, &expired_names, &destination.location);
     for backup in &expired {
-        let status = backup.status.clone().unwrap_or_default();
-        if status.phase == Some(BackupPhase::Completed)
-            && deletable_prefix(&status, &destination.location).is_none()
-        {
-            // Recorded at another store or prefix (the destination changed since): its files
-            // are not this client's to delete, and the object is their only record — kept.
-            tracing::warn!(
-                backup = %backup.name_any(),
-                "expired, but recorded outside the cluster's destination: kept with its files"
-            );
-            continue;
+        if let Err(why) = expire(db, ctx, &api, s3.as_ref(), destination, backup).await {
+            return Some(why);
         }
-        if let (Some(prefix), Some(id)) = (
-            deletable_prefix(&status, &destination.location),
-            &status.backup_id,
-        ) && status.phase == Some(BackupPhase::Completed)
-            && let Err(why) =
-                delete_under(s3.as_ref(), &format!("{prefix}base/{id}/"), |_| false).await
-        {
-            return Some(scrub(why, destination));
-        }
-        match api
-            .delete(&backup.name_any(), &DeleteParams::default())
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => {
-                return Some(format!(
-                    "deleting DatabaseBackup {}: {e}",
-                    backup.name_any()
-                ));
-            }
-        }
-        publish(
-            ctx,
-            db,
-            EventType::Normal,
-            "BackupExpired",
-            &format!("Expire {}", backup.name_any()),
-            format!(
-                "Deleted backup {} (retention: {})",
-                backup.name_any(),
-                schedule::policy(spec.keep_last, spec.retention_days())
-            ),
-        )
-        .await;
     }
     // WAL older than what the oldest kept backup begins with (history files stay) — not
     // while a backup is under way: it may begin earlier than every completed one.

@@ -63,6 +63,361 @@ pub struct Observed<'a> {
 
 pub use super::reasons::*;
 
+/// What the phase and the progress message of [`compute`] are decided from.
+struct Progress<'a, 'o> {
+    observed: &'a Observed<'o>,
+    want: i32,
+    ready: i32,
+    replicas: i32,
+    /// `; <pod>: <why>` of the first instance not ready, or empty.
+    instance_problem: &'a str,
+    previous_ready_reason: Option<&'a str>,
+    upgrading: bool,
+    /// The declared state is reached and no primary change is under way.
+    complete: bool,
+    /// The cluster has run its version once (`status.currentVersion`).
+    created: bool,
+}
+
+impl Progress<'_, '_> {
+    /// The phase, and the reason and message of `Progressing` (pure).
+    fn decide(&self) -> (Phase, &'static str, String) {
+        let Progress {
+            observed,
+            want,
+            ready,
+            replicas,
+            instance_problem,
+            previous_ready_reason,
+            upgrading,
+            complete,
+            created,
+        } = *self;
+        let switching_to = observed.primary.target.as_deref();
+        let failing_over = observed.primary.failed.as_deref();
+        if let Some(failed) = failing_over {
+            let step = match switching_to {
+                Some(target) if target != TARGET_PENDING => format!("promoting {target}"),
+                _ => "waiting for the replicas' final positions".to_string(),
+            };
+            (
+                Phase::Running,
+                FAILING_OVER,
+                format!(
+                    "failing over from {failed} (epoch {}): {step}",
+                    observed.primary.epoch.unwrap_or(0)
+                ),
+            )
+        } else if let Some(target) = switching_to {
+            (
+                Phase::Running,
+                "SwitchingOver",
+                format!(
+                    "switching the primary from {} to {target}",
+                    observed.primary.current
+                ),
+            )
+        } else if observed.stateful_set.is_none() && !observed.stateful_set_applied {
+            // Just applied but not in the cache yet: it exists, and the next status would say
+            // so: "Creating" below saves that write.
+            (
+                Phase::Pending,
+                "Creating",
+                "creating the StatefulSet".to_string(),
+            )
+        } else if upgrading {
+            (
+                Phase::Upgrading,
+                "Upgrading",
+                format!(
+                    "rolling instances to version {} ({ready}/{want} ready){instance_problem}",
+                    observed.target_version
+                ),
+            )
+        } else if complete {
+            (
+                Phase::Running,
+                "Ready",
+                format!("{ready}/{want} instances ready"),
+            )
+        } else if !created {
+            (
+                Phase::Creating,
+                "Creating",
+                format!("{ready}/{want} instances ready{instance_problem}"),
+            )
+        } else if template_rolling(observed)
+            || (previous_ready_reason == Some("Upgrading") && replicas == want)
+        {
+            // The same version with a new pod template (`spec.image`, resources): the pods are
+            // replaced one at a time, as in a version upgrade.
+            (
+                Phase::Upgrading,
+                "Upgrading",
+                format!(
+                    "rolling instances to the new pod template ({}/{want} updated, {ready}/{want} ready){instance_problem}",
+                    observed.updated_pods
+                ),
+            )
+        } else {
+            (
+                Phase::Running,
+                "Scaling",
+                format!("{ready}/{want} instances ready{instance_problem}"),
+            )
+        }
+    }
+}
+
+/// What a client of a primary that does not accept connections waits for (pure).
+fn failover_hint(db: &DatabaseCluster) -> String {
+    match &db.spec.high_availability {
+        Some(ha) if ha.enabled && ha.auto_failover => format!(
+            "writes wait until it is back, or until a replica is promoted if it does not renew the primary lock within {}",
+            ha.failover_timeout
+        ),
+        Some(ha) if ha.enabled => {
+            "writes wait until it is back (automatic failover is off)".to_string()
+        }
+        _ => format!(
+            "writes wait until it is back (spec.highAvailability is off: no automatic failover), or until a replica is promoted with `devctl db promote {} POD --force` (what the primary had not sent to it is lost)",
+            db.name_any()
+        ),
+    }
+}
+
+/// A part of the spec the operator refuses to carry out: (reason, why) (pure).
+fn refused<'o>(observed: &'o Observed<'_>) -> Option<(&'static str, &'o String)> {
+    observed
+        .version_refused
+        .as_ref()
+        .map(|m| ("VersionChangeRefused", m))
+        .or(observed
+            .replication_refused
+            .as_ref()
+            .map(|m| (REPLICATION_UNSUPPORTED, m)))
+        .or(observed
+            .scale_down_refused
+            .as_ref()
+            .map(|m| (SCALE_DOWN_REFUSED, m)))
+}
+
+/// `Progressing`: a retried failure, a change under way, or converged (pure).
+fn progressing_condition(failure: Option<&Failure>, progressing: Option<(&str, &str)>) -> Desired {
+    match (failure, progressing) {
+        // Retried: still under way, and `Reconciling` says the same reason.
+        (Some(failure), _) if !failure.permanent => {
+            Desired::new(PROGRESSING, TRUE, failure.reason, failure.message.clone())
+        }
+        (Some(failure), _) => {
+            Desired::new(PROGRESSING, FALSE, failure.reason, failure.message.clone())
+        }
+        (None, Some((reason, message))) => {
+            Desired::new(PROGRESSING, TRUE, reason, message.to_string())
+        }
+        (None, None) => Desired::new(
+            PROGRESSING,
+            FALSE,
+            "Converged",
+            "every child matches the spec",
+        ),
+    }
+}
+
+/// What `Degraded` is decided from (see [`compute`]).
+struct Degraded<'a, 'o> {
+    db: &'a DatabaseCluster,
+    observed: &'a Observed<'o>,
+    previous: &'a DatabaseClusterStatus,
+    names: &'a Names,
+    ready: i32,
+    want: i32,
+    replicas: i32,
+    upgrading: bool,
+    refused: Option<(&'static str, &'a String)>,
+    /// The backup failure the store's return cleared ([`failure_the_store_cleared`]).
+    store_returned: Option<&'a str>,
+    instance_problem: &'a str,
+}
+
+impl Degraded<'_, '_> {
+    /// `Degraded`, the most pressing problem first (pure).
+    fn decide(&self) -> Desired {
+        let Degraded {
+            db,
+            observed,
+            previous,
+            names,
+            ready,
+            want,
+            replicas,
+            upgrading,
+            refused,
+            store_returned,
+            instance_problem,
+        } = *self;
+        let switching_to = observed.primary.target.as_deref();
+        // A primary that was serving and no longer is (not while one is being created, replaced
+        // or switched over).
+        let primary_unavailable = previous.current_version.is_some()
+            && switching_to.is_none()
+            && observed
+                .instances
+                .summaries
+                .iter()
+                .any(|i| i.name == observed.primary.current && !i.ready)
+            && observed.stateful_set.is_some_and(|s| {
+                s.status.as_ref().is_some_and(|st| {
+                    st.current_revision.is_some() && st.current_revision == st.update_revision
+                })
+            });
+        // Fewer instances serve than declared, once the cluster has served and all of them
+        // exist (not while creating, scaling up or replacing pods, which Progressing says).
+        let instances_unavailable = previous.current_version.is_some()
+            && ready < want
+            && !upgrading
+            && observed.stateful_set.is_some_and(|s| {
+                s.spec.replicas == Some(want)
+                    && replicas >= want
+                    && s.status.as_ref().is_some_and(|st| {
+                        st.current_revision.is_some() && st.current_revision == st.update_revision
+                    })
+            });
+        // Cleared once every ready instance reports the regenerated Secret applied.
+        let regenerated = observed.credentials_regenerated
+            || (conditions::find(&previous.conditions, DEGRADED)
+                .is_some_and(|c| c.status == TRUE && c.reason == CREDENTIALS_REGENERATED)
+                && !observed.instances.credentials_applied);
+        // A failure the store's return cleared degrades nothing either.
+        let backup_problem = observed.backup_problem.clone().filter(|(reason, message)| {
+            !(*reason == BACKUP_FAILING && Some(message.as_str()) == store_returned)
+        });
+        // A lost primary comes first: no writes until a human acts. Its event is published when
+        // this message first appears, so it must not hide behind another reason.
+        match (&observed.failure, refused, &observed.primary_lost) {
+            _ if observed.failover_stuck.is_some() => Desired::new(
+                DEGRADED,
+                TRUE,
+                FAILOVER_STUCK,
+                observed.failover_stuck.clone().unwrap_or_default(),
+            ),
+            (_, _, Some(lost)) => Desired::new(DEGRADED, TRUE, PRIMARY_UNAVAILABLE, lost.clone()),
+            (Some(failure), _, _) => {
+                Desired::new(DEGRADED, TRUE, failure.reason, failure.message.clone())
+            }
+            _ if regenerated => Desired::new(
+                DEGRADED,
+                TRUE,
+                CREDENTIALS_REGENERATED,
+                format!(
+                    "Secret {} was recreated with a new password; the database keeps the old one until the instances apply it",
+                    names.secret()
+                ),
+            ),
+            (None, Some((reason, message)), None) => {
+                Desired::new(DEGRADED, TRUE, reason, message.clone())
+            }
+            (None, None, None) if primary_unavailable => Desired::new(
+                DEGRADED,
+                TRUE,
+                PRIMARY_UNAVAILABLE,
+                format!(
+                    "the primary {} does not accept connections; {}",
+                    observed.primary.current,
+                    failover_hint(db)
+                ),
+            ),
+            (None, None, None) if backup_problem.is_some() && !primary_unavailable => {
+                let (reason, message) = backup_problem.clone().unwrap_or_default();
+                Desired::new(DEGRADED, TRUE, reason, message)
+            }
+            (None, None, None) if instances_unavailable => Desired::new(
+                DEGRADED,
+                TRUE,
+                INSTANCES_UNAVAILABLE,
+                format!("{ready}/{want} instances ready{instance_problem}"),
+            ),
+            (None, None, None) => Desired::new(DEGRADED, FALSE, "AsExpected", "no problems found"),
+        }
+    }
+}
+
+/// What keeps the declared state from being reached without a human (pure).
+fn stalled<'a>(
+    failure: Option<&'a Failure>,
+    refused: Option<(&'static str, &'a String)>,
+) -> Option<(&'a str, &'a str)> {
+    match (failure, refused) {
+        (Some(failure), _) if failure.permanent => Some((failure.reason, &failure.message)),
+        (Some(_), _) => None,
+        (None, Some((reason, message))) => Some((reason, message)),
+        (None, None) => None,
+    }
+}
+
+/// `Ready`: a failure, a refused part of the spec, or the progress (pure).
+fn ready_condition(
+    failure: Option<&Failure>,
+    refused: Option<(&'static str, &String)>,
+    complete: bool,
+    (progress_reason, progress_message): (&'static str, &String),
+) -> Desired {
+    match (failure, refused) {
+        (Some(failure), _) => Desired::new(READY, FALSE, failure.reason, failure.message.clone()),
+        // The declared state will not be reached: not Ready, whatever runs now.
+        (None, Some((reason, message))) => Desired::new(READY, FALSE, reason, message.clone()),
+        (None, None) if complete => Desired::new(READY, TRUE, "Ready", progress_message.clone()),
+        (None, None) => Desired::new(READY, FALSE, progress_reason, progress_message.clone()),
+    }
+}
+
+/// `status.lastBackup` and `lastBackupName`: the newest completed backup the instances
+/// report, never going back to an older one (pure).
+fn last_backup(
+    observed: &Observed<'_>,
+    previous: &DatabaseClusterStatus,
+) -> (Option<String>, Option<String>) {
+    match (&observed.last_backup, &previous.last_backup) {
+        (Some((at, _)), Some(before)) if at <= before => (
+            previous.last_backup.clone(),
+            previous.last_backup_name.clone(),
+        ),
+        (Some((at, name)), _) => (Some(at.clone()), Some(name.clone())),
+        (None, _) => (
+            previous.last_backup.clone(),
+            previous.last_backup_name.clone(),
+        ),
+    }
+}
+
+/// What an instance's agent says is wrong, so "not ready" comes with a why: `; <pod>:
+/// <message>` of the first instance not ready, or empty (pure).
+fn instance_problem(observed: &Observed<'_>) -> String {
+    observed
+        .instances
+        .summaries
+        .iter()
+        .find(|i| !i.ready && i.message.is_some())
+        .map(|i| format!("; {}: {}", i.name, i.message.as_deref().unwrap_or_default()))
+        .unwrap_or_default()
+}
+
+/// `ResizingVolumes` while claims grow to `spec.storage.size` (pure).
+fn volumes_resizing(
+    db: &DatabaseCluster,
+    observed: &Observed<'_>,
+) -> Option<(&'static str, String)> {
+    observed.volumes_pending.map(|(done, total)| {
+        (
+            "ResizingVolumes",
+            format!(
+                "{done}/{total} volumes expanded to {}",
+                db.spec.storage.size
+            ),
+        )
+    })
+}
+
 /// The image of the StatefulSet's pod template, as the cache shows it.
 fn stateful_set_image<'a>(observed: &Observed<'a>) -> Option<&'a str> {
     super::resources::stateful_set::image_of(observed.stateful_set?)
@@ -193,14 +548,7 @@ pub fn compute(
     // a moment later, and a status that waited for it would be written twice.
     let replicas = observed.instances.existing();
     let complete = rollout_complete(observed, want) && ready >= want;
-    // What an instance's agent says is wrong, so "not ready" comes with a why.
-    let instance_problem = observed
-        .instances
-        .summaries
-        .iter()
-        .find(|i| !i.ready && i.message.is_some())
-        .map(|i| format!("; {}: {}", i.name, i.message.as_deref().unwrap_or_default()))
-        .unwrap_or_default();
+    let instance_problem = instance_problem(observed);
 
     let current_version = if complete {
         Some(observed.target_version.to_string())
@@ -220,217 +568,58 @@ pub fn compute(
     let switching_to = observed.primary.target.as_deref();
     let failing_over = observed.primary.failed.as_deref();
     let complete = complete && switching_to.is_none() && failing_over.is_none();
-    let (phase, progress_reason, progress_message) = if let Some(failed) = failing_over {
-        let step = match switching_to {
-            Some(target) if target != TARGET_PENDING => format!("promoting {target}"),
-            _ => "waiting for the replicas' final positions".to_string(),
-        };
-        (
-            Phase::Running,
-            FAILING_OVER,
-            format!(
-                "failing over from {failed} (epoch {}): {step}",
-                observed.primary.epoch.unwrap_or(0)
-            ),
-        )
-    } else if let Some(target) = switching_to {
-        (
-            Phase::Running,
-            "SwitchingOver",
-            format!(
-                "switching the primary from {} to {target}",
-                observed.primary.current
-            ),
-        )
-    } else if observed.stateful_set.is_none() && !observed.stateful_set_applied {
-        // Just applied but not in the cache yet: it exists, and the next status would say
-        // so: "Creating" below saves that write.
-        (
-            Phase::Pending,
-            "Creating",
-            "creating the StatefulSet".to_string(),
-        )
-    } else if upgrading {
-        (
-            Phase::Upgrading,
-            "Upgrading",
-            format!(
-                "rolling instances to version {} ({ready}/{want} ready){instance_problem}",
-                observed.target_version
-            ),
-        )
-    } else if complete {
-        (
-            Phase::Running,
-            "Ready",
-            format!("{ready}/{want} instances ready"),
-        )
-    } else if current_version.is_none() {
-        (
-            Phase::Creating,
-            "Creating",
-            format!("{ready}/{want} instances ready{instance_problem}"),
-        )
-    } else if template_rolling(observed)
-        || (previous_ready_reason == Some("Upgrading") && replicas == want)
-    {
-        // The same version with a new pod template (`spec.image`, resources): the pods are
-        // replaced one at a time, as in a version upgrade.
-        (
-            Phase::Upgrading,
-            "Upgrading",
-            format!(
-                "rolling instances to the new pod template ({}/{want} updated, {ready}/{want} ready){instance_problem}",
-                observed.updated_pods
-            ),
-        )
-    } else {
-        (
-            Phase::Running,
-            "Scaling",
-            format!("{ready}/{want} instances ready{instance_problem}"),
-        )
-    };
+    let (phase, progress_reason, progress_message) = Progress {
+        observed,
+        want,
+        ready,
+        replicas,
+        instance_problem: &instance_problem,
+        previous_ready_reason,
+        upgrading,
+        complete,
+        created: current_version.is_some(),
+    }
+    .decide();
     let phase = if observed.failure.is_some() && current_version.is_none() {
         Phase::Failed
     } else {
         phase
     };
 
+    // A change under way; once the rest is done, volumes still growing.
     let progressing = if !complete {
         Some((progress_reason, progress_message.clone()))
     } else {
-        observed.volumes_pending.map(|(done, total)| {
-            (
-                "ResizingVolumes",
-                format!(
-                    "{done}/{total} volumes expanded to {}",
-                    db.spec.storage.size
-                ),
-            )
-        })
+        volumes_resizing(db, observed)
     };
-    // A part of the spec the operator refuses to carry out (and why).
-    let refused: Option<(&str, &String)> = observed
-        .version_refused
-        .as_ref()
-        .map(|m| ("VersionChangeRefused", m))
-        .or(observed
-            .replication_refused
-            .as_ref()
-            .map(|m| (REPLICATION_UNSUPPORTED, m)))
-        .or(observed
-            .scale_down_refused
-            .as_ref()
-            .map(|m| (SCALE_DOWN_REFUSED, m)));
-    // What keeps the declared state from being reached without a human.
-    let stalled: Option<(&str, &str)> = match (&observed.failure, refused) {
-        (Some(failure), _) if failure.permanent => Some((failure.reason, &failure.message)),
-        (Some(_), _) => None,
-        (None, Some((reason, message))) => Some((reason, message)),
-        (None, None) => None,
-    };
+    let refused = refused(observed);
+    let stalled = stalled(observed.failure.as_ref(), refused);
 
     let mut desired = Vec::new();
-    desired.push(match (&observed.failure, refused) {
-        (Some(failure), _) => Desired::new(READY, FALSE, failure.reason, failure.message.clone()),
-        // The declared state will not be reached: not Ready, whatever runs now.
-        (None, Some((reason, message))) => Desired::new(READY, FALSE, reason, message.clone()),
-        (None, None) if complete => Desired::new(READY, TRUE, "Ready", progress_message.clone()),
-        (None, None) => Desired::new(READY, FALSE, progress_reason, progress_message.clone()),
-    });
-    // A primary that was serving and no longer is (not while one is being created, replaced
-    // or switched over).
-    let primary_unavailable = previous.current_version.is_some()
-        && switching_to.is_none()
-        && observed
-            .instances
-            .summaries
-            .iter()
-            .any(|i| i.name == observed.primary.current && !i.ready)
-        && observed.stateful_set.is_some_and(|s| {
-            s.status.as_ref().is_some_and(|st| {
-                st.current_revision.is_some() && st.current_revision == st.update_revision
-            })
-        });
-    // Fewer instances serve than declared, once the cluster has served and all of them
-    // exist (not while creating, scaling up or replacing pods, which Progressing says).
-    let instances_unavailable = previous.current_version.is_some()
-        && ready < want
-        && !upgrading
-        && observed.stateful_set.is_some_and(|s| {
-            s.spec.replicas == Some(want)
-                && replicas >= want
-                && s.status.as_ref().is_some_and(|st| {
-                    st.current_revision.is_some() && st.current_revision == st.update_revision
-                })
-        });
-    let failover_hint = match &db.spec.high_availability {
-        Some(ha) if ha.enabled && ha.auto_failover => format!(
-            "writes wait until it is back, or until a replica is promoted if it does not renew the primary lock within {}",
-            ha.failover_timeout
-        ),
-        Some(ha) if ha.enabled => {
-            "writes wait until it is back (automatic failover is off)".to_string()
-        }
-        _ => format!(
-            "writes wait until it is back (spec.highAvailability is off: no automatic failover), or until a replica is promoted with `devctl db promote {} POD --force` (what the primary had not sent to it is lost)",
-            db.name_any()
-        ),
-    };
-    // Cleared once every ready instance reports the regenerated Secret applied.
-    let regenerated = observed.credentials_regenerated
-        || (conditions::find(&previous.conditions, DEGRADED)
-            .is_some_and(|c| c.status == TRUE && c.reason == CREDENTIALS_REGENERATED)
-            && !observed.instances.credentials_applied);
+    desired.push(ready_condition(
+        observed.failure.as_ref(),
+        refused,
+        complete,
+        (progress_reason, &progress_message),
+    ));
     let store_returned =
         failure_the_store_cleared(observed.backup_health.as_ref(), &previous.conditions);
-    // A failure the store's return cleared degrades nothing either.
-    let backup_problem = observed.backup_problem.clone().filter(|(reason, message)| {
-        !(*reason == BACKUP_FAILING && Some(message.as_str()) == store_returned)
-    });
-    // A lost primary comes first: no writes until a human acts. Its event is published when
-    // this message first appears, so it must not hide behind another reason.
-    desired.push(match (&observed.failure, refused, &observed.primary_lost) {
-        _ if observed.failover_stuck.is_some() => Desired::new(
-            DEGRADED,
-            TRUE,
-            FAILOVER_STUCK,
-            observed.failover_stuck.clone().unwrap_or_default(),
-        ),
-        (_, _, Some(lost)) => Desired::new(DEGRADED, TRUE, PRIMARY_UNAVAILABLE, lost.clone()),
-        (Some(failure), _, _) => Desired::new(DEGRADED, TRUE, failure.reason, failure.message.clone()),
-        _ if regenerated => Desired::new(
-            DEGRADED,
-            TRUE,
-            CREDENTIALS_REGENERATED,
-            format!(
-                "Secret {} was recreated with a new password; the database keeps the old one until the instances apply it",
-                names.secret()
-            ),
-        ),
-        (None, Some((reason, message)), None) => Desired::new(DEGRADED, TRUE, reason, message.clone()),
-        (None, None, None) if primary_unavailable => Desired::new(
-            DEGRADED,
-            TRUE,
-            PRIMARY_UNAVAILABLE,
-            format!(
-                "the primary {} does not accept connections; {failover_hint}",
-                observed.primary.current
-            ),
-        ),
-        (None, None, None) if backup_problem.is_some() && !primary_unavailable => {
-            let (reason, message) = backup_problem.clone().unwrap_or_default();
-            Desired::new(DEGRADED, TRUE, reason, message)
+    desired.push(
+        Degraded {
+            db,
+            observed,
+            previous: &previous,
+            names: &names,
+            ready,
+            want,
+            replicas,
+            upgrading,
+            refused,
+            store_returned,
+            instance_problem: &instance_problem,
         }
-        (None, None, None) if instances_unavailable => Desired::new(
-            DEGRADED,
-            TRUE,
-            INSTANCES_UNAVAILABLE,
-            format!("{ready}/{want} instances ready{instance_problem}"),
-        ),
-        (None, None, None) => Desired::new(DEGRADED, FALSE, "AsExpected", "no problems found"),
-    });
+        .decide(),
+    );
     desired.extend(backup_conditions(
         observed.backup_health.as_ref(),
         store_returned,
@@ -442,24 +631,10 @@ pub fn compute(
         None => progressing.as_ref().map(|(r, m)| (*r, m.as_str())),
     };
     desired.extend(conditions::kstatus(in_progress, stalled));
-    desired.push(match (&observed.failure, &progressing) {
-        // Retried: still under way, and `Reconciling` says the same reason.
-        (Some(failure), _) if !failure.permanent => {
-            Desired::new(PROGRESSING, TRUE, failure.reason, failure.message.clone())
-        }
-        (Some(failure), _) => {
-            Desired::new(PROGRESSING, FALSE, failure.reason, failure.message.clone())
-        }
-        (None, Some((reason, message))) => {
-            Desired::new(PROGRESSING, TRUE, *reason, message.clone())
-        }
-        (None, None) => Desired::new(
-            PROGRESSING,
-            FALSE,
-            "Converged",
-            "every child matches the spec",
-        ),
-    });
+    desired.push(progressing_condition(
+        observed.failure.as_ref(),
+        progressing.as_ref().map(|(r, m)| (*r, m.as_str())),
+    ));
 
     let storage_size = match observed.volumes_pending {
         None if observed.stateful_set.is_some() || observed.stateful_set_applied => {
@@ -468,6 +643,7 @@ pub fn compute(
         _ => previous.storage_size.clone(),
     };
 
+    let (last_backup, last_backup_name) = last_backup(observed, &previous);
     Some(DatabaseClusterStatus {
         phase: Some(phase),
         ready_replicas: ready,
@@ -481,16 +657,8 @@ pub fn compute(
         connection_secret_name: Some(names.secret()),
         current_version,
         storage_size,
-        last_backup: match (&observed.last_backup, &previous.last_backup) {
-            (Some((at, _)), Some(before)) if at <= before => previous.last_backup.clone(),
-            (Some((at, _)), _) => Some(at.clone()),
-            (None, _) => previous.last_backup.clone(),
-        },
-        last_backup_name: match (&observed.last_backup, &previous.last_backup) {
-            (Some((at, _)), Some(before)) if at <= before => previous.last_backup_name.clone(),
-            (Some((_, name)), _) => Some(name.clone()),
-            (None, _) => previous.last_backup_name.clone(),
-        },
+        last_backup,
+        last_backup_name,
         last_scheduled_backup: observed.last_scheduled_backup.clone(),
         next_scheduled_backup: observed.next_scheduled_backup.clone(),
         // The first instance at bootstrap; only a switchover or a failover moves it.
