@@ -509,35 +509,45 @@ async fn primary_step(
         .as_ref()
         .and_then(|(_, observation)| observation.holder.as_deref());
     let recorded = recorded_primary(db, names, pods, holder);
-    let all_reports = reports(pods.iter());
     // A pod being deleted is no candidate and has nothing left to report.
     let live_reports = reports(
         pods.iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none()),
     );
-    let high_availability = lease::failover_timeout(db).and(db.spec.high_availability.as_ref());
-    let requested = switchover::requested(db);
-    let cluster_key = (names.namespace.clone(), names.name.clone());
+    let carrier = FailoverCarrier {
+        db,
+        ctx,
+        names,
+        pods,
+        high_availability: lease::failover_timeout(db).and(db.spec.high_availability.as_ref()),
+        requested: switchover::requested(db),
+        cluster_key: (names.namespace.clone(), names.name.clone()),
+        observed_lease,
+    };
     let live = match (&recorded.failed, recorded.epoch) {
-        (Some(_), Some(epoch)) => ctx.failover_liveness.live(cluster_key.clone(), epoch, pods),
+        (Some(_), Some(epoch)) => {
+            ctx.failover_liveness
+                .live(carrier.cluster_key.clone(), epoch, pods)
+        }
         _ => {
-            ctx.failover_liveness.forget(&cluster_key, recorded.epoch);
+            ctx.failover_liveness
+                .forget(&carrier.cluster_key, recorded.epoch);
             BTreeSet::new()
         }
     };
     let step = failover::plan(&failover::Inputs {
         cluster: &names.name,
-        high_availability,
+        high_availability: carrier.high_availability,
         synchronous: db
             .spec
             .replication
             .as_ref()
             .and_then(|r| r.synchronous.as_ref()),
         primary: &recorded,
-        lease: observed_lease.as_ref().map(|(_, o)| o),
+        lease: carrier.lease(),
         reports: &live_reports,
         replicas: resources::stateful_set::instances(db),
-        requested,
+        requested: carrier.requested,
         primary_ready: pods
             .iter()
             .any(|p| p.name_any() == recorded.current && instances::serves(p)),
@@ -549,187 +559,243 @@ async fn primary_step(
         since_switchover: since(recorded.last_switchover_time.as_deref()),
         live: &live,
     });
-    match step {
-        failover::Step::Idle { expires_in } => {
-            let clock = switchover::Clock {
-                // A switchover an older operator started has no start time: from now.
-                since_start: recorded
-                    .last_switchover_time
-                    .as_deref()
-                    .map_or(Duration::ZERO, |t| since(Some(t))),
-                lock_duration: high_availability.and_then(|ha| ha.failover_timeout()),
-                lock: observed_lease.as_ref().map(|(_, o)| o),
-            };
-            let mut step = switchover_step(
-                db,
-                ctx,
-                names,
-                recorded,
-                &all_reports,
-                &clock,
-                (observed_lease.as_ref(), pods),
-            )
-            .await;
-            step.timer = match (step.timer, expires_in) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            step
-        }
-        failover::Step::Lost { message } => PrimaryStep {
-            events: degraded_news(db, status::PRIMARY_UNAVAILABLE, "PrimaryLost", &message),
-            primary_lost: Some(message),
-            ..PrimaryStep::unchanged(recorded)
-        },
-        failover::Step::Refuse(message) => {
-            publish(
-                ctx,
-                db,
-                EventType::Warning,
-                "SwitchoverRefused",
-                "Switchover",
-                message,
-            )
-            .await;
-            drop_request(ctx, names).await;
-            PrimaryStep::unchanged(recorded)
-        }
-        failover::Step::AlreadyPrimary => {
-            drop_request(ctx, names).await;
-            PrimaryStep::unchanged(recorded)
-        }
-        failover::Step::Start {
-            failed,
-            epoch,
-            candidate: _,
-            message,
-            by_lock,
-        } => {
-            if !decision_confirmed(ctx, names, observed_lease.as_ref(), by_lock).await {
-                return PrimaryStep {
-                    timer: Some(LEASE_RECHECK),
-                    ..PrimaryStep::unchanged(recorded)
-                };
+    carrier.carry(step, recorded).await
+}
+
+/// What a failover step is carried out with ([`primary_step`]).
+struct FailoverCarrier<'a> {
+    db: &'a DatabaseCluster,
+    ctx: &'a Context,
+    names: &'a Names,
+    pods: &'a [&'a Pod],
+    high_availability: Option<&'a devctl_api::database_cluster::HighAvailabilitySpec>,
+    /// The pod a switchover request names.
+    requested: Option<&'a str>,
+    cluster_key: (String, String),
+    observed_lease: Option<(Arc<Lease>, LeaseObservation)>,
+}
+
+impl FailoverCarrier<'_> {
+    fn lease(&self) -> Option<&LeaseObservation> {
+        self.observed_lease.as_ref().map(|(_, o)| o)
+    }
+
+    /// Carries `step` from the `recorded` status.
+    async fn carry(&self, step: failover::Step, recorded: Primary) -> PrimaryStep {
+        let db = self.db;
+        match step {
+            failover::Step::Idle { expires_in } => self.no_failover(recorded, expires_in).await,
+            failover::Step::Lost { message } => PrimaryStep {
+                events: degraded_news(db, status::PRIMARY_UNAVAILABLE, "PrimaryLost", &message),
+                primary_lost: Some(message),
+                ..PrimaryStep::unchanged(recorded)
+            },
+            failover::Step::Refuse(message) => {
+                publish(
+                    self.ctx,
+                    db,
+                    EventType::Warning,
+                    "SwitchoverRefused",
+                    "Switchover",
+                    message,
+                )
+                .await;
+                drop_request(self.ctx, self.names).await;
+                PrimaryStep::unchanged(recorded)
             }
-            ctx.failover_liveness.started(cluster_key, epoch, pods);
-            PrimaryStep {
+            failover::Step::AlreadyPrimary => {
+                drop_request(self.ctx, self.names).await;
+                PrimaryStep::unchanged(recorded)
+            }
+            failover::Step::Start {
+                failed,
+                epoch,
+                candidate: _,
+                message,
+                by_lock,
+            } => self.start(recorded, failed, epoch, message, by_lock).await,
+            failover::Step::Stuck { message } => PrimaryStep {
+                events: degraded_news(db, status::FAILOVER_STUCK, "FailoverStuck", &message),
+                failover_stuck: Some(message),
+                ..PrimaryStep::unchanged(recorded)
+            },
+            failover::Step::Pending { recheck_in } => PrimaryStep {
+                timer: recheck_in,
+                ..PrimaryStep::unchanged(recorded)
+            },
+            failover::Step::Elect(target) => self.elect(recorded, target),
+            // Nothing announces a target that died before promoting (it never takes the
+            // lock): look again after a lock duration ([`failover::Step::Reelect`]).
+            failover::Step::Promoting(_) => PrimaryStep {
+                timer: failover_recheck(self.high_availability),
+                ..PrimaryStep::unchanged(recorded)
+            },
+            failover::Step::Reelect {
+                epoch,
+                lost,
+                message,
+                by_lock,
+            } => self.reelect(recorded, epoch, lost, message, by_lock).await,
+            failover::Step::Done { from, to, epoch } => PrimaryStep {
                 events: vec![Announcement {
-                    type_: EventType::Warning,
-                    reason: "PrimaryLost",
-                    action: "Failover".into(),
-                    note: message,
+                    type_: EventType::Normal,
+                    reason: "Promoted",
+                    action: format!("Promote {to}"),
+                    note: format!(
+                        "Promoted {to} (failover from {from}, epoch {epoch}); {from} rejoins as a standby once it is back"
+                    ),
                 }],
-                // Every step of a failover looks again by itself: what comes next (an
-                // acknowledgement, a promotion) may never be announced by an event, and the
-                // echo of this status write wakes nobody.
-                timer: failover_recheck(high_availability),
+                drop_request_when_recorded: self.requested.is_some(),
                 ..PrimaryStep::unchanged(Primary {
-                    target: Some(TARGET_PENDING.into()),
-                    failed: Some(failed),
-                    epoch: Some(epoch),
-                    last_failover_time: Some(now().0.to_string()),
+                    current: to,
+                    target: None,
+                    failed: None,
                     failed_targets: Vec::new(),
                     ..recorded
                 })
-            }
+            },
         }
-        failover::Step::Stuck { message } => PrimaryStep {
-            events: degraded_news(db, status::FAILOVER_STUCK, "FailoverStuck", &message),
-            failover_stuck: Some(message),
-            ..PrimaryStep::unchanged(recorded)
-        },
-        failover::Step::Pending { recheck_in } => PrimaryStep {
-            timer: recheck_in,
-            ..PrimaryStep::unchanged(recorded)
-        },
-        failover::Step::Elect(target) => {
-            let failed = recorded.failed.clone().unwrap_or_default();
-            let epoch = recorded.epoch.unwrap_or(0);
-            let why = if requested == Some(target.as_str()) {
-                "as requested".to_string()
-            } else {
-                "the most advanced of the replicas' final positions".to_string()
+    }
+
+    /// No failover is due: a switchover may be.
+    async fn no_failover(&self, recorded: Primary, expires_in: Option<Duration>) -> PrimaryStep {
+        let clock = switchover::Clock {
+            // A switchover an older operator started has no start time: from now.
+            since_start: recorded
+                .last_switchover_time
+                .as_deref()
+                .map_or(Duration::ZERO, |t| since(Some(t))),
+            lock_duration: self.high_availability.and_then(|ha| ha.failover_timeout()),
+            lock: self.lease(),
+        };
+        let all_reports = reports(self.pods.iter());
+        let mut step = switchover_step(
+            self.db,
+            self.ctx,
+            self.names,
+            recorded,
+            &all_reports,
+            &clock,
+            (self.observed_lease.as_ref(), self.pods),
+        )
+        .await;
+        step.timer = match (step.timer, expires_in) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        step
+    }
+
+    /// The primary is lost: a failover starts (once the lock says so, read live).
+    async fn start(
+        &self,
+        recorded: Primary,
+        failed: String,
+        epoch: i64,
+        message: String,
+        by_lock: bool,
+    ) -> PrimaryStep {
+        if !decision_confirmed(self.ctx, self.names, self.observed_lease.as_ref(), by_lock).await {
+            return PrimaryStep {
+                timer: Some(LEASE_RECHECK),
+                ..PrimaryStep::unchanged(recorded)
             };
-            PrimaryStep {
-                // A target that never takes the lock (frozen, refused) changes nothing the
-                // operator watches: look again after a lock duration, as while promoting.
-                timer: failover_recheck(high_availability),
-                events: vec![Announcement {
-                    type_: EventType::Normal,
-                    reason: "FailingOver",
-                    action: format!("Elect {target}"),
-                    note: format!(
-                        "Failing over from {failed} (epoch {epoch}): {target} promotes, {why}"
-                    ),
-                }],
-                ..PrimaryStep::unchanged(Primary {
-                    target: Some(target),
-                    ..recorded
-                })
-            }
         }
-        // Nothing announces a target that died before promoting (it never takes the lock):
-        // look again after a lock duration ([`failover::Step::Reelect`]).
-        failover::Step::Promoting(_) => PrimaryStep {
-            timer: failover_recheck(high_availability),
-            ..PrimaryStep::unchanged(recorded)
-        },
-        failover::Step::Reelect {
-            epoch,
-            lost,
-            message,
-            by_lock,
-        } => {
-            if !decision_confirmed(ctx, names, observed_lease.as_ref(), by_lock).await {
-                return PrimaryStep {
-                    timer: Some(LEASE_RECHECK),
-                    ..PrimaryStep::unchanged(recorded)
-                };
-            }
-            ctx.failover_liveness.started(cluster_key, epoch, pods);
-            PrimaryStep {
-                events: vec![Announcement {
-                    type_: EventType::Warning,
-                    reason: "FailoverTargetLost",
-                    action: "Failover".into(),
-                    note: message,
-                }],
-                timer: failover_recheck(high_availability),
-                // A request for the lost target would hold the new election up.
-                drop_request_when_recorded: requested == Some(lost.as_str()),
-                ..PrimaryStep::unchanged(Primary {
-                    target: Some(TARGET_PENDING.into()),
-                    epoch: Some(epoch),
-                    last_failover_time: Some(now().0.to_string()),
-                    // Not elected again in this failover.
-                    failed_targets: recorded
-                        .failed_targets
-                        .iter()
-                        .cloned()
-                        .chain((!recorded.failed_targets.contains(&lost)).then(|| lost.clone()))
-                        .collect(),
-                    ..recorded
-                })
-            }
-        }
-        failover::Step::Done { from, to, epoch } => PrimaryStep {
+        self.ctx
+            .failover_liveness
+            .started(self.cluster_key.clone(), epoch, self.pods);
+        PrimaryStep {
             events: vec![Announcement {
-                type_: EventType::Normal,
-                reason: "Promoted",
-                action: format!("Promote {to}"),
-                note: format!(
-                    "Promoted {to} (failover from {from}, epoch {epoch}); {from} rejoins as a standby once it is back"
-                ),
+                type_: EventType::Warning,
+                reason: "PrimaryLost",
+                action: "Failover".into(),
+                note: message,
             }],
-            drop_request_when_recorded: requested.is_some(),
+            // Every step of a failover looks again by itself: what comes next (an
+            // acknowledgement, a promotion) may never be announced by an event, and the
+            // echo of this status write wakes nobody.
+            timer: failover_recheck(self.high_availability),
             ..PrimaryStep::unchanged(Primary {
-                current: to,
-                target: None,
-                failed: None,
+                target: Some(TARGET_PENDING.into()),
+                failed: Some(failed),
+                epoch: Some(epoch),
+                last_failover_time: Some(now().0.to_string()),
                 failed_targets: Vec::new(),
                 ..recorded
             })
-        },
+        }
+    }
+
+    /// The replicas' final positions elect `target`.
+    fn elect(&self, recorded: Primary, target: String) -> PrimaryStep {
+        let failed = recorded.failed.clone().unwrap_or_default();
+        let epoch = recorded.epoch.unwrap_or(0);
+        let why = if self.requested == Some(target.as_str()) {
+            "as requested".to_string()
+        } else {
+            "the most advanced of the replicas' final positions".to_string()
+        };
+        PrimaryStep {
+            // A target that never takes the lock (frozen, refused) changes nothing the
+            // operator watches: look again after a lock duration, as while promoting.
+            timer: failover_recheck(self.high_availability),
+            events: vec![Announcement {
+                type_: EventType::Normal,
+                reason: "FailingOver",
+                action: format!("Elect {target}"),
+                note: format!(
+                    "Failing over from {failed} (epoch {epoch}): {target} promotes, {why}"
+                ),
+            }],
+            ..PrimaryStep::unchanged(Primary {
+                target: Some(target),
+                ..recorded
+            })
+        }
+    }
+
+    /// The elected target was lost before it promoted: elect again, without it.
+    async fn reelect(
+        &self,
+        recorded: Primary,
+        epoch: i64,
+        lost: String,
+        message: String,
+        by_lock: bool,
+    ) -> PrimaryStep {
+        if !decision_confirmed(self.ctx, self.names, self.observed_lease.as_ref(), by_lock).await {
+            return PrimaryStep {
+                timer: Some(LEASE_RECHECK),
+                ..PrimaryStep::unchanged(recorded)
+            };
+        }
+        self.ctx
+            .failover_liveness
+            .started(self.cluster_key.clone(), epoch, self.pods);
+        PrimaryStep {
+            events: vec![Announcement {
+                type_: EventType::Warning,
+                reason: "FailoverTargetLost",
+                action: "Failover".into(),
+                note: message,
+            }],
+            timer: failover_recheck(self.high_availability),
+            // A request for the lost target would hold the new election up.
+            drop_request_when_recorded: self.requested == Some(lost.as_str()),
+            ..PrimaryStep::unchanged(Primary {
+                target: Some(TARGET_PENDING.into()),
+                epoch: Some(epoch),
+                last_failover_time: Some(now().0.to_string()),
+                // Not elected again in this failover.
+                failed_targets: recorded
+                    .failed_targets
+                    .iter()
+                    .cloned()
+                    .chain((!recorded.failed_targets.contains(&lost)).then(|| lost.clone()))
+                    .collect(),
+                ..recorded
+            })
+        }
     }
 }
 
