@@ -669,16 +669,7 @@ impl FailoverCarrier<'_> {
             lock: self.lease(),
         };
         let all_reports = reports(self.pods.iter());
-        let mut step = switchover_step(
-            self.db,
-            self.ctx,
-            self.names,
-            recorded,
-            &all_reports,
-            &clock,
-            (self.observed_lease.as_ref(), self.pods),
-        )
-        .await;
+        let mut step = self.switchover_step(recorded, &all_reports, &clock).await;
         step.timer = match (step.timer, expires_in) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -823,168 +814,186 @@ fn degraded_news(
     }]
 }
 
-/// Carries a switchover one step ([`switchover::plan`]) from the `recorded` status.
-async fn switchover_step(
-    db: &DatabaseCluster,
-    ctx: &Context,
-    names: &Names,
-    recorded: Primary,
-    reports: &[(String, Option<InstanceStatus>)],
-    clock: &switchover::Clock<'_>,
-    (observed_lease, pods): (Option<&(Arc<Lease>, LeaseObservation)>, &[&Pod]),
-) -> PrimaryStep {
-    let step = switchover::plan(
-        &recorded,
-        switchover::requested(db),
-        reports,
-        resources::stateful_set::instances(db),
-        clock,
-    );
-    match step {
-        Step::Idle => PrimaryStep::unchanged(recorded),
-        // Look again at the deadline (and then every lock duration: a target holding the
-        // lock is given up on only once it stops renewing it).
-        Step::Waiting(_) => PrimaryStep {
-            timer: Some(
-                switchover::deadline(clock.lock_duration)
-                    .checked_sub(clock.since_start)
-                    .filter(|left| !left.is_zero())
-                    .or(clock.lock_duration)
-                    .unwrap_or(LEASE_RECHECK),
-            ),
-            ..PrimaryStep::unchanged(Primary {
-                last_switchover_time: recorded
-                    .last_switchover_time
-                    .clone()
-                    .or_else(|| Some(now().0.to_string())),
-                ..recorded
-            })
-        },
-        Step::Abort {
-            target,
-            fail_over: false,
-            message,
-        } => {
-            // With a lock, judged from the cached one: confirmed with the API server first
-            // (a target that took it meanwhile may be promoting).
-            if !decision_confirmed(ctx, names, observed_lease, clock.lock.is_some()).await {
-                return PrimaryStep {
-                    timer: Some(LEASE_RECHECK),
-                    ..PrimaryStep::unchanged(recorded)
-                };
-            }
-            PrimaryStep {
-                events: vec![Announcement {
-                    type_: EventType::Warning,
-                    reason: "SwitchoverAborted",
-                    action: "Switchover".into(),
-                    note: message,
-                }],
-                // The request would start the same switchover again (a newer one, naming
-                // another pod, stays).
-                drop_request_when_recorded: switchover::requested(db) == Some(target.as_str()),
+impl FailoverCarrier<'_> {
+    /// Carries a switchover one step ([`switchover::plan`]) from the `recorded` status.
+    async fn switchover_step(
+        &self,
+        recorded: Primary,
+        reports: &[(String, Option<InstanceStatus>)],
+        clock: &switchover::Clock<'_>,
+    ) -> PrimaryStep {
+        let (db, ctx, names) = (self.db, self.ctx, self.names);
+        let step = switchover::plan(
+            &recorded,
+            switchover::requested(db),
+            reports,
+            resources::stateful_set::instances(db),
+            clock,
+        );
+        match step {
+            Step::Idle => PrimaryStep::unchanged(recorded),
+            // Look again at the deadline (and then every lock duration: a target holding the
+            // lock is given up on only once it stops renewing it).
+            Step::Waiting(_) => PrimaryStep {
+                timer: Some(
+                    switchover::deadline(clock.lock_duration)
+                        .checked_sub(clock.since_start)
+                        .filter(|left| !left.is_zero())
+                        .or(clock.lock_duration)
+                        .unwrap_or(LEASE_RECHECK),
+                ),
                 ..PrimaryStep::unchanged(Primary {
+                    last_switchover_time: recorded
+                        .last_switchover_time
+                        .clone()
+                        .or_else(|| Some(now().0.to_string())),
+                    ..recorded
+                })
+            },
+            Step::Abort {
+                target,
+                fail_over: false,
+                message,
+            } => self.abort_back(recorded, target, message, clock).await,
+            Step::Abort {
+                target,
+                fail_over: true,
+                message,
+            } => self.abort_into_failover(recorded, target, message).await,
+            Step::AlreadyPrimary => {
+                drop_request(ctx, names).await;
+                PrimaryStep::unchanged(recorded)
+            }
+            Step::Refuse(message) => {
+                publish(
+                    ctx,
+                    db,
+                    EventType::Warning,
+                    "SwitchoverRefused",
+                    "Switchover",
+                    message,
+                )
+                .await;
+                drop_request(ctx, names).await;
+                PrimaryStep::unchanged(recorded)
+            }
+            Step::Start(target) => PrimaryStep {
+                events: vec![Announcement {
+                    type_: EventType::Normal,
+                    reason: "SwitchingOver",
+                    action: "Switchover".into(),
+                    note: format!(
+                        "Switching over from {} to {target}: the primary checkpoints and stops, {target} promotes once it has all of its WAL",
+                        recorded.current
+                    ),
+                }],
+                ..PrimaryStep::unchanged(Primary {
+                    target: Some(target),
+                    last_switchover_time: Some(now().0.to_string()),
+                    ..recorded
+                })
+            },
+            Step::Done { from, to } => PrimaryStep {
+                events: vec![Announcement {
+                    type_: EventType::Normal,
+                    reason: "Promoted",
+                    action: format!("Promote {to}"),
+                    note: format!(
+                        "Promoted {to} (switchover from {from}); {from} rejoins as a standby"
+                    ),
+                }],
+                drop_request_when_recorded: switchover::requested(db).is_some(),
+                ..PrimaryStep::unchanged(Primary {
+                    current: to,
                     target: None,
                     ..recorded
                 })
-            }
+            },
         }
-        Step::Abort {
-            target,
-            fail_over: true,
-            message,
-        } => {
-            // Judged from the cached lock: confirmed with the API server first.
-            if !decision_confirmed(ctx, names, observed_lease, true).await {
-                return PrimaryStep {
-                    timer: Some(LEASE_RECHECK),
-                    ..PrimaryStep::unchanged(recorded)
-                };
-            }
-            let epoch = recorded.epoch.unwrap_or(0) + 1;
-            ctx.failover_liveness.started(
-                (names.namespace.clone(), names.name.clone()),
-                epoch,
-                pods,
-            );
-            PrimaryStep {
-                events: vec![
-                    Announcement {
-                        type_: EventType::Warning,
-                        reason: "SwitchoverAborted",
-                        action: "Switchover".into(),
-                        note: format!("{message} (epoch {epoch})"),
-                    },
-                    Announcement {
-                        type_: EventType::Warning,
-                        reason: "PrimaryLost",
-                        action: "Failover".into(),
-                        note: format!(
-                            "{target}, the switchover's target, holds the primary lock and stopped renewing it; failing over from {} without {target} (epoch {epoch})",
-                            recorded.current
-                        ),
-                    },
-                ],
-                drop_request_when_recorded: switchover::requested(db) == Some(target.as_str()),
-                ..PrimaryStep::unchanged(Primary {
-                    target: Some(TARGET_PENDING.into()),
-                    failed: Some(recorded.current.clone()),
-                    epoch: Some(epoch),
-                    last_failover_time: Some(now().0.to_string()),
-                    failed_targets: vec![target],
-                    ..recorded
-                })
-            }
+    }
+
+    /// The switchover's target did not promote in time: the old primary serves again.
+    async fn abort_back(
+        &self,
+        recorded: Primary,
+        target: String,
+        message: String,
+        clock: &switchover::Clock<'_>,
+    ) -> PrimaryStep {
+        let (db, ctx, names) = (self.db, self.ctx, self.names);
+        let observed_lease = self.observed_lease.as_ref();
+        // With a lock, judged from the cached one: confirmed with the API server first
+        // (a target that took it meanwhile may be promoting).
+        if !decision_confirmed(ctx, names, observed_lease, clock.lock.is_some()).await {
+            return PrimaryStep {
+                timer: Some(LEASE_RECHECK),
+                ..PrimaryStep::unchanged(recorded)
+            };
         }
-        Step::AlreadyPrimary => {
-            drop_request(ctx, names).await;
-            PrimaryStep::unchanged(recorded)
-        }
-        Step::Refuse(message) => {
-            publish(
-                ctx,
-                db,
-                EventType::Warning,
-                "SwitchoverRefused",
-                "Switchover",
-                message,
-            )
-            .await;
-            drop_request(ctx, names).await;
-            PrimaryStep::unchanged(recorded)
-        }
-        Step::Start(target) => PrimaryStep {
+        PrimaryStep {
             events: vec![Announcement {
-                type_: EventType::Normal,
-                reason: "SwitchingOver",
+                type_: EventType::Warning,
+                reason: "SwitchoverAborted",
                 action: "Switchover".into(),
-                note: format!(
-                    "Switching over from {} to {target}: the primary checkpoints and stops, {target} promotes once it has all of its WAL",
-                    recorded.current
-                ),
+                note: message,
             }],
+            // The request would start the same switchover again (a newer one, naming
+            // another pod, stays).
+            drop_request_when_recorded: switchover::requested(db) == Some(target.as_str()),
             ..PrimaryStep::unchanged(Primary {
-                target: Some(target),
-                last_switchover_time: Some(now().0.to_string()),
-                ..recorded
-            })
-        },
-        Step::Done { from, to } => PrimaryStep {
-            events: vec![Announcement {
-                type_: EventType::Normal,
-                reason: "Promoted",
-                action: format!("Promote {to}"),
-                note: format!(
-                    "Promoted {to} (switchover from {from}); {from} rejoins as a standby"
-                ),
-            }],
-            drop_request_when_recorded: switchover::requested(db).is_some(),
-            ..PrimaryStep::unchanged(Primary {
-                current: to,
                 target: None,
                 ..recorded
             })
-        },
+        }
+    }
+
+    /// The switchover's target holds the lock and stopped renewing it: fail over without it.
+    async fn abort_into_failover(
+        &self,
+        recorded: Primary,
+        target: String,
+        message: String,
+    ) -> PrimaryStep {
+        let (db, ctx, names, pods) = (self.db, self.ctx, self.names, self.pods);
+        let observed_lease = self.observed_lease.as_ref();
+        // Judged from the cached lock: confirmed with the API server first.
+        if !decision_confirmed(ctx, names, observed_lease, true).await {
+            return PrimaryStep {
+                timer: Some(LEASE_RECHECK),
+                ..PrimaryStep::unchanged(recorded)
+            };
+        }
+        let epoch = recorded.epoch.unwrap_or(0) + 1;
+        ctx.failover_liveness
+            .started((names.namespace.clone(), names.name.clone()), epoch, pods);
+        PrimaryStep {
+            events: vec![
+                Announcement {
+                    type_: EventType::Warning,
+                    reason: "SwitchoverAborted",
+                    action: "Switchover".into(),
+                    note: format!("{message} (epoch {epoch})"),
+                },
+                Announcement {
+                    type_: EventType::Warning,
+                    reason: "PrimaryLost",
+                    action: "Failover".into(),
+                    note: format!(
+                        "{target}, the switchover's target, holds the primary lock and stopped renewing it; failing over from {} without {target} (epoch {epoch})",
+                        recorded.current
+                    ),
+                },
+            ],
+            drop_request_when_recorded: switchover::requested(db) == Some(target.as_str()),
+            ..PrimaryStep::unchanged(Primary {
+                target: Some(TARGET_PENDING.into()),
+                failed: Some(recorded.current.clone()),
+                epoch: Some(epoch),
+                last_failover_time: Some(now().0.to_string()),
+                failed_targets: vec![target],
+                ..recorded
+            })
+        }
     }
 }
 
