@@ -409,14 +409,7 @@ impl Run<'_> {
             }
             Some(report) => {
                 copy_report(&mut status, &report);
-                write(
-                    self.ctx,
-                    self.backup,
-                    status,
-                    &format!("running on {instance}"),
-                )
-                .await?;
-                Ok(Action::requeue(RUNNING_RECHECK))
+                self.running(status, &instance).await
             }
             None => self.unreported(status, &instance, pod).await,
         }
@@ -597,13 +590,7 @@ impl Run<'_> {
             .and_then(|b| b.destination.as_ref());
         status.credentials_secret = declared.map(|d| d.credentials_secret.clone());
         status.ca_secret = declared.and_then(|d| d.ca_secret.clone());
-        write(
-            self.ctx,
-            self.backup,
-            status,
-            &format!("running on {instance}"),
-        )
-        .await?;
+        let action = self.running(status, &instance).await?;
         if asked_now {
             publish(
                 self.ctx,
@@ -618,6 +605,18 @@ impl Run<'_> {
             )
             .await;
         }
+        Ok(action)
+    }
+
+    /// Records the backup running on `instance`; looks again shortly.
+    async fn running(&self, status: DatabaseBackupStatus, instance: &str) -> Result<Action> {
+        write(
+            self.ctx,
+            self.backup,
+            status,
+            &format!("running on {instance}"),
+        )
+        .await?;
         Ok(Action::requeue(RUNNING_RECHECK))
     }
 

@@ -677,6 +677,18 @@ impl FailoverCarrier<'_> {
         step
     }
 
+    /// An election (re)starts only once the lock confirms the decision (read live); the
+    /// replicas' liveness counts from then. `false`: look again shortly.
+    async fn election_confirmed(&self, epoch: i64, by_lock: bool) -> bool {
+        if !decision_confirmed(self.ctx, self.names, self.observed_lease.as_ref(), by_lock).await {
+            return false;
+        }
+        self.ctx
+            .failover_liveness
+            .started(self.cluster_key.clone(), epoch, self.pods);
+        true
+    }
+
     /// The primary is lost: a failover starts (once the lock says so, read live).
     async fn start(
         &self,
@@ -686,15 +698,12 @@ impl FailoverCarrier<'_> {
         message: String,
         by_lock: bool,
     ) -> PrimaryStep {
-        if !decision_confirmed(self.ctx, self.names, self.observed_lease.as_ref(), by_lock).await {
+        if !self.election_confirmed(epoch, by_lock).await {
             return PrimaryStep {
                 timer: Some(LEASE_RECHECK),
                 ..PrimaryStep::unchanged(recorded)
             };
         }
-        self.ctx
-            .failover_liveness
-            .started(self.cluster_key.clone(), epoch, self.pods);
         PrimaryStep {
             events: vec![Announcement {
                 type_: EventType::Warning,
@@ -754,15 +763,12 @@ impl FailoverCarrier<'_> {
         message: String,
         by_lock: bool,
     ) -> PrimaryStep {
-        if !decision_confirmed(self.ctx, self.names, self.observed_lease.as_ref(), by_lock).await {
+        if !self.election_confirmed(epoch, by_lock).await {
             return PrimaryStep {
                 timer: Some(LEASE_RECHECK),
                 ..PrimaryStep::unchanged(recorded)
             };
         }
-        self.ctx
-            .failover_liveness
-            .started(self.cluster_key.clone(), epoch, self.pods);
         PrimaryStep {
             events: vec![Announcement {
                 type_: EventType::Warning,
