@@ -1,4 +1,5 @@
 //! `devctl-operator`: runs the controllers against a kubeconfig or the in-cluster config.
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -195,6 +196,60 @@ fn main() -> anyhow::Result<()> {
         .block_on(run(args))
 }
 
+/// Starts the webhook server when this process serves the webhooks (`--webhook-url`, in a
+/// cluster, or `--webhook-bind-address`); refuses a bad flag like a usage error.
+async fn start_webhooks(
+    args: &Args,
+    election_client: &kube::Client,
+) -> anyhow::Result<Option<devctl_operator::webhook::Webhooks>> {
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let webhook_bind_address = args.webhook_bind_address.clone().unwrap_or_else(|| {
+        match &args.webhook_url {
+            // The API server calls the URL: listen on its port.
+            Some(url) => format!("0.0.0.0:{}", webhook_url_port(url)),
+            None if in_cluster => format!("0.0.0.0:{}", devctl_operator::webhook::PORT),
+            None => "off".into(),
+        }
+    });
+    Ok(if webhook_bind_address == "off" {
+        None
+    } else {
+        if let Some(url) = &args.webhook_url
+            && !url.starts_with("https://")
+        {
+            eprintln!("error: --webhook-url {url:?} must start with https://");
+            std::process::exit(2);
+        }
+        if devctl_api::quantity::to_bytes(&args.webhook_min_storage).is_none() {
+            eprintln!(
+                "error: --webhook-min-storage {:?} is not a quantity such as 1Gi",
+                args.webhook_min_storage
+            );
+            std::process::exit(2);
+        }
+        let listener = tokio::net::TcpListener::bind(&webhook_bind_address)
+            .await
+            .with_context(|| format!("binding the webhook address {webhook_bind_address}"))?;
+        let settings = devctl_operator::webhook::WebhookSettings {
+            url: args.webhook_url.clone(),
+            cert_dir: args.webhook_cert_dir.clone(),
+            cert_validity: args.webhook_cert_validity,
+            namespace: args.leader_election_namespace.clone(),
+            configuration_name: args.webhook_configuration_name.clone(),
+            watch_namespaces: args.namespaces.clone(),
+            admission: devctl_api::database_cluster::admission::AdmissionSettings {
+                min_storage: args.webhook_min_storage.clone(),
+            },
+            ..Default::default()
+        };
+        Some(
+            devctl_operator::webhook::start(election_client.clone(), settings, listener)
+                .await
+                .context("starting the webhooks")?,
+        )
+    })
+}
+
 async fn run(args: Args) -> anyhow::Result<()> {
     let timings = leader_election::Timings {
         lease_duration: args.leader_elect_lease_duration,
@@ -259,52 +314,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!(namespaces = ?args.namespaces, "starting");
 
     // Every replica serves the webhooks, leader or not, from the start.
-    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-    let webhook_bind_address = args.webhook_bind_address.clone().unwrap_or_else(|| {
-        match &args.webhook_url {
-            // The API server calls the URL: listen on its port.
-            Some(url) => format!("0.0.0.0:{}", webhook_url_port(url)),
-            None if in_cluster => format!("0.0.0.0:{}", devctl_operator::webhook::PORT),
-            None => "off".into(),
-        }
-    });
-    let _webhooks = if webhook_bind_address == "off" {
-        None
-    } else {
-        if let Some(url) = &args.webhook_url
-            && !url.starts_with("https://")
-        {
-            eprintln!("error: --webhook-url {url:?} must start with https://");
-            std::process::exit(2);
-        }
-        if devctl_api::quantity::to_bytes(&args.webhook_min_storage).is_none() {
-            eprintln!(
-                "error: --webhook-min-storage {:?} is not a quantity such as 1Gi",
-                args.webhook_min_storage
-            );
-            std::process::exit(2);
-        }
-        let listener = tokio::net::TcpListener::bind(&webhook_bind_address)
-            .await
-            .with_context(|| format!("binding the webhook address {webhook_bind_address}"))?;
-        let settings = devctl_operator::webhook::WebhookSettings {
-            url: args.webhook_url.clone(),
-            cert_dir: args.webhook_cert_dir.clone(),
-            cert_validity: args.webhook_cert_validity,
-            namespace: args.leader_election_namespace.clone(),
-            configuration_name: args.webhook_configuration_name.clone(),
-            watch_namespaces: args.namespaces.clone(),
-            admission: devctl_api::database_cluster::admission::AdmissionSettings {
-                min_storage: args.webhook_min_storage.clone(),
-            },
-            ..Default::default()
-        };
-        Some(
-            devctl_operator::webhook::start(election_client.clone(), settings, listener)
-                .await
-                .context("starting the webhooks")?,
-        )
-    };
+    let _webhooks = start_webhooks(&args, &election_client).await?;
 
     // Caches run whether or not this replica leads: /readyz means "caches synced", and a
     // follower takes over with warm caches.

@@ -971,32 +971,11 @@ impl CachesBuilder {
         let watch = watcher(api, config)
             .default_backoff()
             .map_ok(crate::lean_decode::unwrap_event)
-            .modify(move |object: &mut K| {
-                prune(object);
-                let content = fingerprinted.then(|| slim::content(object));
-                trim(object);
-                // Applied kinds not kept whole: their metadata beyond what the applier reads
-                // is in the fingerprint.
-                if fingerprinted && !keeps_body {
-                    slim::metadata(object);
-                }
-                if content.is_some() {
-                    slim::set_cached_content(object, content);
-                }
-            })
+            .modify(move |object: &mut K| slim_for_cache(object, trim, fingerprinted, keeps_body))
             .for_each(move |mut event| {
-                // A child new to the cache may be one the last orphan scan of its owner could
-                // not see yet: the next reconcile scans again. Not for a child our own apply
-                // created: it was wanted when its owner's scan was recorded.
-                if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = &event
-                    && !cached(&o.namespace().unwrap_or_default(), &o.name_any())
-                    && let (Some(namespace), Some(controller)) = (
-                        o.namespace(),
-                        o.owner_references().iter().find(|r| r.controller == Some(true)),
-                    )
-                    && !applier.wrote(K::KIND, &namespace, &o.name_any())
-                {
-                    applier.forget_owner(&namespace, &controller.uid);
+                if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = &event {
+                    let known = cached(&o.namespace().unwrap_or_default(), &o.name_any());
+                    rescan_if_new(o, known, &applier);
                 }
                 // What the cache keeps of the object, serialised once: its significance (for
                 // whether it is news) and the store's entry.
@@ -1021,25 +1000,13 @@ impl CachesBuilder {
                             .flatten()
                     }
                     Ok(watcher::Event::Delete(o)) => {
-                        if let Some(namespace) = o.namespace() {
-                            applier.forget(K::KIND, &namespace, &o.name_any());
-                            if let Some(observations) = &forget {
-                                observations.forget(&namespace, &o.name_any());
-                            }
-                        }
+                        forget_deleted(o, &applier, forget.as_deref());
                         owner_of(o)
                     }
                     _ => None,
                 };
                 if let (Some(index), Ok(event)) = (&indexing, &event) {
-                    // Decoded only when its labels may have moved it (the store still holds
-                    // the copy this event replaces).
-                    let previous = || match event {
-                        watcher::Event::Apply(o) | watcher::Event::Delete(o) => replaced
-                            .object::<K>(&o.namespace().unwrap_or_default(), &o.name_any()),
-                        _ => None,
-                    };
-                    index.apply(event, previous);
+                    reindex(index, event, &replaced);
                 }
                 if let Ok(event) = &event {
                     writing.apply(event, kept);
@@ -1052,36 +1019,11 @@ impl CachesBuilder {
                         applier.forget_missing(K::KIND, &cached);
                         set_state.send_replace(CacheState::Synced);
                     }
-                    Err(error) => {
-                        tracing::warn!(kind = K::KIND, %error, "watching children failed; retrying with backoff");
-                        if *set_state.borrow() != CacheState::Synced {
-                            let forbidden = matches!(
-                                error,
-                                watcher::Error::InitialListFailed(kube::Error::Api(s))
-                                    | watcher::Error::WatchStartFailed(kube::Error::Api(s))
-                                    if s.code == 403
-                            );
-                            set_state.send_replace(CacheState::Failing {
-                                message: error.to_string(),
-                                forbidden,
-                            });
-                        }
-                    }
+                    Err(error) => watch_failed(K::KIND, error, &set_state),
                     _ => {}
                 }
                 if let Some(owner) = owner {
-                    tracing::debug!(kind = K::KIND, owner = %owner.name, "child event triggers its owner");
-                    let urgency = if hurried
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .contains(&owner)
-                    {
-                        Urgency::Now
-                    } else {
-                        Urgency::Coalesce
-                    };
-                    // No receiver (no controller running yet, e.g. a follower) is fine.
-                    let _ = triggers.send(Trigger { owner, urgency });
+                    trigger_owner(K::KIND, owner, &hurried, &triggers);
                 }
                 futures::future::ready(())
             })
@@ -1113,6 +1055,113 @@ impl CachesBuilder {
         };
         let watches = futures::future::join_all(self.watches).map(|_| ());
         (caches, watches)
+    }
+}
+
+/// Takes `event` into the instance index. The copy it replaces is decoded only when its
+/// labels may have moved it (the store still holds that copy).
+fn reindex<K: ChildKind>(index: &InstanceIndex, event: &watcher::Event<K>, store: &MetaStore) {
+    let previous = || match event {
+        watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
+            store.object::<K>(&o.namespace().unwrap_or_default(), &o.name_any())
+        }
+        _ => None,
+    };
+    index.apply(event, previous);
+}
+
+/// A deleted child: what the applier and the observations remembered of it goes.
+fn forget_deleted<K: ChildKind>(
+    object: &K,
+    applier: &Applier,
+    observations: Option<&Observations>,
+) {
+    if let Some(namespace) = object.namespace() {
+        applier.forget(K::KIND, &namespace, &object.name_any());
+        if let Some(observations) = observations {
+            observations.forget(&namespace, &object.name_any());
+        }
+    }
+}
+
+/// A child new to the cache (`known`: it was cached already) may be one the last orphan
+/// scan of its owner could not see yet: the next reconcile scans again. Not for a child our
+/// own apply created: it was wanted when its owner's scan was recorded.
+fn rescan_if_new<K: ChildKind>(object: &K, known: bool, applier: &Applier) {
+    if !known
+        && let (Some(namespace), Some(controller)) = (
+            object.namespace(),
+            object
+                .owner_references()
+                .iter()
+                .find(|r| r.controller == Some(true)),
+        )
+        && !applier.wrote(K::KIND, &namespace, &object.name_any())
+    {
+        applier.forget_owner(&namespace, &controller.uid);
+    }
+}
+
+/// A child's event reconciles its owner: at once while a failover or switchover hurries it,
+/// else coalesced with the rest of a burst.
+fn trigger_owner(
+    kind: &str,
+    owner: OwnerKey,
+    hurried: &Hurried,
+    triggers: &broadcast::Sender<Trigger>,
+) {
+    tracing::debug!(kind, owner = %owner.name, "child event triggers its owner");
+    let urgency = if hurried
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains(&owner)
+    {
+        Urgency::Now
+    } else {
+        Urgency::Coalesce
+    };
+    // No receiver (no controller running yet, e.g. a follower) is fine.
+    let _ = triggers.send(Trigger { owner, urgency });
+}
+
+/// What a cache keeps of an object as delivered: without managedFields and the
+/// last-applied annotation, trimmed (`trim`), its content fingerprint noted first
+/// (`fingerprinted`), and for applied kinds not kept whole only the metadata the applier
+/// reads.
+fn slim_for_cache<K: ChildKind>(
+    object: &mut K,
+    trim: fn(&mut K),
+    fingerprinted: bool,
+    keeps_body: bool,
+) {
+    prune(object);
+    let content = fingerprinted.then(|| slim::content(object));
+    trim(object);
+    // Applied kinds not kept whole: their metadata beyond what the applier reads is in the
+    // fingerprint.
+    if fingerprinted && !keeps_body {
+        slim::metadata(object);
+    }
+    if content.is_some() {
+        slim::set_cached_content(object, content);
+    }
+}
+
+/// A watch of `kind` failed (it retries with backoff): a cache not synced yet says why
+/// (and whether it was refused).
+fn watch_failed(kind: &str, error: &watcher::Error, set_state: &watch::Sender<CacheState>) {
+    tracing::warn!(kind, %error, "watching children failed; retrying with backoff");
+    if *set_state.borrow() != CacheState::Synced {
+        let forbidden = matches!(
+            error,
+            watcher::Error::InitialListFailed(kube::Error::Api(s))
+                | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+                if s.code == 403
+        );
+        set_state.send_replace(CacheState::Failing {
+            message: error.to_string(),
+            forbidden,
+        });
     }
 }
 

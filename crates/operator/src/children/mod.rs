@@ -656,6 +656,42 @@ impl Applier {
         })
     }
 
+    /// Creates a create-only `child` (a Secret with generated passwords): never applied over
+    /// what exists.
+    async fn create_only(
+        &self,
+        client: &Client,
+        caches: &Caches,
+        owner: Owner<'_>,
+        child: &Child,
+    ) -> Result<Option<Change>> {
+        let key: ChildKey = (child.kind, owner.namespace.to_string(), child.name.clone());
+        let cache = caches.kind(child.kind)?;
+        tracing::debug!(kind = child.kind, name = %child.name, namespace = owner.namespace, "creating child");
+        let created = self
+            .write(
+                caches,
+                key,
+                cache.create(client, owner.namespace, &child.body),
+                |created| (created.resource_version.clone(), created.content),
+                true,
+            )
+            .await;
+        match created {
+            Ok(_) => Ok(Some(Change::Created(child.kind, child.name.clone()))),
+            Err(kube::Error::Api(status)) if status.code == 409 => Err(Error::ChildExists {
+                kind: child.kind,
+                name: child.name.clone(),
+            }),
+            Err(source) => Err(Error::Child {
+                action: "create",
+                kind: child.kind,
+                name: child.name.clone(),
+                source,
+            }),
+        }
+    }
+
     /// Applies `child` if it is missing, its desired state changed, or someone else changed
     /// it; what changed, if anything.
     async fn apply_one(
@@ -668,29 +704,7 @@ impl Applier {
         let key: ChildKey = (child.kind, owner.namespace.to_string(), child.name.clone());
         let cache = caches.kind(child.kind)?;
         if child.create_only {
-            tracing::debug!(kind = child.kind, name = %child.name, namespace = owner.namespace, "creating child");
-            let created = self
-                .write(
-                    caches,
-                    key,
-                    cache.create(client, owner.namespace, &child.body),
-                    |created| (created.resource_version.clone(), created.content),
-                    true,
-                )
-                .await;
-            return match created {
-                Ok(_) => Ok(Some(Change::Created(child.kind, child.name.clone()))),
-                Err(kube::Error::Api(status)) if status.code == 409 => Err(Error::ChildExists {
-                    kind: child.kind,
-                    name: child.name.clone(),
-                }),
-                Err(source) => Err(Error::Child {
-                    action: "create",
-                    kind: child.kind,
-                    name: child.name.clone(),
-                    source,
-                }),
-            };
+            return self.create_only(client, caches, owner, child).await;
         }
         let mut live = cache.meta(owner.namespace, &child.name);
         // Labelled like ours, controlled by another object: another owner's child of that

@@ -187,38 +187,19 @@ async fn apply(db: Arc<DatabaseCluster>, ctx: &Context) -> Result<Action> {
             .problem
             .get_or_insert((status::BACKUP_FAILING, format!("retention: {why}")));
     }
-    // A backup destination or restore source that cannot be used as configured waits for a
-    // Secret or a DatabaseBackup the caches do not hold (they keep only what devctl labels):
-    // the cluster looks again every `CONFIGURATION_RECHECK` while that lasts, so fixing the
-    // cause clears `Degraded` without waiting for the health requeue.
-    let recheck = (store.restore_problem.is_some() || store.destination_problem.is_some())
-        .then_some(CONFIGURATION_RECHECK);
-    // The primary moved in this reconcile while a scale-down waits for that: the children
-    // were rendered from the status before the move, and the status write's echo wakes
-    // nobody — look again at once.
-    let primary_moved = (resources::stateful_set::scale_down_refused(&db).is_some()
-        && primary.current
-            != recorded_primary(&db, &names, &pods, lock_holder(ctx, &names).as_deref()).current)
-        .then_some(Duration::ZERO);
-    let timer = [step.timer, scheduled.wait, recheck, primary_moved]
-        .into_iter()
-        .flatten()
-        .min()
-        .map(|timer| timer + TIMER_MARGIN);
+    let timer = next_look(
+        &db,
+        ctx,
+        &names,
+        &pods,
+        &primary,
+        &store,
+        [step.timer, scheduled.wait],
+    );
     if let Some(timer) = timer {
         ctx.backoff.retry_within(&key(db.as_ref()), timer);
     }
-    // A restart the status records for the first time is announced with that write.
-    let events: Vec<Announcement> = step
-        .events
-        .iter()
-        .cloned()
-        .chain(engine_restarts(&db, &pods))
-        .collect();
-    let transition = (!events.is_empty()).then(|| Transition {
-        resource_version: db.resource_version(),
-        events,
-    });
+    let transition = announced_with_status(&db, &step, &pods);
     let (action, recorded) = report_transition(
         ctx,
         db.as_ref(),
@@ -494,6 +475,58 @@ fn since(time: Option<&str>) -> Duration {
         return Duration::MAX;
     };
     Duration::try_from(Timestamp::now().duration_since(started)).unwrap_or_default()
+}
+
+/// The events published with this reconcile's status write: the failover or switchover
+/// step's, and a restart the status records for the first time.
+fn announced_with_status(
+    db: &DatabaseCluster,
+    step: &PrimaryStep,
+    pods: &[&Pod],
+) -> Option<Transition> {
+    let events: Vec<Announcement> = step
+        .events
+        .iter()
+        .cloned()
+        .chain(engine_restarts(db, pods))
+        .collect();
+    (!events.is_empty()).then(|| Transition {
+        resource_version: db.resource_version(),
+        events,
+    })
+}
+
+/// When the reconcile looks again by itself: the earliest of `timers` (the failover or
+/// switchover step's, the schedule's), a misconfiguration's recheck, and at once when the
+/// primary moved while a scale-down waits for that; with [`TIMER_MARGIN`].
+fn next_look(
+    db: &DatabaseCluster,
+    ctx: &Context,
+    names: &Names,
+    pods: &[&Pod],
+    primary: &Primary,
+    store: &backup::Resolved,
+    timers: [Option<Duration>; 2],
+) -> Option<Duration> {
+    // A backup destination or restore source that cannot be used as configured waits for a
+    // Secret or a DatabaseBackup the caches do not hold (they keep only what devctl labels):
+    // the cluster looks again every `CONFIGURATION_RECHECK` while that lasts, so fixing the
+    // cause clears `Degraded` without waiting for the health requeue.
+    let recheck = (store.restore_problem.is_some() || store.destination_problem.is_some())
+        .then_some(CONFIGURATION_RECHECK);
+    // The primary moved in this reconcile while a scale-down waits for that: the children
+    // were rendered from the status before the move, and the status write's echo wakes
+    // nobody — look again at once.
+    let primary_moved = (resources::stateful_set::scale_down_refused(db).is_some()
+        && primary.current
+            != recorded_primary(db, names, pods, lock_holder(ctx, names).as_deref()).current)
+        .then_some(Duration::ZERO);
+    timers
+        .into_iter()
+        .chain([recheck, primary_moved])
+        .flatten()
+        .min()
+        .map(|timer| timer + TIMER_MARGIN)
 }
 
 /// Carries a failover ([`failover::plan`]) or, when none is due, a switchover
