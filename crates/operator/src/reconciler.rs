@@ -141,7 +141,7 @@ pub async fn publish_applied<K: Resource<DynamicType = ()>>(
     publish(ctx, object, EventType::Normal, "Applied", &action, summary).await;
 }
 
-pub use crate::children::{prune, scoped_api};
+use crate::children::{prune, scoped_api};
 
 /// The predicate of every primary watch: reconcile only when something a user or the
 /// finalizer helper changed — the spec (generation), deletion, finalizers, annotations or

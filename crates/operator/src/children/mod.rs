@@ -701,11 +701,11 @@ impl Applier {
         owner: Owner<'_>,
         child: &Child,
     ) -> Result<Option<Change>> {
-        let key: ChildKey = (child.kind, owner.namespace.to_string(), child.name.clone());
-        let cache = caches.kind(child.kind)?;
         if child.create_only {
             return self.create_only(client, caches, owner, child).await;
         }
+        let key: ChildKey = (child.kind, owner.namespace.to_string(), child.name.clone());
+        let cache = caches.kind(child.kind)?;
         let mut live = cache.meta(owner.namespace, &child.name);
         // Labelled like ours, controlled by another object: another owner's child of that
         // name (two resources wanting one name), or the child of a deleted owner of the same

@@ -24,12 +24,13 @@ use serde_json::json;
 use super::backup;
 use super::backup_lifecycle;
 use super::claims::{data_claims, live_data_claims};
-use super::failover::{self, LeaseObservation};
+use super::failover;
 use super::instances::{self, Instances};
 use super::pods::{self, PodAction};
+use super::primary::{LeaseObservation, Primary};
 use super::resources::{self, Inputs, Names, lease, secret};
 use super::status::{self, Observed};
-use super::switchover::{self, Primary, Step};
+use super::switchover::{self, Step};
 use crate::children::caches::OwnerKey;
 use crate::children::{Caches, Change, Orphanage, Owner, applied, orphan_of};
 use crate::context::{Context, Settings};
@@ -408,6 +409,14 @@ impl PrimaryStep {
             timer: None,
         }
     }
+
+    /// A decision the live lock did not confirm: nothing changes; look again shortly.
+    fn unconfirmed(primary: Primary) -> Self {
+        Self {
+            timer: Some(LEASE_RECHECK),
+            ..Self::unchanged(primary)
+        }
+    }
 }
 
 /// The agents' reports by pod name.
@@ -732,10 +741,7 @@ impl FailoverCarrier<'_> {
         by_lock: bool,
     ) -> PrimaryStep {
         if !self.election_confirmed(epoch, by_lock).await {
-            return PrimaryStep {
-                timer: Some(LEASE_RECHECK),
-                ..PrimaryStep::unchanged(recorded)
-            };
+            return PrimaryStep::unconfirmed(recorded);
         }
         PrimaryStep {
             events: vec![Announcement {
@@ -797,10 +803,7 @@ impl FailoverCarrier<'_> {
         by_lock: bool,
     ) -> PrimaryStep {
         if !self.election_confirmed(epoch, by_lock).await {
-            return PrimaryStep {
-                timer: Some(LEASE_RECHECK),
-                ..PrimaryStep::unchanged(recorded)
-            };
+            return PrimaryStep::unconfirmed(recorded);
         }
         PrimaryStep {
             events: vec![Announcement {
@@ -875,7 +878,7 @@ impl FailoverCarrier<'_> {
             // lock is given up on only once it stops renewing it).
             Step::Waiting(_) => PrimaryStep {
                 timer: Some(
-                    switchover::deadline(clock.lock_duration)
+                    super::primary::deadline(clock.lock_duration)
                         .checked_sub(clock.since_start)
                         .filter(|left| !left.is_zero())
                         .or(clock.lock_duration)
@@ -964,10 +967,7 @@ impl FailoverCarrier<'_> {
         // With a lock, judged from the cached one: confirmed with the API server first
         // (a target that took it meanwhile may be promoting).
         if !decision_confirmed(ctx, names, observed_lease, clock.lock.is_some()).await {
-            return PrimaryStep {
-                timer: Some(LEASE_RECHECK),
-                ..PrimaryStep::unchanged(recorded)
-            };
+            return PrimaryStep::unconfirmed(recorded);
         }
         PrimaryStep {
             events: vec![Announcement {
@@ -997,10 +997,7 @@ impl FailoverCarrier<'_> {
         let observed_lease = self.observed_lease.as_ref();
         // Judged from the cached lock: confirmed with the API server first.
         if !decision_confirmed(ctx, names, observed_lease, true).await {
-            return PrimaryStep {
-                timer: Some(LEASE_RECHECK),
-                ..PrimaryStep::unchanged(recorded)
-            };
+            return PrimaryStep::unconfirmed(recorded);
         }
         let epoch = recorded.epoch.unwrap_or(0) + 1;
         ctx.failover_liveness

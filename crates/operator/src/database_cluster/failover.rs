@@ -33,7 +33,7 @@ use devctl_api::instance::{
 };
 
 use super::instances::ordinal;
-pub use super::primary::{LeaseObservation, PROMOTION_WAIT, Primary};
+use super::primary::{LeaseObservation, PROMOTION_WAIT, Primary};
 
 /// Everything a failover step depends on.
 #[derive(Debug, Clone)]

@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use super::instances::ordinal;
-use super::switchover::Primary;
+use super::primary::Primary;
 
 /// The label the StatefulSet controller puts on each pod: the revision it was created from.
 const REVISION_LABEL: &str = "controller-revision-hash";

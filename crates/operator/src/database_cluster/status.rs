@@ -11,8 +11,8 @@ use kube::ResourceExt;
 use crate::error::Failure;
 
 use super::instances::Instances;
+use super::primary::Primary;
 use super::resources::{Names, selector};
-use super::switchover::Primary;
 
 /// What the reconcile saw and did.
 pub struct Observed<'a> {

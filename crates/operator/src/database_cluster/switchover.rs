@@ -14,7 +14,7 @@ use devctl_api::database_cluster::DatabaseCluster;
 use devctl_api::instance::{InstanceStatus, ROLE_PRIMARY, ROLE_REPLICA, SWITCHOVER_ANNOTATION};
 
 use super::instances::ordinal;
-pub use super::primary::{LeaseObservation, Primary, deadline};
+use super::primary::{LeaseObservation, Primary, deadline};
 
 /// What to do about a switchover in this reconcile.
 #[derive(Debug, Clone, PartialEq, Eq)]
