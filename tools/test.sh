@@ -32,6 +32,8 @@ phase "cargo fmt --check" cargo fmt --all --check
 phase "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 # Every test binary, built once; the JSON lines name the executables (for the side lane).
 build_tests() {
+  # The redirect opens the file before cargo runs: the target directory must exist.
+  mkdir -p target
   cargo test --workspace --locked --no-run --message-format=json-render-diagnostics \
     >target/test-artifacts.json
 }
