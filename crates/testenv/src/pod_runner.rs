@@ -144,7 +144,9 @@ const AGENT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbi
 /// Patches in flight at once in Simulated mode.
 const SIMULATED_CONCURRENCY: usize = 8;
 /// How long fault methods wait for processes to stop or continue, or for the runner thread.
-const FAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// A process in uninterruptible sleep (an fsync while the suite's lanes load the disk) takes
+/// its SIGSTOP only when it wakes: 10 s was once not enough under the full suite.
+const FAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often fault methods look.
 const FAULT_POLL: Duration = Duration::from_millis(5);
 /// Connections a partitioned proxy holds at most (the oldest are closed beyond).
