@@ -25,7 +25,7 @@ use serde_json::json;
 use crate::children::Caches;
 use crate::context::{Context, Settings};
 use crate::database_cluster::backup;
-use crate::database_cluster::controller::cluster_pods;
+use crate::database_cluster::observe::cluster_pods;
 use crate::database_cluster::resources::Names;
 use crate::error::{Error, Result};
 use crate::reconciler::{now, publish, run_controller, write_status};

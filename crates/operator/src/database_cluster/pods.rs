@@ -148,6 +148,60 @@ pub fn plan(
     actions
 }
 
+/// A write to one pod, in the order the executor makes them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PodWrite {
+    /// The role label, with the pod's missing annotations in the same patch.
+    Label {
+        pod: String,
+        role: Option<&'static str>,
+        annotations: Option<serde_json::Value>,
+    },
+    /// Delete it (bound to its uid) so that its StatefulSet makes it again from the new
+    /// template.
+    Replace {
+        pod: String,
+        uid: String,
+        primary: bool,
+    },
+    /// Only annotations (null values remove one).
+    Annotate {
+        pod: String,
+        annotations: serde_json::Value,
+    },
+}
+
+/// The rollout (pure): the role labels and the one replacement of [`plan`], each pod's
+/// backup annotations riding on its label patch, then the annotations of the pods whose
+/// label is right. A replaced pod gets nothing: its replacement gets them.
+pub fn writes(
+    actions: Vec<PodAction>,
+    annotations: Vec<(String, serde_json::Value)>,
+) -> Vec<PodWrite> {
+    let mut annotations: std::collections::BTreeMap<String, serde_json::Value> =
+        annotations.into_iter().collect();
+    let mut writes: Vec<PodWrite> = actions
+        .into_iter()
+        .map(|action| match action {
+            PodAction::Label { pod, role } => PodWrite::Label {
+                annotations: annotations.remove(&pod),
+                pod,
+                role,
+            },
+            PodAction::Replace { pod, uid, primary } => {
+                annotations.remove(&pod);
+                PodWrite::Replace { pod, uid, primary }
+            }
+        })
+        .collect();
+    writes.extend(
+        annotations
+            .into_iter()
+            .map(|(pod, annotations)| PodWrite::Annotate { pod, annotations }),
+    );
+    writes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -121,6 +121,7 @@ impl Inputs<'_> {
 }
 
 /// Names and shared pieces derived from the DatabaseCluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Names {
     pub name: String,
     pub namespace: String,
