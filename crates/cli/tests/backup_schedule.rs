@@ -65,6 +65,11 @@ async fn events(env: &Env, reason: &str) -> usize {
 async fn a_schedule_keeps_the_last_two_catches_up_once_and_pauses() {
     let s3 = devctl_testenv::shared_s3().await.unwrap();
     let mut env = Env::start("schedule").await;
+    let audit = env
+        .cluster
+        .audit_log()
+        .expect("the shared cluster logs audit events");
+    let mark = audit.mark();
     store_secrets(&env, s3).await;
     env.create_spec(
         "sched",
@@ -179,6 +184,30 @@ async fn a_schedule_keeps_the_last_two_catches_up_once_and_pauses() {
     )
     .await
     .unwrap();
+
+    // Retention read the DatabaseBackups from the backup controller's store: the operator
+    // lists them when that watch starts (twice here: the operator was restarted) and at most
+    // once more per start, by a reconcile that ran before the store's first list — not on
+    // every reconcile of a cluster with backups on (dozens in this test).
+    let requests = audit.requests_since(mark).unwrap();
+    let operator = |r: &&devctl_testenv::audit::Request| {
+        r.user == "devctl-operator-under-test"
+            && r.namespace.as_deref() == Some(env.namespace.as_str())
+    };
+    let lists = requests
+        .iter()
+        .filter(operator)
+        .filter(|r| r.verb == "list" && r.resource == "databasebackups")
+        .count();
+    let status_writes = requests
+        .iter()
+        .filter(operator)
+        .filter(|r| r.resource == "databaseclusters" && r.subresource.as_deref() == Some("status"))
+        .count();
+    assert!(
+        lists <= 4,
+        "{lists} lists of DatabaseBackups by the operator ({status_writes} cluster status writes)"
+    );
 
     // Paused: nothing is created or pruned any more, so the oldest kept backup stays put.
     env.api::<DatabaseCluster>()

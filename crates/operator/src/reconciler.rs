@@ -347,6 +347,20 @@ pub async fn log_results(results: impl futures::Stream<Item = crate::Reconciled>
         .await;
 }
 
+/// Objects of a controller's kind that another kind's child events concern: for each
+/// trigger of an owner of kind `owner_kind`, the objects `pick` finds in the controller's
+/// own store (a running backup is woken by its cluster's pod reports).
+pub struct Wake<K: kube::runtime::reflector::Lookup + Clone + 'static>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    pub owner_kind: &'static str,
+    pub pick: fn(
+        &kube::runtime::reflector::Store<K>,
+        &crate::children::caches::OwnerKey,
+    ) -> Vec<kube::runtime::reflector::ObjectRef<K>>,
+}
+
 /// The shell every controller runs in: the primary watch, reconcile triggers from the shared
 /// child caches, bounded concurrency, no reconcile before the caches of the kinds it `reads`
 /// have listed their objects (or failed to, which its sync then reports), metrics,
@@ -355,6 +369,7 @@ pub async fn log_results(results: impl futures::Stream<Item = crate::Reconciled>
 pub fn run_controller<K, F, Fut>(
     name: &'static str,
     reads: &'static [&'static str],
+    wake: Option<Wake<K>>,
     client: Client,
     namespace: Option<String>,
     caches: Caches,
@@ -382,6 +397,18 @@ where
             forgetting.hurry(&owner, false);
         }
     });
+    caches.share_store(reader.clone());
+    let mut owner_triggers = caches.owner_triggers::<K>().boxed();
+    if let Some(wake) = wake {
+        let store = reader.clone();
+        let woken = caches
+            .triggers_of_kind(wake.owner_kind)
+            .flat_map(move |(owner, urgency)| {
+                let picked = (wake.pick)(&store, &owner);
+                futures::stream::iter(picked.into_iter().map(move |object| (object, urgency)))
+            });
+        owner_triggers = futures::stream::select(owner_triggers, woken).boxed();
+    }
     let concurrency = settings.concurrency;
     let metrics = settings.metrics.clone();
     metrics.set_max_concurrent(name, concurrency);
@@ -396,20 +423,18 @@ where
     // binding) becomes one reconcile: each owner is released once its children were quiet
     // for `--child-event-window-ms` ([`crate::debounce`]), unless it is in a hurry
     // ([`crate::children::caches::Caches::hurry`]). Primary events and requeues are not delayed.
-    let triggers = crate::debounce::debounce(
-        caches.owner_triggers::<K>().boxed(),
-        settings.child_event_window,
-    )
-    .inspect(move |object| {
-        queued.queue_add(
-            name,
-            format!(
-                "{}/{}",
-                object.namespace.as_deref().unwrap_or_default(),
-                object.name
-            ),
-        );
-    });
+    let triggers = crate::debounce::debounce(owner_triggers, settings.child_event_window).inspect(
+        move |object| {
+            queued.queue_add(
+                name,
+                format!(
+                    "{}/{}",
+                    object.namespace.as_deref().unwrap_or_default(),
+                    object.name
+                ),
+            );
+        },
+    );
     let finished = metrics.clone();
     let context = Arc::new(Context::new(client, caches, settings, instance));
     Controller::for_stream(objects, reader)

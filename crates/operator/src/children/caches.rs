@@ -15,7 +15,7 @@
 //! how the silence of a lock is measured without comparing clocks between machines.
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
@@ -87,6 +87,10 @@ struct Trigger {
 
 /// Owners whose child events may not wait ([`Caches::hurry`]).
 type Hurried = Arc<Mutex<HashSet<OwnerKey>>>;
+
+/// The controllers' own stores of their primary kind, by type, for a controller that reads
+/// another's objects ([`Caches::share_store`]).
+type SharedStores = Arc<Mutex<HashMap<std::any::TypeId, Box<dyn Any + Send + Sync>>>>;
 
 /// How to find the owner of a child of kind `K`.
 pub type OwnerOf<K> = fn(&K) -> Option<OwnerKey>;
@@ -341,6 +345,7 @@ pub struct Caches {
     triggers: broadcast::Sender<Trigger>,
     hurried: Hurried,
     applier: Arc<Applier>,
+    shared: SharedStores,
 }
 
 impl Caches {
@@ -447,13 +452,45 @@ impl Caches {
         &self.applier
     }
 
-    /// A reconcile trigger for every change of a child owned by an object of kind `O`, and
-    /// whether it may be coalesced with the ones around it.
-    pub fn owner_triggers<O>(&self) -> impl Stream<Item = (ObjectRef<O>, Urgency)> + Send + 'static
+    /// Offers a controller's store of its primary kind `K` to the other controllers of this
+    /// scope: one watch of `K`, read by more than its own controller (retention reads the
+    /// DatabaseBackups the DatabaseBackup controller watches).
+    pub fn share_store<K>(&self, store: kube::runtime::reflector::Store<K>)
     where
-        O: Resource<DynamicType = ()> + 'static,
+        K: kube::runtime::reflector::Lookup + Clone + Send + Sync + 'static,
+        K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
     {
-        let kind = O::kind(&()).to_string();
+        self.shared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(std::any::TypeId::of::<K>(), Box::new(store));
+    }
+
+    /// The store of `K` its controller shares, once that store has listed everything
+    /// (`None` before: a reader falls back to a live list).
+    pub fn shared_store<K>(&self) -> Option<kube::runtime::reflector::Store<K>>
+    where
+        K: kube::runtime::reflector::Lookup + Clone + Send + Sync + 'static,
+        K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+    {
+        let shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+        let store = shared
+            .get(&std::any::TypeId::of::<K>())?
+            .downcast_ref::<kube::runtime::reflector::Store<K>>()?
+            .clone();
+        // `wait_until_ready` resolves at once when the first list is done.
+        futures::FutureExt::now_or_never(store.wait_until_ready())
+            .is_some_and(|ready| ready.is_ok())
+            .then_some(store)
+    }
+
+    /// Every owner trigger of an owner of kind `kind` (what [`Self::owner_triggers`] maps
+    /// to its own kind), for a controller woken by another kind's child events.
+    pub fn triggers_of_kind(
+        &self,
+        kind: &str,
+    ) -> impl Stream<Item = (OwnerKey, Urgency)> + Send + use<> {
+        let kind = CompactString::from(kind);
         let receiver = self.triggers.subscribe();
         futures::stream::unfold(receiver, |mut receiver| async move {
             loop {
@@ -468,14 +505,23 @@ impl Caches {
             }
         })
         .filter_map(move |Trigger { owner, urgency }| {
-            let object = (owner.kind == kind).then(|| {
+            futures::future::ready((owner.kind == kind).then_some((owner, urgency)))
+        })
+    }
+
+    /// A reconcile trigger for every change of a child owned by an object of kind `O`, and
+    /// whether it may be coalesced with the ones around it.
+    pub fn owner_triggers<O>(&self) -> impl Stream<Item = (ObjectRef<O>, Urgency)> + Send + 'static
+    where
+        O: Resource<DynamicType = ()> + 'static,
+    {
+        self.triggers_of_kind(&O::kind(&()))
+            .map(|(owner, urgency)| {
                 (
                     ObjectRef::<O>::new(&owner.name).within(&owner.namespace),
                     urgency,
                 )
-            });
-            futures::future::ready(object)
-        })
+            })
     }
 }
 
@@ -710,6 +756,7 @@ impl CachesBuilder {
             triggers: self.triggers,
             hurried: self.hurried,
             applier: self.applier,
+            shared: SharedStores::default(),
         };
         let watches = futures::future::join_all(self.watches).map(|_| ());
         (caches, watches)

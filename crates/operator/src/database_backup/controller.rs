@@ -30,9 +30,10 @@ use crate::database_cluster::resources::Names;
 use crate::error::{Error, Result};
 use crate::reconciler::{now, publish, run_controller, write_status};
 
-/// How often a running backup is looked at: the agent's report is on the pod, which
-/// triggers the cluster's reconcile, not the backup's; a backup runs for a bounded time.
-const RUNNING_RECHECK: Duration = Duration::from_secs(2);
+/// How often a running backup is looked at when nothing wakes it: each report of its pod
+/// wakes it ([`unfinished_backups_of`]); this only bounds the wait for a report whose event
+/// was missed (a trigger channel that lagged) and for the start limit.
+const RUNNING_RECHECK: Duration = Duration::from_secs(30);
 /// How long a backup may wait for an instance to take it before it fails.
 pub const PENDING_LIMIT: Duration = Duration::from_secs(600);
 
@@ -77,6 +78,12 @@ pub fn controller(
     run_controller::<DatabaseBackup, _, _>(
         "databasebackup",
         &["Pod"],
+        // The agent's report is on the pod, whose events go to the cluster: they wake the
+        // cluster's unfinished backups too.
+        Some(crate::reconciler::Wake {
+            owner_kind: "DatabaseCluster",
+            pick: unfinished_backups_of,
+        }),
         client,
         namespace,
         caches,
@@ -85,6 +92,28 @@ pub fn controller(
         shutdown,
         |backup, ctx| async move { reconcile(backup, &ctx).await },
     )
+}
+
+/// The backups of the cluster `owner` that have not finished: what a change of one of the
+/// cluster's children (a pod's report above all) may move on (pure over the store).
+pub fn unfinished_backups_of(
+    store: &kube::runtime::reflector::Store<DatabaseBackup>,
+    owner: &crate::children::caches::OwnerKey,
+) -> Vec<kube::runtime::reflector::ObjectRef<DatabaseBackup>> {
+    store
+        .state()
+        .iter()
+        .filter(|backup| {
+            backup.metadata.namespace.as_deref() == Some(owner.namespace.as_str())
+                && backup.spec.cluster.name == owner.name.as_str()
+                && !backup
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase)
+                    .is_some_and(BackupPhase::is_final)
+        })
+        .map(|backup| kube::runtime::reflector::ObjectRef::from_obj(backup.as_ref()))
+        .collect()
 }
 
 /// The backup's directory name in the store: sortable by time.
@@ -714,6 +743,40 @@ impl Run<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A change of a cluster's child wakes that cluster's unfinished backups, and only those.
+    #[test]
+    fn a_clusters_child_events_wake_its_unfinished_backups() {
+        let (store, mut writer) = kube::runtime::reflector::store::<DatabaseBackup>();
+        let mut backup = |name: &str, namespace: &str, cluster: &str, phase: Option<&str>| {
+            let backup: DatabaseBackup = serde_json::from_value(serde_json::json!({
+                "apiVersion": "db.devctl.io/v1beta1", "kind": "DatabaseBackup",
+                "metadata": { "name": name, "namespace": namespace },
+                "spec": { "cluster": { "name": cluster } },
+                "status": phase.map(|p| serde_json::json!({ "phase": p })),
+            }))
+            .unwrap();
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(backup));
+        };
+        backup("running", "ns", "db", Some("Running"));
+        backup("pending", "ns", "db", Some("Pending"));
+        backup("new", "ns", "db", None);
+        backup("done", "ns", "db", Some("Completed"));
+        backup("failed", "ns", "db", Some("Failed"));
+        backup("other-cluster", "ns", "shop", Some("Running"));
+        backup("other-namespace", "elsewhere", "db", Some("Running"));
+        let owner = crate::children::caches::OwnerKey {
+            kind: "DatabaseCluster".into(),
+            namespace: "ns".into(),
+            name: "db".into(),
+        };
+        let mut woken: Vec<String> = unfinished_backups_of(&store, &owner)
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        woken.sort();
+        assert_eq!(woken, ["new", "pending", "running"]);
+    }
 
     #[test]
     fn a_backup_already_requested_on_a_pod_is_adopted_under_the_same_id() {

@@ -2,8 +2,8 @@
 //! that writes (docs/database-cluster.md, *How a reconcile works*).
 //!
 //! Order and preconditions: the children first ([`converge`]); the volumes and the pods only
-//! once the children applied (the pods' labels and replacements follow the children just
-//! applied); the news; the answer to a request and a failover epoch's baseline; the
+//! once the children applied (no pod is replaced in a reconcile that changed the
+//! StatefulSet: its revisions then still describe the template before); the news; the answer to a request and a failover epoch's baseline; the
 //! backups due and expired; then the status — decided last, from the observation and what
 //! the writes left, with the step's events once it is recorded; the request dropped only
 //! once the status recorded its answer.
@@ -75,9 +75,15 @@ pub async fn execute(ctx: &Context, observation: &Observation, plan: Plan) -> Re
         ctx.caches.hurry(&owner, plan.hurry);
     }
     let converged = match converged {
-        Ok(c) => write_pods(ctx, db, names, &plan.pods)
-            .await
-            .map(|()| c.changes),
+        Ok(c) => {
+            // A template applied just now: the StatefulSet's revisions describe the one
+            // before it until its controller catches up, so no pod is replaced on them (a
+            // primary could go before the replicas reach the new template).
+            let template_changed = applied(Ok(&c.changes), StatefulSet::KIND);
+            write_pods(ctx, db, names, &plan.pods, template_changed)
+                .await
+                .map(|()| c.changes)
+        }
         Err(e) => Err(e),
     };
     let mut scheduled = backup_lifecycle::schedule_step(db, ctx, names, &observation.store).await;
@@ -252,6 +258,7 @@ async fn write_pods(
     db: &DatabaseCluster,
     names: &Names,
     writes: &[PodWrite],
+    template_changed: bool,
 ) -> Result<()> {
     for write in writes {
         match write {
@@ -270,6 +277,7 @@ async fn write_pods(
                 let metadata = json!({ "annotations": annotations });
                 patch_pod(ctx, names, "annotate", pod, metadata).await?;
             }
+            PodWrite::Replace { .. } if template_changed => {}
             PodWrite::Replace { pod, uid, primary } => {
                 replace_pod(ctx, db, names, pod, uid, *primary).await?;
             }

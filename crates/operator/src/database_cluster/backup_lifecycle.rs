@@ -327,6 +327,22 @@ pub fn deletable_prefix<'b>(
     (same_store && under).then_some(prefix)
 }
 
+/// The DatabaseBackups of `namespace` from the DatabaseBackup controller's store, once it
+/// has listed them all (`None` before, or when that controller does not run here). A
+/// cache that lags is safe for retention: what it may miss are the newest backups, which
+/// neither expire first nor begin before the WAL a kept backup needs.
+fn backups_in(ctx: &Context, namespace: &str) -> Option<Vec<DatabaseBackup>> {
+    let store = ctx.caches.shared_store::<DatabaseBackup>()?;
+    Some(
+        store
+            .state()
+            .iter()
+            .filter(|b| b.metadata.namespace.as_deref() == Some(namespace))
+            .map(|b| DatabaseBackup::clone(b))
+            .collect(),
+    )
+}
+
 /// Retention: removes expired backups — their files, the WAL no kept backup needs, then the
 /// objects. Problems are reported, never fatal to the reconcile.
 pub async fn prune(
@@ -338,9 +354,12 @@ pub async fn prune(
     let spec = db.spec.backup.as_ref().filter(|b| b.enabled)?;
     let destination = store.destination.as_ref()?;
     let api: Api<DatabaseBackup> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    let all = match api.list(&ListParams::default()).await {
-        Ok(list) => list.items,
-        Err(e) => return Some(format!("listing DatabaseBackups: {e}")),
+    let all = match backups_in(ctx, &names.namespace) {
+        Some(cached) => cached,
+        None => match api.list(&ListParams::default()).await {
+            Ok(list) => list.items,
+            Err(e) => return Some(format!("listing DatabaseBackups: {e}")),
+        },
     };
     let uid = db.uid().unwrap_or_default();
     let named: Vec<DatabaseBackup> = all

@@ -36,6 +36,7 @@ pub fn controller(
     run_controller::<DatabaseCluster, _, _>(
         "databasecluster",
         resources::READS,
+        None,
         client,
         namespace,
         caches,

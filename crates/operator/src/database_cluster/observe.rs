@@ -13,10 +13,9 @@ use std::sync::Arc;
 use devctl_api::database_cluster::DatabaseCluster;
 use devctl_api::instance::{InstanceStatus, ROLE_PRIMARY, primary_lease_name};
 use devctl_api::labels;
-use k8s_openapi::Resource as _;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::{Api, ResourceExt};
 
 use super::backup;
@@ -42,9 +41,6 @@ pub struct Observation {
     /// During a failover: the pods that showed life since it started, as this operator's
     /// watch saw it ([`super::failover_liveness`]).
     pub live: BTreeSet<String>,
-    /// The credentials Secret's resourceVersion: an instance that applied another one has
-    /// old credentials.
-    pub credentials_version: Option<String>,
     /// The data volume claims.
     pub claims: Vec<Arc<PersistentVolumeClaim>>,
     /// Whether the API server still has the lock at the cached version; `None` until a
@@ -63,13 +59,6 @@ impl Observation {
             stateful_set: ctx
                 .caches
                 .get::<StatefulSet>(&names.namespace, &names.stateful_set()),
-            credentials_version: ctx
-                .caches
-                .kind(Secret::KIND)
-                .ok()
-                .and_then(|secrets| secrets.meta(&names.namespace, &names.secret()))
-                .and_then(|live| live.resource_version)
-                .map(|version| version.to_string()),
             claims: data_claims(ctx, &names),
             cluster: db,
             names,

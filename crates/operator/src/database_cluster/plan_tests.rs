@@ -22,6 +22,7 @@ use crate::database_cluster::pods::PodWrite;
 use crate::database_cluster::primary::{LeaseObservation, Primary};
 use crate::database_cluster::primary_step::LEASE_RECHECK;
 use crate::database_cluster::reasons;
+use crate::database_cluster::resources;
 use crate::database_cluster::resources::Names;
 
 const REVISION_LABEL: &str = "controller-revision-hash";
@@ -145,7 +146,6 @@ impl World {
                 (Arc::new(lease), observation)
             }),
             live: self.live.clone(),
-            credentials_version: None,
             claims: Vec::new(),
             lease_confirmed: self.lease_confirmed,
         }
@@ -267,6 +267,11 @@ fn a_whole_failover_from_a_lost_primary_to_the_most_advanced_replica() {
         world.observation().recorded_primary()
     );
     assert_eq!(behind.primary.timer, Some(LEASE_RECHECK));
+    assert!(behind.primary.epoch_started.is_none() && reasons(&behind).is_empty());
+    assert!(
+        behind.pods.is_empty(),
+        "no label moves on an unconfirmed lock"
+    );
 
     // Confirmed: epoch 1 starts; the lost primary loses its role label at once.
     world.lease_confirmed = Some(true);
@@ -293,6 +298,7 @@ fn a_whole_failover_from_a_lost_primary_to_the_most_advanced_replica() {
     world.instance("db-1").report = json!({ "role": "replica", "ready": false, "timeline": 1, "receivedLSN": "0/3000100", "replayedLSN": "0/3000100", "failoverEpoch": 1 });
     let waiting = world.plan();
     assert!(reasons(&waiting).is_empty());
+    assert!(!waiting.needs_lease_confirmation() && waiting.primary.epoch_started.is_none());
     assert_eq!(
         waiting.primary.primary.target.as_deref(),
         Some(TARGET_PENDING)
@@ -444,7 +450,17 @@ fn a_scale_down_is_news_once_and_a_scale_down_past_the_primary_waits_for_a_switc
         refused.news.iter().map(|n| n.reason).collect::<Vec<_>>(),
         [reasons::SCALE_DOWN_REFUSED]
     );
-    assert!(replaced(&refused).is_empty());
+    // Nothing scales (no `Scaling` news: the StatefulSet keeps three) and no switchover
+    // starts by itself: the user moves the primary.
+    assert_eq!(
+        resources::stateful_set::instances(&world.observation().cluster),
+        3
+    );
+    assert_eq!(
+        refused.primary.primary,
+        world.observation().recorded_primary()
+    );
+    assert!(refused.with_status.is_none());
     world.cluster["status"]["conditions"] = json!([{
         "type": "Degraded", "status": "True", "reason": reasons::SCALE_DOWN_REFUSED,
         "message": "", "lastTransitionTime": "2026-12-06T12:00:00Z",

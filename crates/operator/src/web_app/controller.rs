@@ -35,6 +35,7 @@ pub fn controller(
     run_controller::<WebApp, _, _>(
         "webapp",
         resources::KINDS,
+        None,
         client,
         namespace,
         caches,
