@@ -209,6 +209,27 @@ async fn a_schedule_keeps_the_last_two_catches_up_once_and_pauses() {
         "{lists} lists of DatabaseBackups by the operator ({status_writes} cluster status writes)"
     );
 
+    // A finished backup is seen at once: its pod's report wakes it (the backup controller
+    // looks by itself only every 30 s). Its `Ready` turns within seconds of the time the
+    // agent stopped it.
+    for backup in backups(&env, "sched").await.iter().filter(|b| completed(b)) {
+        let status = backup.status.clone().unwrap_or_default();
+        let stopped: k8s_openapi::jiff::Timestamp =
+            status.stopped_at.as_deref().unwrap().parse().unwrap();
+        let ready = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.last_transition_time.0)
+            .unwrap();
+        let seen_after = ready.duration_since(stopped).as_secs_f64();
+        assert!(
+            seen_after <= 8.0,
+            "{}: Ready {seen_after} s after the agent stopped it",
+            backup.metadata.name.as_deref().unwrap_or_default()
+        );
+    }
+
     // Paused: nothing is created or pruned any more, so the oldest kept backup stays put.
     env.api::<DatabaseCluster>()
         .patch(
