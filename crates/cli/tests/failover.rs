@@ -217,6 +217,39 @@ async fn a_killed_primary_fails_over_with_every_acknowledged_row_and_rejoins_by_
     assert_eq!(status.failover_epoch, Some(1));
     assert!(status.last_failover_time.is_some());
     assert_eq!(status.failed_primary, None);
+    // The flight record: every step, in order, on the operator's clock; the relabel that
+    // moves `-rw` is noted once written.
+    let record = devctl_testenv::eventually(
+        "status.lastFailover with serviceSwitchedAt",
+        Duration::from_secs(30),
+        || async {
+            let db = env.api::<DatabaseCluster>().get("fk").await.ok()?;
+            let record = db.status?.last_failover?;
+            record.service_switched_at.is_some().then_some(record)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        record.reason,
+        devctl_api::database_cluster::FailoverReason::PrimaryLost
+    );
+    assert_eq!(record.failed_primary, "fk-0");
+    assert_eq!(record.new_primary.as_deref(), Some(new.as_str()));
+    let at = |t: Option<&str>| -> k8s_openapi::jiff::Timestamp {
+        t.unwrap_or_else(|| panic!("a step is missing: {record:#?}"))
+            .parse()
+            .unwrap()
+    };
+    let steps = [
+        at(Some(record.detected_at.as_str())),
+        at(record.elected_at.as_deref()),
+        at(record.promoted_at.as_deref()),
+        at(record.service_switched_at.as_deref()),
+    ];
+    assert!(steps.windows(2).all(|w| w[0] <= w[1]), "{record:#?}");
+    let killed: k8s_openapi::jiff::Timestamp = killed_at.try_into().unwrap();
+    assert!(killed <= steps[0], "detected before the kill: {record:#?}");
     let acks = writer.finish().await;
     eprintln!(
         "{} rows acknowledged in {:?}",

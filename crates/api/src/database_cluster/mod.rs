@@ -11,8 +11,9 @@ use kube::CustomResourceExt;
 
 pub use v1beta1::{
     BackupDestination, BackupSpec, BootstrapSpec, DatabaseCluster, DatabaseClusterSpec,
-    DatabaseClusterStatus, Engine, HighAvailabilitySpec, InstanceSummary, Phase, RecoverySource,
-    RecoverySpec, ReplicationSpec, SynchronousMethod, SynchronousSpec, parse_duration,
+    DatabaseClusterStatus, Engine, FailoverReason, FailoverRecord, HighAvailabilitySpec,
+    InstanceSummary, Phase, RecoverySource, RecoverySpec, ReplicationSpec, SynchronousMethod,
+    SynchronousSpec, parse_duration,
 };
 
 /// The finalizer the operator puts on every DatabaseCluster.

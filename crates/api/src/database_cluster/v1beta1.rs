@@ -566,10 +566,51 @@ pub struct DatabaseClusterStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failed_targets: Vec<String>,
 
+    /// The flight record of the last failover or switchover: when each of its steps happened,
+    /// on the operator's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failover: Option<FailoverRecord>,
+
     /// Each instance as its agent reports it, by pod name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub instances: Vec<InstanceSummary>,
+}
+
+/// Why the primary moved.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum FailoverReason {
+    /// The primary lost its lock and the operator failed over on its own.
+    PrimaryLost,
+    /// A planned switchover (`devctl db promote` on a healthy primary).
+    Switchover,
+    /// A human picked the new primary of a lost one (`devctl db promote`).
+    Manual,
+}
+
+/// The steps of one failover or switchover, each an RFC 3339 time with milliseconds on the
+/// operator's clock, set as the step happens (a step not reached yet is absent).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverRecord {
+    pub reason: FailoverReason,
+    /// The primary that was replaced.
+    pub failed_primary: String,
+    /// The instance elected (and, once `promotedAt` is set, promoted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_primary: Option<String>,
+    /// When the operator decided the primary was lost, or the switchover started.
+    pub detected_at: String,
+    /// When the new primary was chosen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elected_at: Option<String>,
+    /// When the operator saw the new primary run as primary with the lock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promoted_at: Option<String>,
+    /// When the operator's relabel of the new primary (what the `-rw` Service selects) was
+    /// written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_switched_at: Option<String>,
 }
 
 /// One instance (pod) of the cluster, from its agent's report.

@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::reconciler::{Announcement, key, now, publish, report_transition};
 
 /// Carries out `plan`, made from `observation`.
-pub async fn execute(ctx: &Context, observation: &Observation, plan: Plan) -> Result<Action> {
+pub async fn execute(ctx: &Context, observation: &Observation, mut plan: Plan) -> Result<Action> {
     let db = observation.cluster.as_ref();
     let names = &observation.names;
     let converged = converge(
@@ -80,9 +80,12 @@ pub async fn execute(ctx: &Context, observation: &Observation, plan: Plan) -> Re
             // before it until its controller catches up, so no pod is replaced on them (a
             // primary could go before the replicas reach the new template).
             let template_changed = applied(Ok(&c.changes), StatefulSet::KIND);
-            write_pods(ctx, db, names, &plan.pods, template_changed)
-                .await
-                .map(|()| c.changes)
+            let written = write_pods(ctx, db, names, &plan.pods, template_changed).await;
+            if written.is_ok() {
+                // The new primary's role label (what `-rw` selects) is in place now.
+                switched(&mut plan);
+            }
+            written.map(|()| c.changes)
         }
         Err(e) => Err(e),
     };
@@ -202,6 +205,19 @@ fn status_after(
         ctx.settings.metrics.observe_cluster(db, status);
     }
     (status.is_some() && status != db.status).then(|| json!(status))
+}
+
+/// The flight record of a promotion notes when the service switched: the first time the
+/// pod writes that follow it succeeded.
+fn switched(plan: &mut Plan) {
+    if let Some(record) = plan.primary.primary.last_failover.as_mut()
+        && record.promoted_at.is_some()
+        && record.service_switched_at.is_none()
+    {
+        record.service_switched_at = Some(super::primary_step::stamp_ms(
+            k8s_openapi::jiff::Timestamp::now(),
+        ));
+    }
 }
 
 async fn announce(ctx: &Context, db: &DatabaseCluster, news: &Announcement) {

@@ -61,6 +61,7 @@ fn pending(epoch: i64) -> Primary {
         last_failover_time: Some("2025-01-01T00:00:00Z".into()),
         failed_targets: Vec::new(),
         last_switchover_time: None,
+        last_failover: None,
     }
 }
 

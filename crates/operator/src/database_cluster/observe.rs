@@ -132,6 +132,7 @@ impl Observation {
             last_failover_time: status.and_then(|s| s.last_failover_time.clone()),
             failed_targets: status.map(|s| s.failed_targets.clone()).unwrap_or_default(),
             last_switchover_time: status.and_then(|s| s.last_switchover_time.clone()),
+            last_failover: status.and_then(|s| s.last_failover.clone()),
         }
     }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use devctl_api::database_cluster::DatabaseCluster;
+use devctl_api::database_cluster::{DatabaseCluster, FailoverReason, FailoverRecord};
 use devctl_api::instance::{
     BACKUP_DESTINATION_ANNOTATION, BACKUP_DESTINATION_OFF, ROLE_LABEL, STATUS_ANNOTATION,
     SWITCHOVER_ANNOTATION, TARGET_PENDING,
@@ -200,6 +200,7 @@ fn record(cluster: &mut Value, primary: &Primary) {
     status["lastFailoverTime"] = json!(primary.last_failover_time);
     status["failedTargets"] = json!(primary.failed_targets);
     status["lastSwitchoverTime"] = json!(primary.last_switchover_time);
+    status["lastFailover"] = json!(primary.last_failover);
 }
 
 fn reasons(plan: &Plan) -> Vec<&'static str> {
@@ -288,6 +289,18 @@ fn a_whole_failover_from_a_lost_primary_to_the_most_advanced_replica() {
         Some("2026-12-06T12:00:31Z")
     );
     assert!(start.hurry);
+    assert_eq!(
+        start.primary.primary.last_failover,
+        Some(FailoverRecord {
+            reason: FailoverReason::PrimaryLost,
+            failed_primary: "db-0".into(),
+            new_primary: None,
+            detected_at: "2026-12-06T12:00:31.000Z".into(),
+            elected_at: None,
+            promoted_at: None,
+            service_switched_at: None,
+        })
+    );
     assert_eq!(labels(&start), [("db-0".to_string(), None)]);
     assert!(replaced(&start).is_empty(), "no pod goes during a failover");
     world.carry_out(&start);
@@ -309,6 +322,12 @@ fn a_whole_failover_from_a_lost_primary_to_the_most_advanced_replica() {
     let elect = world.plan();
     assert_eq!(reasons(&elect), ["FailingOver"]);
     assert_eq!(elect.primary.primary.target.as_deref(), Some("db-2"));
+    let record = elect.primary.primary.last_failover.clone().unwrap();
+    assert_eq!(record.new_primary.as_deref(), Some("db-2"));
+    assert_eq!(
+        record.elected_at.as_deref(),
+        Some("2026-12-06T12:00:32.000Z")
+    );
     world.carry_out(&elect);
 
     // The target promotes and takes the lock: it is the primary, the others replicas.
@@ -324,6 +343,13 @@ fn a_whole_failover_from_a_lost_primary_to_the_most_advanced_replica() {
     assert_eq!(done.primary.primary.current, "db-2");
     assert_eq!(done.primary.primary.failed, None);
     assert_eq!(done.primary.primary.target, None);
+    let record = done.primary.primary.last_failover.clone().unwrap();
+    assert_eq!(
+        (record.detected_at.as_str(), record.promoted_at.as_deref()),
+        ("2026-12-06T12:00:31.000Z", Some("2026-12-06T12:00:34.000Z"))
+    );
+    // The executor notes the relabel's time once it is written.
+    assert_eq!(record.service_switched_at, None);
     assert_eq!(
         labels(&done),
         [
@@ -352,6 +378,19 @@ fn a_switchover_records_its_target_waits_for_the_promotion_and_drops_the_request
         "a human's request needs no lock read"
     );
     assert!(start.hurry && start.primary.answer_now.is_none());
+    let record = start.primary.primary.last_failover.clone().unwrap();
+    assert_eq!(record.reason, FailoverReason::Switchover);
+    assert_eq!(
+        (
+            record.failed_primary.as_str(),
+            record.new_primary.as_deref()
+        ),
+        ("db-0", Some("db-1"))
+    );
+    assert_eq!(
+        record.elected_at.as_deref(),
+        Some(record.detected_at.as_str())
+    );
     world.carry_out(&start);
 
     // The old primary stopped at its final LSN; the target has not promoted yet.
@@ -369,6 +408,16 @@ fn a_switchover_records_its_target_waits_for_the_promotion_and_drops_the_request
     assert_eq!(reasons(&done), ["Promoted"]);
     assert_eq!(done.primary.primary.current, "db-1");
     assert!(done.primary.drop_request_when_recorded);
+    assert_eq!(
+        done.primary
+            .primary
+            .last_failover
+            .as_ref()
+            .unwrap()
+            .promoted_at
+            .as_deref(),
+        Some("2026-12-06T12:00:05.000Z")
+    );
     assert_eq!(
         labels(&done),
         [

@@ -333,6 +333,7 @@ mod tests {
             last_failover_time: Some("2025-01-01T00:00:00Z".into()),
             failed_targets: Vec::new(),
             last_switchover_time: None,
+            last_failover: None,
         };
         for target in [devctl_api::instance::TARGET_PENDING, "db-2"] {
             // Nothing replaced although every revision is outdated and all pods are ready.

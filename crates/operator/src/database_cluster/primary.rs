@@ -17,6 +17,8 @@ pub struct Primary {
     pub failed_targets: Vec<String>,
     /// When the switchover under way started (`status.lastSwitchoverTime`).
     pub last_switchover_time: Option<String>,
+    /// The flight record of the last failover or switchover (`status.lastFailover`).
+    pub last_failover: Option<devctl_api::database_cluster::FailoverRecord>,
 }
 
 /// What the operator's watch saw of the primary lock.

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use devctl_api::database_cluster::HighAvailabilitySpec;
+use devctl_api::database_cluster::{FailoverReason, FailoverRecord, HighAvailabilitySpec};
 use devctl_api::instance::{FORCE_FAILOVER_ANNOTATION, InstanceStatus, TARGET_PENDING};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -165,6 +165,48 @@ impl Decider<'_> {
             .to_string()
     }
 
+    /// A flight-record time: to the millisecond.
+    fn stamp_ms(&self) -> String {
+        stamp_ms(self.now)
+    }
+
+    /// A new flight record: `reason`, away from `failed`, detected now.
+    fn record(&self, reason: FailoverReason, failed: &str) -> FailoverRecord {
+        FailoverRecord {
+            reason,
+            failed_primary: failed.to_string(),
+            new_primary: None,
+            detected_at: self.stamp_ms(),
+            elected_at: None,
+            promoted_at: None,
+            service_switched_at: None,
+        }
+    }
+
+    /// `recorded`'s flight record with `step` applied (a record from before the operator
+    /// kept them: begun from the failover's start time).
+    fn recorded_with(
+        &self,
+        recorded: &Primary,
+        step: impl FnOnce(&mut FailoverRecord),
+    ) -> Option<FailoverRecord> {
+        let mut record = recorded
+            .last_failover
+            .clone()
+            .unwrap_or_else(|| FailoverRecord {
+                detected_at: recorded
+                    .last_failover_time
+                    .clone()
+                    .unwrap_or_else(|| self.stamp_ms()),
+                ..self.record(
+                    FailoverReason::PrimaryLost,
+                    recorded.failed.as_deref().unwrap_or(&recorded.current),
+                )
+            });
+        step(&mut record);
+        Some(record)
+    }
+
     /// Whether a decision may be acted on: one judged from the cached lock only once the API
     /// server confirms the lock; one on a human's request at once. `None`: not read yet.
     fn confirmed(&self, by_lock: bool) -> Option<bool> {
@@ -209,10 +251,17 @@ impl Decider<'_> {
             failover::Step::Start {
                 failed,
                 epoch,
-                candidate: _,
+                candidate,
                 message,
                 by_lock,
-            } => self.start(recorded, failed, epoch, message, by_lock),
+            } => {
+                let reason = if candidate.is_some() {
+                    FailoverReason::Manual
+                } else {
+                    FailoverReason::PrimaryLost
+                };
+                self.start(recorded, failed, epoch, message, by_lock, reason)
+            }
             failover::Step::Stuck { message } => PrimaryStep {
                 events: degraded_news(db, reasons::FAILOVER_STUCK, "FailoverStuck", &message),
                 failover_stuck: Some(message),
@@ -246,6 +295,10 @@ impl Decider<'_> {
                 }],
                 drop_request_when_recorded: self.requested.is_some(),
                 ..PrimaryStep::unchanged(Primary {
+                    last_failover: self.recorded_with(&recorded, |r| {
+                        r.new_primary = Some(to.clone());
+                        r.promoted_at = Some(self.stamp_ms());
+                    }),
                     current: to,
                     target: None,
                     failed: None,
@@ -284,7 +337,9 @@ impl Decider<'_> {
         epoch: i64,
         message: String,
         by_lock: bool,
+        reason: FailoverReason,
     ) -> PrimaryStep {
+        let record = self.record(reason, &failed);
         let step = PrimaryStep {
             events: vec![Announcement {
                 type_: EventType::Warning,
@@ -304,6 +359,7 @@ impl Decider<'_> {
                 epoch: Some(epoch),
                 last_failover_time: Some(self.stamp()),
                 failed_targets: Vec::new(),
+                last_failover: Some(record),
                 ..recorded.clone()
             })
         };
@@ -332,6 +388,10 @@ impl Decider<'_> {
                 ),
             }],
             ..PrimaryStep::unchanged(Primary {
+                last_failover: self.recorded_with(&recorded, |r| {
+                    r.new_primary = Some(target.clone());
+                    r.elected_at = Some(self.stamp_ms());
+                }),
                 target: Some(target),
                 ..recorded
             })
@@ -369,6 +429,10 @@ impl Decider<'_> {
                     .cloned()
                     .chain((!recorded.failed_targets.contains(&lost)).then(|| lost.clone()))
                     .collect(),
+                last_failover: self.recorded_with(&recorded, |r| {
+                    r.new_primary = None;
+                    r.elected_at = None;
+                }),
                 ..recorded.clone()
             })
         };
@@ -433,6 +497,11 @@ impl Decider<'_> {
                     ),
                 }],
                 ..PrimaryStep::unchanged(Primary {
+                    last_failover: Some(FailoverRecord {
+                        new_primary: Some(target.clone()),
+                        elected_at: Some(self.stamp_ms()),
+                        ..self.record(FailoverReason::Switchover, &recorded.current)
+                    }),
                     target: Some(target),
                     last_switchover_time: Some(self.stamp()),
                     ..recorded
@@ -449,6 +518,10 @@ impl Decider<'_> {
                 }],
                 drop_request_when_recorded: self.requested.is_some(),
                 ..PrimaryStep::unchanged(Primary {
+                    last_failover: self.recorded_with(&recorded, |r| {
+                        r.new_primary = Some(to.clone());
+                        r.promoted_at = Some(self.stamp_ms());
+                    }),
                     current: to,
                     target: None,
                     ..recorded
@@ -520,6 +593,7 @@ impl Decider<'_> {
                 epoch: Some(epoch),
                 last_failover_time: Some(self.stamp()),
                 failed_targets: vec![target],
+                last_failover: Some(self.record(FailoverReason::PrimaryLost, &recorded.current)),
                 ..recorded.clone()
             })
         };
@@ -549,4 +623,9 @@ fn degraded_news(
         action: "Failover".into(),
         note: message.to_string(),
     }]
+}
+
+/// `now` as a flight-record time: RFC 3339 to the millisecond, UTC.
+pub fn stamp_ms(now: Timestamp) -> String {
+    now.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
 }

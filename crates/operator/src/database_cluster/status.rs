@@ -669,6 +669,7 @@ pub fn compute(
         last_failover_time: observed.primary.last_failover_time.clone(),
         failed_targets: observed.primary.failed_targets.clone(),
         last_switchover_time: observed.primary.last_switchover_time.clone(),
+        last_failover: observed.primary.last_failover.clone(),
         instances: observed.instances.summaries.clone(),
     })
 }

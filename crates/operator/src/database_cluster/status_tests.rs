@@ -459,6 +459,7 @@ fn a_failover_is_progressing_and_recorded_in_the_status() {
         last_failover_time: Some("2025-01-01T00:00:00Z".into()),
         failed_targets: Vec::new(),
         last_switchover_time: None,
+        last_failover: None,
     };
     let status = compute(&db, &o, &now()).unwrap();
     let progressing = condition(&status, PROGRESSING);

@@ -61,6 +61,18 @@ pub(super) async fn status(
             status.last_failover_time.as_deref().unwrap_or("-")
         );
     }
+    if let Some(record) = &status.last_failover {
+        println!(
+            "Last move:   {:?} from {} to {}: detected {}, elected {}, promoted {}, service switched {}",
+            record.reason,
+            record.failed_primary,
+            record.new_primary.as_deref().unwrap_or("-"),
+            record.detected_at,
+            record.elected_at.as_deref().unwrap_or("-"),
+            record.promoted_at.as_deref().unwrap_or("-"),
+            record.service_switched_at.as_deref().unwrap_or("-"),
+        );
+    }
     println!(
         "Last backup: {}",
         match (&status.last_backup, &status.last_backup_name) {
