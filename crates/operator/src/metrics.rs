@@ -142,6 +142,7 @@ struct ClusterFamilies {
     schedule_interval: Family<ClusterLabels, FloatGauge>,
     failovers: Family<ClusterLabels, Counter>,
     last_failover: Family<ClusterLabels, FloatGauge>,
+    last_failover_steps: Family<ClusterPhaseLabels, FloatGauge>,
 }
 
 /// What was exported for one cluster, so that the next update (or the cleanup) can remove
@@ -175,6 +176,39 @@ pub struct ClusterSnapshot {
     pub schedule: Option<String>,
     pub failover_epoch: u64,
     pub last_failover: Option<f64>,
+    /// The last failover's or switchover's step durations in seconds, by
+    /// [`FAILOVER_STEPS`] (`status.lastFailover`); a step not reached has none.
+    pub last_failover_steps: Vec<(&'static str, f64)>,
+}
+
+/// The steps of `status.lastFailover` the `devctl_cluster_last_failover_seconds` gauge
+/// measures: `elect` (detected → elected), `promote` (elected → promoted), `switch`
+/// (promoted → the `-rw` relabel written) and `total` (detected → the relabel).
+pub const FAILOVER_STEPS: [&str; 4] = ["elect", "promote", "switch", "total"];
+
+/// The step durations of a flight record (pure).
+pub fn failover_steps(
+    record: &devctl_api::database_cluster::FailoverRecord,
+) -> Vec<(&'static str, f64)> {
+    // In whole milliseconds until the difference: epoch seconds as f64 would round it.
+    let at = |t: Option<&str>| {
+        t.and_then(|t| t.parse::<Timestamp>().ok())
+            .map(Timestamp::as_millisecond)
+    };
+    let detected = at(Some(record.detected_at.as_str()));
+    let elected = at(record.elected_at.as_deref());
+    let promoted = at(record.promoted_at.as_deref());
+    let switched = at(record.service_switched_at.as_deref());
+    [
+        (detected, elected),
+        (elected, promoted),
+        (promoted, switched),
+        (detected, switched),
+    ]
+    .into_iter()
+    .zip(FAILOVER_STEPS)
+    .filter_map(|((from, to), step)| Some((step, (to? - from?).max(0) as f64 / 1000.0)))
+    .collect()
 }
 
 impl ClusterSnapshot {
@@ -218,6 +252,11 @@ impl ClusterSnapshot {
                 .and_then(|e| u64::try_from(e).ok())
                 .unwrap_or(0),
             last_failover: seconds(status.last_failover_time.as_deref()),
+            last_failover_steps: status
+                .last_failover
+                .as_ref()
+                .map(failover_steps)
+                .unwrap_or_default(),
         }
     }
 }
@@ -647,6 +686,23 @@ impl Metrics {
                 .inc_by(snapshot.failover_epoch);
         }
         set_or_remove(&f.last_failover, &labels, snapshot.last_failover);
+        for step in FAILOVER_STEPS {
+            let step_labels = phase_labels(&labels, step);
+            match snapshot
+                .last_failover_steps
+                .iter()
+                .find(|(s, _)| *s == step)
+            {
+                Some((_, seconds)) => {
+                    f.last_failover_steps
+                        .get_or_create(&step_labels)
+                        .set(*seconds);
+                }
+                None => {
+                    f.last_failover_steps.remove(&step_labels);
+                }
+            }
+        }
     }
 
     /// Removes every series of the cluster `namespace/name` (it is being deleted).
@@ -704,6 +760,9 @@ impl Metrics {
             family.remove(&labels);
         }
         f.failovers.remove(&labels);
+        for step in FAILOVER_STEPS {
+            f.last_failover_steps.remove(&phase_labels(&labels, step));
+        }
     }
 
     /// Marks the operator ready: every cache has synced (leadership does not matter).
@@ -847,6 +906,11 @@ fn register_cluster_families(registry: &mut Registry, f: &ClusterFamilies) {
         "devctl_cluster_last_failover_timestamp_seconds",
         "When the last failover started (status.lastFailoverTime), Unix seconds",
         f.last_failover.clone(),
+    );
+    registry.register(
+        "devctl_cluster_last_failover_seconds",
+        "How long each step of the last failover or switchover took (status.lastFailover), by phase: elect, promote, switch, total",
+        f.last_failover_steps.clone(),
     );
 }
 

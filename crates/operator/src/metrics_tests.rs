@@ -71,6 +71,7 @@ fn snapshot(phase: &'static str, lag: &[(&str, i64)]) -> ClusterSnapshot {
         schedule: Some("0 2 * * *".into()),
         failover_epoch: 2,
         last_failover: Some(1_700_000_200.0),
+        last_failover_steps: vec![("elect", 1.5), ("promote", 2.25)],
     }
 }
 
@@ -98,6 +99,8 @@ fn a_cluster_exports_its_status_and_drops_what_no_longer_applies() {
         r#"devctl_cluster_backup_schedule_interval_seconds{namespace="ns",cluster="db"} 86400.0"#,
         r#"devctl_cluster_failovers_total{namespace="ns",cluster="db"} 2"#,
         r#"devctl_cluster_last_failover_timestamp_seconds{namespace="ns",cluster="db"} 1700000200.0"#,
+        r#"devctl_cluster_last_failover_seconds{namespace="ns",cluster="db",phase="elect"} 1.5"#,
+        r#"devctl_cluster_last_failover_seconds{namespace="ns",cluster="db",phase="promote"} 2.25"#,
     ] {
         assert!(text.contains(line), "{line} missing:\n{text}");
     }
@@ -109,8 +112,11 @@ fn a_cluster_exports_its_status_and_drops_what_no_longer_applies() {
     later.failover_epoch = 3;
     later.schedule = None;
     later.last_backup = None;
+    // A new record whose steps are not all reached: its earlier steps' series go.
+    later.last_failover_steps = vec![("elect", 0.5)];
     metrics.set_cluster("ns", "db", &later, now());
     let text = metrics.encode();
+    assert!(!text.contains(r#"cluster="db",phase="promote""#), "{text}");
     assert!(
         text.contains(r#"devctl_cluster_failovers_total{namespace="ns",cluster="db"} 3"#),
         "{text}"
@@ -198,4 +204,31 @@ fn a_snapshot_reads_the_status() {
     assert_eq!(snapshot.schedule.as_deref(), Some("0 * * * *"));
     assert_eq!(snapshot.failover_epoch, 0);
     assert_eq!(snapshot.last_failover, None);
+}
+
+#[test]
+fn a_flight_record_gives_the_duration_of_each_step_it_reached() {
+    let record = devctl_api::database_cluster::FailoverRecord {
+        reason: devctl_api::database_cluster::FailoverReason::PrimaryLost,
+        failed_primary: "db-0".into(),
+        new_primary: Some("db-1".into()),
+        detected_at: "2026-12-06T12:00:00.000Z".into(),
+        elected_at: Some("2026-12-06T12:00:01.250Z".into()),
+        promoted_at: Some("2026-12-06T12:00:03.000Z".into()),
+        service_switched_at: None,
+    };
+    assert_eq!(
+        failover_steps(&record),
+        [("elect", 1.25), ("promote", 1.75)]
+    );
+    let switched = devctl_api::database_cluster::FailoverRecord {
+        service_switched_at: Some("2026-12-06T12:00:03.100Z".into()),
+        ..record
+    };
+    let steps = failover_steps(&switched);
+    assert_eq!(steps.len(), 4);
+    assert!(
+        (steps[2].1 - 0.1).abs() < 1e-9 && (steps[3].1 - 3.1).abs() < 1e-9,
+        "{steps:?}"
+    );
 }
