@@ -37,6 +37,7 @@
 
 pub mod audit;
 pub mod binaries;
+pub mod campaign;
 pub mod cluster;
 pub mod control_plane;
 pub mod kstatus;
