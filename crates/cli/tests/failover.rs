@@ -878,12 +878,14 @@ async fn a_target_that_dies_before_promoting_is_replaced_by_a_new_election() {
 /// it acknowledges a probe commit ([`workload::WriteProbe`]): the meaning of writable.
 struct Prober {
     pods: Vec<String>,
+    started: Instant,
     stop: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<Vec<(Instant, bool)>>>,
 }
 
 impl Prober {
     async fn start(env: &Env, passfile: &std::path::Path, pods: &[&str]) -> Self {
+        let started = Instant::now();
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let mut tasks = Vec::new();
         for pod in pods {
@@ -901,6 +903,7 @@ impl Prober {
         }
         Self {
             pods: pods.iter().map(|p| p.to_string()).collect(),
+            started,
             stop,
             tasks,
         }
@@ -910,9 +913,10 @@ impl Prober {
     /// the pods writable at any probe of the last second (one slow commit on a loaded
     /// machine does not make the primary look read-only).
     async fn finish(self) -> Vec<String> {
+        use devctl_testenv::campaign::checks::{ProbeSamples, two_writable};
         let stopped_at = Instant::now();
         let _ = self.stop.send(true);
-        let mut runs: Vec<(usize, Instant, Instant)> = Vec::new();
+        let mut probes = Vec::new();
         let mut last = Vec::new();
         for (index, task) in self.tasks.into_iter().enumerate() {
             let samples = task.await.unwrap();
@@ -922,37 +926,22 @@ impl Prober {
                 self.pods[index],
                 samples.len()
             );
-            let mut open: Option<(Instant, Instant)> = None;
-            for (at, writable) in &samples {
-                open = match (open, writable) {
-                    (Some((from, _)), true) => Some((from, *at)),
-                    (None, true) => Some((*at, *at)),
-                    (Some((from, to)), false) => {
-                        runs.push((index, from, to));
-                        None
-                    }
-                    (None, false) => None,
-                };
-            }
-            if let Some((from, to)) = open {
-                runs.push((index, from, to));
-            }
             if samples.iter().any(|(at, writable)| {
                 *writable && stopped_at.duration_since(*at) < Duration::from_secs(1)
             }) {
                 last.push(self.pods[index].clone());
             }
+            probes.push(ProbeSamples {
+                pod: self.pods[index].clone(),
+                samples: samples
+                    .into_iter()
+                    .map(|(at, writable)| (at.saturating_duration_since(self.started), writable))
+                    .collect(),
+            });
         }
-        for (a, from_a, to_a) in &runs {
-            for (b, from_b, to_b) in &runs {
-                assert!(
-                    a == b || to_a < from_b || to_b < from_a,
-                    "{} and {} were writable at once",
-                    self.pods[*a],
-                    self.pods[*b]
-                );
-            }
-        }
+        // The campaign's checker (devctl_testenv::campaign::checks).
+        let overlaps = two_writable(&probes);
+        assert!(overlaps.is_empty(), "writable at once: {overlaps:?}");
         last
     }
 }

@@ -15,18 +15,56 @@ pub fn lost_rows(acknowledged: &[i64], present: &BTreeSet<i64>) -> Vec<i64> {
         .collect()
 }
 
-/// One probe instant: every instance asked at once whether it acknowledges a commit.
+/// One instance's probe answers ([`crate::workload::WriteProbe`], ten a second): whether
+/// it acknowledged a probe commit, by time since the campaign started.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProbeRound {
-    /// Since the campaign started.
-    pub at: Duration,
-    /// The instances whose probe commit was acknowledged.
-    pub writable: BTreeSet<String>,
+pub struct ProbeSamples {
+    pub pod: String,
+    pub samples: Vec<(Duration, bool)>,
 }
 
-/// The probe instants at which more than one instance accepted writes.
-pub fn two_writable(rounds: &[ProbeRound]) -> Vec<&ProbeRound> {
-    rounds.iter().filter(|r| r.writable.len() > 1).collect()
+impl ProbeSamples {
+    /// The spans `[first, last]` of consecutive acknowledged probes.
+    pub fn writable_spans(&self) -> Vec<(Duration, Duration)> {
+        let mut spans = Vec::new();
+        let mut open: Option<(Duration, Duration)> = None;
+        for &(at, writable) in &self.samples {
+            open = match (open, writable) {
+                (Some((from, _)), true) => Some((from, at)),
+                (None, true) => Some((at, at)),
+                (Some(span), false) => {
+                    spans.push(span);
+                    None
+                }
+                (None, false) => None,
+            };
+        }
+        spans.extend(open);
+        spans
+    }
+}
+
+/// Two instances that accepted writes at once: their writable spans overlap (probes are not
+/// synchronised between instances, so a span is the stretch between an instance's first and
+/// last acknowledged probe of a run). Each pair with the time their overlap starts.
+pub fn two_writable(probes: &[ProbeSamples]) -> Vec<(String, String, Duration)> {
+    let spans: Vec<(&str, (Duration, Duration))> = probes
+        .iter()
+        .flat_map(|p| {
+            p.writable_spans()
+                .into_iter()
+                .map(move |s| (p.pod.as_str(), s))
+        })
+        .collect();
+    let mut overlaps = Vec::new();
+    for (i, (a, (from_a, to_a))) in spans.iter().enumerate() {
+        for (b, (from_b, to_b)) in &spans[i + 1..] {
+            if a != b && from_a <= to_b && from_b <= to_a {
+                overlaps.push((a.to_string(), b.to_string(), *from_a.max(from_b)));
+            }
+        }
+    }
+    overlaps
 }
 
 /// The instances whose table checksum differs from the primary's.
@@ -67,7 +105,7 @@ pub struct Records {
     pub acknowledged: Vec<i64>,
     /// The rows on the final primary.
     pub present: BTreeSet<i64>,
-    pub rounds: Vec<ProbeRound>,
+    pub probes: Vec<ProbeSamples>,
     /// The final primary.
     pub primary: String,
     /// Each instance's checksum of the table.
@@ -93,11 +131,8 @@ impl Verdict {
         if !lost.is_empty() {
             failures.push(format!("{} acknowledged rows lost: {lost:?}", lost.len()));
         }
-        for round in two_writable(&records.rounds) {
-            failures.push(format!(
-                "two writable instances at {:?}: {:?}",
-                round.at, round.writable
-            ));
+        for (a, b, at) in two_writable(&records.probes) {
+            failures.push(format!("{a} and {b} were writable at once, from {at:?}"));
         }
         let disagree = checksums_disagree(&records.primary, &records.checksums);
         if !disagree.is_empty() {
@@ -155,10 +190,15 @@ mod tests {
         values.iter().copied().collect()
     }
 
-    fn round(at_ms: u64, writable: &[&str]) -> ProbeRound {
-        ProbeRound {
-            at: Duration::from_millis(at_ms),
-            writable: writable.iter().map(|s| s.to_string()).collect(),
+    /// `pod`'s probes every 100 ms from 0, writable where `pattern` has a `w`.
+    fn probes(pod: &str, pattern: &str) -> ProbeSamples {
+        ProbeSamples {
+            pod: pod.into(),
+            samples: pattern
+                .chars()
+                .enumerate()
+                .map(|(i, c)| (Duration::from_millis(100 * i as u64), c == 'w'))
+                .collect(),
         }
     }
 
@@ -173,7 +213,12 @@ mod tests {
         Records {
             acknowledged: vec![1, 2, 3],
             present: rows(&[1, 2, 3, 4]),
-            rounds: vec![round(0, &["db-0"]), round(100, &[]), round(200, &["db-1"])],
+            // A failover: db-0 stops, nobody for a moment, then db-1.
+            probes: vec![
+                probes("db-0", "ww...."),
+                probes("db-1", "...www"),
+                probes("db-2", "......"),
+            ],
             primary: "db-1".into(),
             checksums: sums(&[("db-0", "a"), ("db-1", "a"), ("db-2", "a")]),
             recoveries: vec![Recovery {
@@ -204,19 +249,30 @@ mod tests {
         assert!(report.contains("    1.500 s  Freeze db-0"), "{report}");
     }
 
-    /// Planted: a second instance acknowledging commits at the same probe instant.
+    /// Planted: a second instance acknowledging commits while the first still does.
     #[test]
-    fn two_writable_instances_at_one_instant_fail_the_run() {
+    fn two_writable_instances_at_once_fail_the_run() {
         let mut records = clean();
-        records.rounds.push(round(300, &["db-0", "db-1"]));
-        assert_eq!(two_writable(&records.rounds), [&records.rounds[3]]);
-        let verdict = Verdict::of(1, &records);
-        assert_eq!(verdict.failures.len(), 1, "{:?}", verdict.failures);
-        assert!(
-            verdict.failures[0].contains("two writable instances at 300ms"),
-            "{:?}",
-            verdict.failures
+        records.probes[0] = probes("db-0", "ww..w.");
+        assert_eq!(
+            two_writable(&records.probes),
+            [(
+                "db-0".to_string(),
+                "db-1".to_string(),
+                Duration::from_millis(400)
+            )]
         );
+        let verdict = Verdict::of(1, &records);
+        assert_eq!(
+            verdict.failures,
+            ["db-0 and db-1 were writable at once, from 400ms"]
+        );
+        // Spans that only touch in time overlap too: one probe of each at the same instant.
+        assert_eq!(
+            two_writable(&[probes("a", "ww.."), probes("b", ".ww.")]).len(),
+            1
+        );
+        assert!(two_writable(&[probes("a", "ww.."), probes("b", "..ww")]).is_empty());
     }
 
     #[test]
