@@ -4,7 +4,9 @@
 //!
 //! The writer resolves `-rw` for every row as a client resolving the Service would: the
 //! EndpointSlices' ready endpoints (kept by kube-controller-manager from the role labels),
-//! then the address that pod's agent reports (the runner's pods have no routable IP). Each
+//! then the address that pod's agent reports (the runner's pods have no routable IP); while
+//! the API server does not answer it keeps its last answer, as a client's DNS and kube-proxy
+//! do. Each
 //! row is a new `psql` connection with a hard limit: the client is killed rather than told
 //! to cancel, so a commit waiting for a synchronous standby is never acknowledged by a
 //! timeout.
@@ -23,20 +25,29 @@ use kube::api::ListParams;
 /// How long one statement may take before the client is killed.
 pub const STATEMENT_LIMIT: Duration = Duration::from_secs(4);
 
-/// The ready pods behind the `<cluster>-rw` Service.
+/// The ready pods behind the `<cluster>-rw` Service (none when the API server does not answer).
 pub async fn rw_pods(client: &kube::Client, namespace: &str, cluster: &str) -> BTreeSet<String> {
+    try_rw_pods(client, namespace, cluster)
+        .await
+        .unwrap_or_default()
+}
+
+/// [`rw_pods`], telling an API server that does not answer from a Service without endpoints.
+pub async fn try_rw_pods(
+    client: &kube::Client,
+    namespace: &str,
+    cluster: &str,
+) -> Result<BTreeSet<String>, kube::Error> {
     let api: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
     let selector = format!("kubernetes.io/service-name={cluster}-rw");
-    let Ok(slices) = api.list(&ListParams::default().labels(&selector)).await else {
-        return BTreeSet::new();
-    };
-    slices
+    let slices = api.list(&ListParams::default().labels(&selector)).await?;
+    Ok(slices
         .items
         .iter()
         .flat_map(|s| s.endpoints.iter().flatten())
         .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
         .filter_map(|e| e.target_ref.as_ref()?.name.clone())
-        .collect()
+        .collect())
 }
 
 /// `(host, port)` from the report of `pod`'s agent.
@@ -227,9 +238,22 @@ impl Writer {
         let recorded = acks.clone();
         let task = tokio::spawn(async move {
             let mut value = first;
+            // A client resolving the Service keeps its last answer while the API server is
+            // away (kube-proxy's rules and DNS outlive it), so the writer does too.
+            let mut target: Option<String> = None;
+            let mut addresses = std::collections::HashMap::<String, (String, String)>::new();
             while !*stopped.borrow() {
-                if let Some(pod) = rw_pods(&client, &namespace, &cluster).await.pop_first()
-                    && let Some(address) = reported_address(&client, &namespace, &pod).await
+                if let Ok(mut pods) = try_rw_pods(&client, &namespace, &cluster).await {
+                    target = pods.pop_first();
+                }
+                if let Some(pod) = target.clone()
+                    && let Some(address) = match reported_address(&client, &namespace, &pod).await {
+                        Some(address) => {
+                            addresses.insert(pod.clone(), address.clone());
+                            Some(address)
+                        }
+                        None => addresses.get(&pod).cloned(),
+                    }
                 {
                     let sql = format!("insert into t (v, pod) values ({value}, '{pod}')");
                     if psql_at(&passfile, &address, &sql).await.is_ok()

@@ -17,7 +17,7 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(150);
 
 /// The `devctl-agent` binary the process runner starts (built on demand: cargo builds only
 /// the tested package's binaries for its tests).
-fn ensure_agent_built() {
+pub fn ensure_agent_built() {
     let path = Path::new(env!("CARGO_BIN_EXE_devctl")).with_file_name("devctl-agent");
     if !path.exists() {
         let status = std::process::Command::new(env!("CARGO"))

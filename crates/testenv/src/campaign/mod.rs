@@ -1,11 +1,23 @@
-//! The fault campaign (docs/reliability.md, once it runs): seeded episodes of faults against
-//! a live cluster under write load, and the checkers that fail a run on any lost acknowledged
+//! The fault campaign (docs/reliability.md): seeded episodes of faults against a live
+//! cluster under write load, and the checkers that fail a run on any lost acknowledged
 //! write, any instant with two writable instances, or a cluster that does not recover.
 //!
-//! What is here so far is the pure part, the one a failing run must reproduce exactly: the
-//! episodes a seed makes ([`plan`]) and the checkers over what the writer and the probers
-//! recorded ([`checks`]). The runner that carries the episodes out against a cluster comes
-//! next.
+//! - [`plan`]: the episodes a seed makes (pure, so `--seed N` replays a run);
+//! - [`checks`]: the checkers over what the writer and the probers recorded (pure);
+//! - [`stats`]: write unavailability and recovery by fault kind (pure);
+//! - [`runner`]: the campaign against a live cluster, carrying out each fault through
+//!   [`inject`], probing through [`probe`], with the operator as a process of its own
+//!   ([`operator`]) in a [`world`].
 
 pub mod checks;
+pub mod inject;
+pub mod operator;
 pub mod plan;
+pub mod probe;
+pub mod runner;
+pub mod stats;
+pub mod world;
+
+pub use operator::OperatorProcess;
+pub use runner::{Config, Outcome, run};
+pub use world::World;

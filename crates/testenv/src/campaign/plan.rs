@@ -51,6 +51,11 @@ impl FaultKind {
         Self::Scale,
     ];
 
+    /// The kind named `name` (as `Debug` prints it, e.g. `KillPod`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| format!("{k:?}") == name)
+    }
+
     /// Whether the fault targets one instance (the primary or a replica).
     pub fn targets_an_instance(self) -> bool {
         matches!(

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::pod::stop_requested;
-use super::process_tree::{is_stopped, is_stopped_or_gone, process_tree, signal_all};
+use super::process_tree::{
+    children_named, is_stopped, is_stopped_or_gone, process_tree, signal_all,
+};
 use super::supervisor::Ctx;
 use super::{PodRunner, lock, note, running_pid};
 use crate::Error;
@@ -18,6 +20,8 @@ use crate::process;
 /// A process in uninterruptible sleep (an fsync while the suite's lanes load the disk) takes
 /// its SIGSTOP only when it wakes: 10 s was once not enough under the full suite.
 const FAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The command names of the engines an agent starts.
+const ENGINES: &[&str] = &["postgres", "mariadbd", "mysqld"];
 /// How often fault methods look.
 const FAULT_POLL: Duration = Duration::from_millis(5);
 
@@ -129,6 +133,60 @@ impl PodRunner {
                     .iter()
                     .all(|&p| !process::is_running(p))
                     .then_some(())
+            },
+        )
+    }
+
+    /// SIGKILLs the engine (PostgreSQL's postmaster, or the MariaDB server) that the running
+    /// agent of the newest pod named `pod` started; the agent stays and sees its engine crash.
+    /// Returns the killed pid once it is gone. Fails when no agent or no engine runs.
+    pub fn kill_engine(&self, namespace: &str, pod: &str) -> Result<u32, Error> {
+        self.require_processes("kill_engine")?;
+        let key = (namespace.to_string(), pod.to_string());
+        let engine = {
+            let shared = lock(&self.shared);
+            let agent = running_pid(&shared, &key).ok_or_else(|| {
+                Error::Process(format!("pod {namespace}/{pod} has no running agent"))
+            })?;
+            let engine = children_named(agent, ENGINES)
+                .into_iter()
+                .next()
+                .ok_or_else(|| {
+                    Error::Process(format!("the agent of pod {namespace}/{pod} runs no engine"))
+                })?;
+            signal_all(&[engine], libc::SIGKILL);
+            engine
+        };
+        poll(
+            &format!("engine {engine} of pod {namespace}/{pod} to be gone"),
+            || (!process::is_running(engine)).then_some(engine),
+        )
+    }
+
+    /// SIGKILLs the running agent of the newest pod named `pod` alone. As when a container's
+    /// first process dies, the runner then kills what is left of its group (the engine) and
+    /// starts the agent again after its back-off. Returns the killed pid once the runner has
+    /// recorded its exit.
+    pub fn kill_agent(&self, namespace: &str, pod: &str) -> Result<u32, Error> {
+        self.require_processes("kill_agent")?;
+        let key = (namespace.to_string(), pod.to_string());
+        let pid = {
+            let shared = lock(&self.shared);
+            let pid = running_pid(&shared, &key).ok_or_else(|| {
+                Error::Process(format!("pod {namespace}/{pod} has no running agent"))
+            })?;
+            // Listed as running, so not reaped: the pid is still our child.
+            signal_all(&[pid], libc::SIGKILL);
+            pid
+        };
+        poll(
+            &format!("the runner to record the exit of pod {namespace}/{pod}'s agent {pid}"),
+            || {
+                lock(&self.shared)
+                    .exits
+                    .get(&key)
+                    .is_some_and(|exits| exits.iter().any(|e| e.pid == pid))
+                    .then_some(pid)
             },
         )
     }

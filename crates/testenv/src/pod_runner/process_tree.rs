@@ -88,6 +88,22 @@ fn tree_of(pid: u32, table: &[ProcStat]) -> Vec<u32> {
     tree
 }
 
+/// The direct children of `pid` whose command name (`comm`) is one of `names`.
+pub(super) fn children_named(pid: u32, names: &[&str]) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| proc_stat(*p).is_some_and(|s| s.ppid == pid && !matches!(s.state, 'Z' | 'X')))
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm"))
+                .is_ok_and(|comm| names.contains(&comm.trim()))
+        })
+        .collect()
+}
+
 pub(super) fn signal_all(pids: &[u32], signal: libc::c_int) {
     for pid in pids {
         // SAFETY: kill(2) has no memory effects; callers pass processes they own (an
