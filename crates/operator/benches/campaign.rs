@@ -13,6 +13,28 @@ use devctl_testenv::{Cluster, ClusterOptions, PodBacking, S3Server};
 
 type BoxError = Box<dyn std::error::Error>;
 
+/// Fixed work timed before and after the run (the machine's state, not the code's): CPU (a
+/// hash loop) and the disk (64 synchronous 8 KiB writes, as commits are).
+fn calibrate() -> Result<(f64, f64), BoxError> {
+    use std::hash::{Hash, Hasher};
+    use std::io::Write;
+    let cpu = std::time::Instant::now();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for i in 0..20_000_000u64 {
+        i.hash(&mut hasher);
+    }
+    std::hint::black_box(hasher.finish());
+    let cpu = cpu.elapsed().as_secs_f64() * 1000.0;
+    let dir = tempfile::tempdir()?;
+    let mut file = std::fs::File::create(dir.path().join("fsync"))?;
+    let disk = std::time::Instant::now();
+    for _ in 0..64 {
+        file.write_all(&[0u8; 8192])?;
+        file.sync_data()?;
+    }
+    Ok((cpu, disk.elapsed().as_secs_f64() * 1000.0 / 64.0))
+}
+
 fn flag(args: &[String], name: &str) -> Option<String> {
     args.iter()
         .position(|a| a == name)
@@ -70,7 +92,13 @@ async fn main() -> Result<(), BoxError> {
         "campaign: seed {seed}, {faults} faults of {:?}, failoverTimeout {:?}, recovery bound {:?}",
         config.limits.kinds, config.failover_timeout, config.recovery_bound
     );
+    let before = calibrate()?;
     let outcome = campaign::run(&world, &config).await?;
+    let after = calibrate()?;
+    println!(
+        "calibration before / after: CPU {:.0} / {:.0} ms, fsync {:.2} / {:.2} ms",
+        before.0, after.0, before.1, after.1
+    );
     let runs = &outcome.runs;
     println!(
         "\n{} faults injected ({} skipped) in {} episodes, {:.0} s, {} rows acknowledged",
@@ -82,7 +110,15 @@ async fn main() -> Result<(), BoxError> {
     );
     println!("\n{}", stats::table(&stats::by_kind(runs)));
     println!("{}", outcome.verdict.report());
-    println!("operator logs: {}", logs.display());
+    println!(
+        "operator logs: {}; commit {}",
+        logs.display(),
+        std::process::Command::new("git")
+            .args(["rev-parse", "--short", "HEAD"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    );
     if !outcome.verdict.passed() {
         std::process::exit(1);
     }

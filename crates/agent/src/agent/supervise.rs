@@ -27,6 +27,16 @@ pub(super) enum Exit {
     Stale(String),
 }
 
+/// How long to wait before starting the engine again after its `failures`-th exit in a row:
+/// nothing after the first, then `backoff` (1 s, doubling up to [`MAX_BACKOFF`]).
+fn restart_wait(failures: u32, backoff: Duration) -> Duration {
+    if failures <= 1 {
+        Duration::ZERO
+    } else {
+        backoff
+    }
+}
+
 /// Whether the engine's last error line can say why it exited with `status`: when it exited
 /// by itself or aborted (PostgreSQL's PANIC). Killed by any other signal (the OOM killer, a
 /// person), the last line is some earlier error — often a client's failed login — not why.
@@ -271,7 +281,11 @@ impl Agent {
                         )));
                     }
                     let exit = format!("{name} exited ({status}){why}");
-                    let message = format!("{exit}; restarting in {}s", backoff.as_secs());
+                    // The first crash of an engine that ran stably restarts at once: its
+                    // children are gone (the output they shared was read to its end above),
+                    // and a primary's writers wait for it. A second crash in a row backs off.
+                    let wait = restart_wait(failures, backoff);
+                    let message = format!("{exit}; restarting in {}s", wait.as_secs());
                     tracing::error!("{message}");
                     self.engine_error = Some(message);
                     if !waiting_for_wal {
@@ -282,11 +296,13 @@ impl Agent {
                         return Ok(outcome);
                     }
                     tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(wait) => {}
                         _ = self.sigterm.recv() => return Ok(Outcome::Stopped),
                         _ = self.sigint.recv() => return Ok(Outcome::Stopped),
                     }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    if !wait.is_zero() {
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                    }
                 }
             }
         }
@@ -534,6 +550,17 @@ impl Agent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_first_crash_restarts_at_once_and_a_crash_loop_backs_off() {
+        let second = Duration::from_secs(1);
+        assert_eq!(restart_wait(1, second), Duration::ZERO);
+        assert_eq!(restart_wait(2, second), second);
+        assert_eq!(
+            restart_wait(3, Duration::from_secs(2)),
+            Duration::from_secs(2)
+        );
+    }
 
     #[test]
     fn only_an_exit_or_an_abort_takes_its_reason_from_the_log() {

@@ -56,6 +56,9 @@ wal_keep_size = {wal_keep}MB
 max_slot_wal_keep_size = {slot_keep}MB
 hot_standby = on
 wal_log_hints = on
+# A standby that lost its primary retries every second, not every 5 s: with synchronous
+# replication, commits after the primary restarts wait for a standby to reconnect.
+wal_retrieve_retry_interval = 1s
 
 # Logging to stderr (collected by the container runtime)
 logging_collector = off
@@ -113,6 +116,10 @@ mod tests {
         let conf = &render(512, 1024)[CONF];
         assert!(conf.contains("wal_keep_size = 128MB\n"), "{conf}");
         assert!(conf.contains("max_slot_wal_keep_size = 256MB\n"), "{conf}");
+        assert!(
+            conf.contains("wal_retrieve_retry_interval = 1s\n"),
+            "{conf}"
+        );
         assert_eq!(wal_retention_mib(100 * 1024), (512, 25 * 1024));
         assert_eq!(wal_retention_mib(128), (16, 64));
     }
