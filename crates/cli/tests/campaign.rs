@@ -11,7 +11,7 @@ mod support;
 use std::time::Duration;
 
 use devctl_testenv::S3Server;
-use devctl_testenv::campaign::{self, Config, OperatorProcess, World, stats};
+use devctl_testenv::campaign::{self, Config, OperatorProcess, Plant, World, stats};
 
 /// A seed whose twelve faults, in ten episodes, are of eleven of the twelve kinds (all but a
 /// freeze, which the failover tests cover): four hit the primary (whole pod killed twice,
@@ -20,30 +20,39 @@ use devctl_testenv::campaign::{self, Config, OperatorProcess, World, stats};
 const SEED: u64 = 4606;
 const FAULTS: usize = 12;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_short_seeded_campaign_loses_no_row_never_has_two_writers_and_recovers_from_every_fault()
-{
+/// One campaign at a time in this binary: each restarts the API server or stops its store.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A world of its own (namespace, store, operator process) on the binary's cluster.
+async fn world(prefix: &str, logs: &std::path::Path) -> World {
     support::databases::ensure_agent_built();
     let cluster = devctl_testenv::shared_process_cluster().await.unwrap();
     cluster.install_crds(&devctl_api::crds()).await.unwrap();
-    let namespace = cluster.create_namespace("campaign").await.unwrap();
+    let namespace = cluster.create_namespace(prefix).await.unwrap();
     // Its own store: the campaign stops it.
     let store: &'static S3Server = Box::leak(Box::new(S3Server::start().await.unwrap()));
-    let logs = tempfile::tempdir().unwrap();
     let operator = OperatorProcess::start(
         &support::operator_binary(),
         cluster.kubeconfig_path(),
         &namespace,
-        logs.path(),
+        logs,
     )
     .unwrap();
-    let world = World {
+    World {
         cluster,
         store,
         client: cluster.client().await.unwrap(),
         namespace,
         operator,
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_seeded_campaign_loses_no_row_never_has_two_writers_and_recovers_from_every_fault()
+{
+    let _one = ONE_AT_A_TIME.lock().await;
+    let logs = tempfile::tempdir().unwrap();
+    let world = world("campaign", logs.path()).await;
     let mut config = Config::new(SEED, FAULTS);
     config.limits.shortest = Duration::from_secs(2);
     config.limits.longest = Duration::from_secs(6);
@@ -71,4 +80,27 @@ async fn a_short_seeded_campaign_loses_no_row_never_has_two_writers_and_recovers
         "only {injected} faults injected:\n{}",
         outcome.verdict.report()
     );
+}
+
+/// The checkers catch what they claim on a live cluster: a row acknowledged to the writer and
+/// then deleted behind its back fails the run, and the report names the seed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaign_fails_when_an_acknowledged_row_is_deleted_behind_the_writers_back() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let logs = tempfile::tempdir().unwrap();
+    let world = world("campaign-plant", logs.path()).await;
+    let mut config = Config::new(SEED, 0);
+    config.name = "plant".into();
+    config.final_restore = false;
+    config.plant = Some(Plant::DeleteAcknowledgedRow);
+    let outcome = campaign::run(&world, &config).await.unwrap();
+    let report = outcome.verdict.report();
+    assert!(!outcome.verdict.passed(), "{report}");
+    let failures = &outcome.verdict.failures;
+    assert!(
+        failures.len() == 1 && failures[0].starts_with("1 acknowledged rows lost: ["),
+        "{report}"
+    );
+    assert!(report.contains(&format!("--seed {SEED}")), "{report}");
+    assert!(report.contains("planted: acknowledged row"), "{report}");
 }

@@ -52,6 +52,10 @@ async fn main() -> Result<(), BoxError> {
             .as_secs(),
     };
     let mut config = Config::new(seed, faults);
+    config.progress = true;
+    if let Some(longest) = flag(&args, "--longest") {
+        config.limits.longest = devctl_api::duration::parse(&longest)?;
+    }
     if let Some(kinds) = flag(&args, "--kinds") {
         config.limits.kinds = kinds
             .split(',')

@@ -39,6 +39,8 @@ pub struct Ctx<'w> {
     newer: AtomicBool,
     /// A scale-up waits this long for the new instances at most.
     pub scale_bound: Duration,
+    /// Print the timeline as it goes (the long run).
+    pub progress: bool,
 }
 
 impl<'w> Ctx<'w> {
@@ -52,6 +54,7 @@ impl<'w> Ctx<'w> {
             store_down: tokio::sync::Mutex::new(0),
             newer: AtomicBool::new(true),
             scale_bound,
+            progress: false,
         }
     }
 
@@ -60,6 +63,9 @@ impl<'w> Ctx<'w> {
         let at = self.started.elapsed();
         let what = what.into();
         tracing::info!(at = at.as_secs_f64(), "campaign: {what}");
+        if self.progress {
+            eprintln!("{:>9.3} s  {what}", at.as_secs_f64());
+        }
         if let Ok(mut timeline) = self.timeline.lock() {
             timeline.push((at, what));
         }

@@ -19,5 +19,5 @@ pub mod stats;
 pub mod world;
 
 pub use operator::OperatorProcess;
-pub use runner::{Config, Outcome, run};
+pub use runner::{Config, Outcome, Plant, run};
 pub use world::World;

@@ -44,6 +44,18 @@ pub struct Config {
     pub write_pause: Duration,
     /// Take a final backup and restore it into a new cluster.
     pub final_restore: bool,
+    /// A failure planted on purpose, to show the checkers catch it.
+    pub plant: Option<Plant>,
+    /// Print the timeline on stderr as it goes.
+    pub progress: bool,
+}
+
+/// A failure the campaign must catch, planted by the runner itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plant {
+    /// Once the writer stopped, the first acknowledged row is deleted on the primary behind
+    /// its back (as a lost commit would look).
+    DeleteAcknowledgedRow,
 }
 
 impl Config {
@@ -57,6 +69,8 @@ impl Config {
             name: "camp".into(),
             write_pause: Duration::from_millis(20),
             final_restore: true,
+            plant: None,
+            progress: false,
         }
     }
 }
@@ -92,7 +106,8 @@ pub async fn run(world: &World, config: &Config) -> Result<Outcome, Error> {
     create_cluster(world, config).await?;
     let started = Instant::now();
     let started_wall = SystemTime::now();
-    let ctx = Ctx::new(world, name, started, config.recovery_bound);
+    let mut ctx = Ctx::new(world, name, started, config.recovery_bound);
+    ctx.progress = config.progress;
     ctx.note(format!(
         "campaign seed {} with {} faults",
         config.seed, config.faults
@@ -226,6 +241,17 @@ pub async fn run(world: &World, config: &Config) -> Result<Outcome, Error> {
     ctx.note(format!("{} rows acknowledged", acks.len()));
     records.acknowledged = acks.iter().map(|a| a.value).collect();
     if wait_recovered(&ctx, config.recovery_bound).await.is_some() {
+        if config.plant == Some(Plant::DeleteAcknowledgedRow)
+            && let Some(first) = acks.first()
+            && let Some(primary) = ctx.cluster().await.and_then(|d| d.status?.current_primary)
+        {
+            let delete = format!("delete from t where v = {}", first.value);
+            sql(world, &passfile, &primary, &delete).await?;
+            ctx.note(format!(
+                "planted: acknowledged row {} deleted on {primary}",
+                first.value
+            ));
+        }
         final_checks(&ctx, &passfile, &mut records).await?;
         if config.final_restore {
             match restore_check(&ctx, config, dir.path(), &records.acknowledged).await {
