@@ -7,7 +7,7 @@
 //!
 //! Exits 1 when a checker failed; the report names the seed that replays the run.
 
-use devctl_testenv::campaign::plan::FaultKind;
+use devctl_testenv::campaign::plan::{FaultKind, Target};
 use devctl_testenv::campaign::{self, Config, OperatorProcess, World, stats};
 use devctl_testenv::{Cluster, ClusterOptions, PodBacking, S3Server};
 
@@ -61,6 +61,13 @@ async fn main() -> Result<(), BoxError> {
             .split(',')
             .map(|k| FaultKind::from_name(k.trim()).ok_or(format!("no fault kind {k}")))
             .collect::<Result<_, _>>()?;
+    }
+    if let Some(target) = flag(&args, "--target") {
+        config.limits.target = Some(match target.as_str() {
+            "primary" => Target::Primary,
+            "replica" => Target::Replica,
+            other => return Err(format!("--target is primary or replica, not {other}").into()),
+        });
     }
     if let Some(pairs) = flag(&args, "--pair-one-in") {
         config.limits.pair_one_in = pairs.parse()?;

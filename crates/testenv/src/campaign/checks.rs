@@ -129,7 +129,13 @@ impl Verdict {
         let mut failures = Vec::new();
         let lost = lost_rows(&records.acknowledged, &records.present);
         if !lost.is_empty() {
-            failures.push(format!("{} acknowledged rows lost: {lost:?}", lost.len()));
+            // The first rows name the loss; thousands would bury the rest of the report.
+            let shown = &lost[..lost.len().min(20)];
+            let more = if lost.len() > shown.len() { " …" } else { "" };
+            failures.push(format!(
+                "{} acknowledged rows lost: {shown:?}{more}",
+                lost.len()
+            ));
         }
         for (a, b, at) in two_writable(&records.probes) {
             failures.push(format!("{a} and {b} were writable at once, from {at:?}"));

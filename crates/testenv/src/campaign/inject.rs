@@ -4,7 +4,7 @@
 //! is recorded as skipped; the undo always runs.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use devctl_api::database_cluster::DatabaseCluster;
@@ -19,8 +19,10 @@ use super::stats::FaultRun;
 use super::world::World;
 use crate::Error;
 
-/// The two minor versions a rolling update moves between.
-pub const MINOR_VERSIONS: [&str; 2] = ["16.2", "16.3"];
+/// The major version the campaign runs and the minor it starts at; each rolling update moves
+/// to the next minor (never back: a downgrade is refused, rightly).
+pub const MAJOR: u32 = 16;
+pub const FIRST_MINOR: u32 = 2;
 /// How long an API write is retried (the API server may be restarting).
 const WRITE_BOUND: Duration = Duration::from_secs(60);
 
@@ -35,8 +37,8 @@ pub struct Ctx<'w> {
     primary: Mutex<Option<String>>,
     /// How many faults hold the store down.
     store_down: tokio::sync::Mutex<u32>,
-    /// Which of [`MINOR_VERSIONS`] the next rolling update moves to.
-    newer: AtomicBool,
+    /// The minor version the cluster was last moved to.
+    minor: AtomicU32,
     /// A scale-up waits this long for the new instances at most.
     pub scale_bound: Duration,
     /// Print the timeline as it goes (the long run).
@@ -52,7 +54,7 @@ impl<'w> Ctx<'w> {
             timeline: Mutex::new(Vec::new()),
             primary: Mutex::new(None),
             store_down: tokio::sync::Mutex::new(0),
-            newer: AtomicBool::new(true),
+            minor: AtomicU32::new(FIRST_MINOR),
             scale_bound,
             progress: false,
         }
@@ -145,6 +147,7 @@ pub async fn run(
     let mut run = FaultRun {
         episode,
         kind: fault.kind,
+        target: fault.target,
         pod: pod.clone(),
         at,
         alone,
@@ -251,9 +254,9 @@ async fn inject(ctx: &Ctx<'_>, fault: &Fault, pod: &str) -> Result<(), Error> {
                 .await
         }
         FaultKind::RollingUpdate => {
-            let newer = ctx.newer.fetch_xor(true, Ordering::SeqCst);
-            let version = MINOR_VERSIONS[usize::from(newer)];
-            ctx.patch(json!({ "spec": { "version": version } })).await
+            let minor = ctx.minor.fetch_add(1, Ordering::SeqCst) + 1;
+            ctx.patch(json!({ "spec": { "version": format!("{MAJOR}.{minor}") } }))
+                .await
         }
         FaultKind::Scale => {
             ctx.set_replicas(5).await?;

@@ -117,6 +117,8 @@ pub struct Limits {
     pub longest: Duration,
     /// One episode in this many has two faults.
     pub pair_one_in: u32,
+    /// Aim every instance fault at this target instead of drawing one (a focused run).
+    pub target: Option<Target>,
 }
 
 impl Default for Limits {
@@ -127,6 +129,7 @@ impl Default for Limits {
             shortest: Duration::from_secs(2),
             longest: Duration::from_secs(20),
             pair_one_in: 3,
+            target: None,
         }
     }
 }
@@ -145,10 +148,14 @@ fn fault(rng: &mut ChaCha8Rng, limits: &Limits, start: Duration) -> Fault {
     let kind = limits.kinds[below(rng, limits.kinds.len() as u64) as usize];
     let target = if !kind.targets_an_instance() {
         Target::Cluster
-    } else if below(rng, 2) == 0 {
-        Target::Primary
     } else {
-        Target::Replica
+        // Drawn even when a focused run overrides it: the rest of the sequence stays the same.
+        let drawn = if below(rng, 2) == 0 {
+            Target::Primary
+        } else {
+            Target::Replica
+        };
+        limits.target.unwrap_or(drawn)
     };
     let length = if kind.lasts() {
         between(rng, limits.shortest, limits.longest)
@@ -224,6 +231,33 @@ mod tests {
         }
         // The first fault of an episode starts it.
         assert!(episodes.iter().all(|e| e.faults[0].start.is_zero()));
+    }
+
+    #[test]
+    fn a_focused_run_aims_every_instance_fault_at_its_target_and_keeps_the_timing() {
+        let drawn = plan(5, 40, &Limits::default());
+        let focused = plan(
+            5,
+            40,
+            &Limits {
+                target: Some(Target::Primary),
+                ..Limits::default()
+            },
+        );
+        assert_eq!(drawn.len(), focused.len());
+        for (a, b) in drawn
+            .iter()
+            .flat_map(|e| &e.faults)
+            .zip(focused.iter().flat_map(|e| &e.faults))
+        {
+            assert_eq!((a.kind, a.start, a.length), (b.kind, b.start, b.length));
+            let expected = if a.kind.targets_an_instance() {
+                Target::Primary
+            } else {
+                Target::Cluster
+            };
+            assert_eq!(b.target, expected);
+        }
     }
 
     #[test]

@@ -18,7 +18,7 @@ use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 
 use super::checks::{Records, Recovery, Verdict};
-use super::inject::{self, Ctx, MINOR_VERSIONS};
+use super::inject::{self, Ctx, FIRST_MINOR, MAJOR};
 use super::plan::{self, Limits};
 use super::probe::Prober;
 use super::stats::{FaultRun, largest_gap};
@@ -239,8 +239,10 @@ pub async fn run(world: &World, config: &Config) -> Result<Outcome, Error> {
     let acks = writer.finish().await;
     records.probes = prober.finish().await;
     ctx.note(format!("{} rows acknowledged", acks.len()));
-    records.acknowledged = acks.iter().map(|a| a.value).collect();
+    let acknowledged: Vec<i64> = acks.iter().map(|a| a.value).collect();
     if wait_recovered(&ctx, config.recovery_bound).await.is_some() {
+        // Rows are compared only once they could be read from a primary that recovered.
+        records.acknowledged = acknowledged;
         if config.plant == Some(Plant::DeleteAcknowledgedRow)
             && let Some(first) = acks.first()
             && let Some(primary) = ctx.cluster().await.and_then(|d| d.status?.current_primary)
@@ -337,7 +339,7 @@ async fn create_cluster(world: &World, config: &Config) -> Result<(), Error> {
         world,
         &config.name,
         json!({
-            "engine": "postgres", "version": MINOR_VERSIONS[0], "replicas": 3,
+            "engine": "postgres", "version": format!("{MAJOR}.{FIRST_MINOR}"), "replicas": 3,
             "storage": { "size": "1Gi" },
             "backup": backup_spec(world),
             "replication": { "synchronous": { "method": "any", "number": 1 } },
@@ -510,11 +512,16 @@ async fn restore_check(
     }
     ctx.note("final backup completed; restoring it");
     let restored = format!("{}-restored", config.name);
+    // The source's version (rolling updates moved it up; a restore never goes down).
+    let version = ctx
+        .cluster()
+        .await
+        .map_or_else(|| format!("{MAJOR}.{FIRST_MINOR}"), |d| d.spec.version);
     create(
         world,
         &restored,
         json!({
-            "engine": "postgres", "version": MINOR_VERSIONS[0], "replicas": 1,
+            "engine": "postgres", "version": version, "replicas": 1,
             "storage": { "size": "1Gi" },
             "backup": { "enabled": false },
             "bootstrap": { "recovery": { "backup": backup_name } },

@@ -6,13 +6,15 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::plan::FaultKind;
+use super::plan::{FaultKind, Target};
 
 /// One fault as it ran.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FaultRun {
     pub episode: usize,
     pub kind: FaultKind,
+    /// The primary, a replica, or the cluster as a whole.
+    pub target: Target,
     /// The pod it hit, when it targets an instance.
     pub pod: Option<String>,
     /// Since the campaign started.
@@ -65,11 +67,12 @@ impl Summary {
     }
 }
 
-/// Per fault kind: how many ran (alone or in a pair), how many were skipped, and the
+/// Per fault kind and target: how many ran (alone or in a pair), how many were skipped, and the
 /// summaries of the faults that ran alone.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KindReport {
     pub kind: FaultKind,
+    pub target: Target,
     pub ran: usize,
     pub skipped: usize,
     pub unavailable: Option<Summary>,
@@ -77,13 +80,17 @@ pub struct KindReport {
 }
 
 pub fn by_kind(runs: &[FaultRun]) -> Vec<KindReport> {
-    let mut kinds: BTreeMap<FaultKind, Vec<&FaultRun>> = BTreeMap::new();
+    let mut kinds: BTreeMap<(FaultKind, u8), Vec<&FaultRun>> = BTreeMap::new();
     for run in runs {
-        kinds.entry(run.kind).or_default().push(run);
+        kinds
+            .entry((run.kind, run.target as u8))
+            .or_default()
+            .push(run);
     }
     kinds
         .into_iter()
-        .map(|(kind, runs)| {
+        .map(|((kind, _), runs)| {
+            let target = runs[0].target;
             let measured: Vec<&&FaultRun> = runs
                 .iter()
                 .filter(|r| r.alone && r.skipped.is_none())
@@ -93,6 +100,7 @@ pub fn by_kind(runs: &[FaultRun]) -> Vec<KindReport> {
             let recovery: Vec<Duration> = measured.iter().filter_map(|r| r.recovery).collect();
             KindReport {
                 kind,
+                target,
                 ran: runs.iter().filter(|r| r.skipped.is_none()).count(),
                 skipped: runs.iter().filter(|r| r.skipped.is_some()).count(),
                 unavailable: Summary::of(&unavailable),
@@ -115,9 +123,14 @@ pub fn table(reports: &[KindReport]) -> String {
         "| fault | ran | skipped | measured alone | write unavailability p50 / p95 / p99 / max (s) | measured alone | recovery p50 / p95 / p99 / max (s) |\n|---|---:|---:|---:|---|---:|---|\n",
     );
     for r in reports {
+        let on = match r.target {
+            Target::Primary => " (primary)",
+            Target::Replica => " (replica)",
+            Target::Cluster => "",
+        };
         let _ = writeln!(
             out,
-            "| {:?} | {} | {} | {} | {} |",
+            "| {:?}{on} | {} | {} | {} | {} |",
             r.kind,
             r.ran,
             r.skipped,
@@ -178,6 +191,11 @@ mod tests {
         let run = |kind, alone, skipped: Option<&str>, secs| FaultRun {
             episode: 0,
             kind,
+            target: if kind == FaultKind::Switchover {
+                Target::Cluster
+            } else {
+                Target::Primary
+            },
             pod: None,
             at: Duration::ZERO,
             alone,
@@ -201,7 +219,11 @@ mod tests {
         assert_eq!(freeze.unavailable.unwrap().max, 4.0);
         let table = table(&reports);
         assert!(
-            table.contains("| Freeze | 2 | 1 | 1 | 4.00 / 4.00 / 4.00 / 4.00 |"),
+            table.contains("| Freeze (primary) | 2 | 1 | 1 | 4.00 / 4.00 / 4.00 / 4.00 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| Switchover | 1 | 0 | 1 | 1.00 /"),
             "{table}"
         );
     }
