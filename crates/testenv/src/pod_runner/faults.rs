@@ -113,16 +113,7 @@ impl PodRunner {
                 killed = pids;
             }
         }
-        poll(
-            &format!("the runner to record the exit of pod {namespace}/{pod}'s agent {pid}"),
-            || {
-                lock(&self.shared)
-                    .exits
-                    .get(&key)
-                    .is_some_and(|exits| exits.iter().any(|e| e.pid == pid))
-                    .then_some(())
-            },
-        )?;
+        self.exit_recorded(&key, pid)?;
         // SIGKILL is delivered asynchronously: a process outside the agent's group (a child
         // that detached) can still be running for a moment after kill(2) returned. The fault
         // is in place only once the whole tree is gone.
@@ -137,6 +128,29 @@ impl PodRunner {
         )
     }
 
+    /// The running agent of pod `key`, or an error naming the pod.
+    fn running_agent(shared: &super::Shared, key: &(String, String)) -> Result<u32, Error> {
+        running_pid(shared, key)
+            .ok_or_else(|| Error::Process(format!("pod {}/{} has no running agent", key.0, key.1)))
+    }
+
+    /// Waits until the runner recorded the exit of pod `key`'s agent `pid`.
+    fn exit_recorded(&self, key: &(String, String), pid: u32) -> Result<(), Error> {
+        poll(
+            &format!(
+                "the runner to record the exit of pod {}/{}'s agent {pid}",
+                key.0, key.1
+            ),
+            || {
+                lock(&self.shared)
+                    .exits
+                    .get(key)
+                    .is_some_and(|exits| exits.iter().any(|e| e.pid == pid))
+                    .then_some(())
+            },
+        )
+    }
+
     /// SIGKILLs the engine (PostgreSQL's postmaster, or the MariaDB server) that the running
     /// agent of the newest pod named `pod` started; the agent stays and sees its engine crash.
     /// Returns the killed pid once it is gone. Fails when no agent or no engine runs.
@@ -145,9 +159,7 @@ impl PodRunner {
         let key = (namespace.to_string(), pod.to_string());
         let engine = {
             let shared = lock(&self.shared);
-            let agent = running_pid(&shared, &key).ok_or_else(|| {
-                Error::Process(format!("pod {namespace}/{pod} has no running agent"))
-            })?;
+            let agent = Self::running_agent(&shared, &key)?;
             let engine = children_named(agent, ENGINES)
                 .into_iter()
                 .next()
@@ -172,23 +184,12 @@ impl PodRunner {
         let key = (namespace.to_string(), pod.to_string());
         let pid = {
             let shared = lock(&self.shared);
-            let pid = running_pid(&shared, &key).ok_or_else(|| {
-                Error::Process(format!("pod {namespace}/{pod} has no running agent"))
-            })?;
+            let pid = Self::running_agent(&shared, &key)?;
             // Listed as running, so not reaped: the pid is still our child.
             signal_all(&[pid], libc::SIGKILL);
             pid
         };
-        poll(
-            &format!("the runner to record the exit of pod {namespace}/{pod}'s agent {pid}"),
-            || {
-                lock(&self.shared)
-                    .exits
-                    .get(&key)
-                    .is_some_and(|exits| exits.iter().any(|e| e.pid == pid))
-                    .then_some(pid)
-            },
-        )
+        self.exit_recorded(&key, pid).map(|()| pid)
     }
 
     /// Ends [`Self::kill_and_hold`] for pods named `pod`: the supervisor starts their agent
