@@ -28,9 +28,13 @@ pub(super) enum Exit {
 }
 
 /// How long to wait before starting the engine again after its `failures`-th exit in a row:
-/// nothing after the first, then `backoff` (1 s, doubling up to [`MAX_BACKOFF`]).
-fn restart_wait(failures: u32, backoff: Duration) -> Duration {
-    if failures <= 1 {
+/// nothing after a first crash whose processes are all gone (`drained`: every output pipe
+/// they shared reached its end, so no old backend still holds the shared memory a new
+/// postmaster refuses to start beside), else `backoff` (1 s, doubling up to
+/// [`MAX_BACKOFF`]). A restore waiting for WAL (`failures` kept at 0) always waits: each
+/// start replays the archive from the backup's checkpoint.
+fn restart_wait(failures: u32, drained: bool, backoff: Duration) -> Duration {
+    if failures == 1 && drained {
         Duration::ZERO
     } else {
         backoff
@@ -240,10 +244,8 @@ impl Agent {
                     self.health.set_ready(false);
                     self.health.set_failed(true);
                     let name = self.engine.name();
-                    let last_error = self
-                        .engine_exit_reason()
-                        .await
-                        .filter(|_| log_explains_exit(&status));
+                    let (last_error, drained) = self.engine_exit_reason().await;
+                    let last_error = last_error.filter(|_| log_explains_exit(&status));
                     // The WAL past a restore's target time reaches the store within the
                     // source's archive_timeout: waited for, not counted as failures (nor
                     // reported as restarts).
@@ -281,10 +283,11 @@ impl Agent {
                         )));
                     }
                     let exit = format!("{name} exited ({status}){why}");
-                    // The first crash of an engine that ran stably restarts at once: its
-                    // children are gone (the output they shared was read to its end above),
-                    // and a primary's writers wait for it. A second crash in a row backs off.
-                    let wait = restart_wait(failures, backoff);
+                    // The first crash of an engine that ran stably restarts at once when its
+                    // children are gone (the output they shared was read to its end above):
+                    // a primary's writers wait for it. Otherwise, and after a second crash in
+                    // a row, it backs off.
+                    let wait = restart_wait(failures, drained, backoff);
                     let message = format!("{exit}; restarting in {}s", wait.as_secs());
                     tracing::error!("{message}");
                     self.engine_error = Some(message);
@@ -318,12 +321,16 @@ impl Agent {
     }
 
     /// The last error line the engine printed before it exited, once its output is read
-    /// to the end (bounded: a child it left behind may hold the pipe open).
-    pub(super) async fn engine_exit_reason(&mut self) -> Option<String> {
+    /// to the end (bounded: a child it left behind may hold the pipe open), and whether
+    /// every pipe reached its end (every process that shared it is gone).
+    pub(super) async fn engine_exit_reason(&mut self) -> (Option<String>, bool) {
+        let mut drained = true;
         for task in self.engine_output.drain(..) {
-            let _ = tokio::time::timeout(Duration::from_secs(1), task).await;
+            drained &= tokio::time::timeout(Duration::from_secs(1), task)
+                .await
+                .is_ok();
         }
-        self.engine_last_error.take()
+        (self.engine_last_error.take(), drained)
     }
 
     /// Stops the engine: its fast-shutdown signal, then SIGKILL after [`STOP_TIMEOUT`].
@@ -554,12 +561,16 @@ mod tests {
     #[test]
     fn a_first_crash_restarts_at_once_and_a_crash_loop_backs_off() {
         let second = Duration::from_secs(1);
-        assert_eq!(restart_wait(1, second), Duration::ZERO);
-        assert_eq!(restart_wait(2, second), second);
+        assert_eq!(restart_wait(1, true, second), Duration::ZERO);
+        // An old backend may still hold the shared memory: wait.
+        assert_eq!(restart_wait(1, false, second), second);
+        assert_eq!(restart_wait(2, true, second), second);
         assert_eq!(
-            restart_wait(3, Duration::from_secs(2)),
+            restart_wait(3, true, Duration::from_secs(2)),
             Duration::from_secs(2)
         );
+        // A point-in-time restore waiting for WAL keeps its count at 0 and always waits.
+        assert_eq!(restart_wait(0, true, second), second);
     }
 
     #[test]
