@@ -101,14 +101,19 @@ impl<'w> Ctx<'w> {
             Target::Cluster => None,
             Target::Primary => primary,
             Target::Replica => {
-                let others: Vec<String> = (0..replicas)
-                    .map(|i| format!("{}-{i}", self.name))
-                    .filter(|p| Some(p) != primary.as_ref())
-                    .collect();
+                let others = self.replicas(primary.as_deref(), replicas);
                 let pick = (episode + start.as_millis() as usize) % others.len().max(1);
                 others.get(pick).cloned()
             }
         }
+    }
+
+    /// The pods of a cluster of `replicas` instances other than `primary`, by ordinal.
+    fn replicas(&self, primary: Option<&str>, replicas: usize) -> Vec<String> {
+        (0..replicas)
+            .map(|i| format!("{}-{i}", self.name))
+            .filter(|p| Some(p.as_str()) != primary)
+            .collect()
     }
 
     /// Merge-patches the cluster, retried while the API server does not answer.
@@ -180,13 +185,16 @@ pub async fn run(
     run
 }
 
+/// One of the pod runner's fault methods, run on the blocking pool.
+type PodFault = fn(&crate::PodRunner, &str, &str) -> Result<(), Error>;
+
 /// Injects `fault` on `pod` (empty for a fault not aimed at an instance), holds it, undoes it.
 async fn inject(ctx: &Ctx<'_>, fault: &Fault, pod: &str) -> Result<(), Error> {
     let world = ctx.world;
     let namespace = world.namespace.clone();
     let runner = world.runner()?;
     let (ns, name) = (namespace.clone(), pod.to_string());
-    let blocking = |f: fn(&crate::PodRunner, &str, &str) -> Result<(), Error>| {
+    let blocking = |f: PodFault| {
         let (ns, name) = (ns.clone(), name.clone());
         async move {
             tokio::task::spawn_blocking(move || f(runner, &ns, &name))
@@ -198,23 +206,17 @@ async fn inject(ctx: &Ctx<'_>, fault: &Fault, pod: &str) -> Result<(), Error> {
     match fault.kind {
         FaultKind::KillEngine => blocking(|r, n, p| r.kill_engine(n, p).map(|_| ())).await,
         FaultKind::KillAgent => blocking(|r, n, p| r.kill_agent(n, p).map(|_| ())).await,
-        FaultKind::KillPod => {
-            let killed = blocking(|r, n, p| r.kill_and_hold(n, p)).await;
+        // A lasting pod fault: made, held for its length, undone whether or not it took.
+        FaultKind::KillPod | FaultKind::Freeze | FaultKind::Partition => {
+            let (make, undo): (PodFault, PodFault) = match fault.kind {
+                FaultKind::KillPod => (|r, n, p| r.kill_and_hold(n, p), |r, n, p| r.release(n, p)),
+                FaultKind::Freeze => (|r, n, p| r.freeze(n, p), |r, n, p| r.thaw(n, p)),
+                _ => (|r, n, p| r.partition(n, p), |r, n, p| r.heal(n, p)),
+            };
+            let made = blocking(make).await;
             tokio::time::sleep(hold).await;
-            blocking(|r, n, p| r.release(n, p)).await?;
-            killed
-        }
-        FaultKind::Freeze => {
-            let frozen = blocking(|r, n, p| r.freeze(n, p)).await;
-            tokio::time::sleep(hold).await;
-            blocking(|r, n, p| r.thaw(n, p)).await?;
-            frozen
-        }
-        FaultKind::Partition => {
-            let cut = blocking(|r, n, p| r.partition(n, p)).await;
-            tokio::time::sleep(hold).await;
-            blocking(|r, n, p| r.heal(n, p)).await?;
-            cut
+            blocking(undo).await?;
+            made
         }
         FaultKind::DeletePod => {
             let pods: Api<Pod> = Api::namespaced(world.client.clone(), &namespace);
@@ -245,9 +247,10 @@ async fn inject(ctx: &Ctx<'_>, fault: &Fault, pod: &str) -> Result<(), Error> {
         }
         FaultKind::Switchover => {
             let (primary, replicas) = ctx.shape().await;
-            let target = (0..replicas)
-                .map(|i| format!("{}-{i}", ctx.name))
-                .find(|p| Some(p) != primary.as_ref())
+            let target = ctx
+                .replicas(primary.as_deref(), replicas)
+                .into_iter()
+                .next()
                 .ok_or_else(|| Error::Process("no replica to switch over to".into()))?;
             ctx.note(format!("switchover to {target}"));
             ctx.patch(json!({ "metadata": { "annotations": { SWITCHOVER_ANNOTATION: target } } }))

@@ -465,7 +465,7 @@ async fn final_checks(ctx: &Ctx<'_>, passfile: &Path, records: &mut Records) -> 
     let caught_up = Instant::now();
     loop {
         let mut checksums = BTreeMap::new();
-        for pod in &pods {
+        for pod in pods.iter().filter(|p| **p != primary) {
             let sum = match rows_on(world, passfile, pod).await {
                 Ok((_, sum)) => sum,
                 Err(e) => format!("unreadable: {e}"),
