@@ -503,10 +503,11 @@ async fn a_replica_left_behind_past_its_slot_catches_up_from_the_archive() {
     .await
     .unwrap();
     env.wait_ready_with("lag", 2).await;
-    let log = env.agent_log("lag-1");
     assert!(
-        log.contains("standby catching up from the archive"),
-        "lag-1 did not fetch from the archive:\n{log}"
+        env.agent_log_all("lag-1")
+            .contains("standby catching up from the archive"),
+        "lag-1 did not fetch from the archive:\n{}",
+        env.agent_log("lag-1")
     );
     assert!(env.events("Recloned").await.is_empty());
 }

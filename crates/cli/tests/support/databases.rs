@@ -300,6 +300,17 @@ impl Env {
         .await
     }
 
+    /// An instance's whole log, for assertions about what it ever printed (`agent_log` keeps
+    /// only the tail, for failure messages: a busy engine scrolls a line out of it in seconds).
+    pub fn agent_log_all(&self, pod: &str) -> String {
+        self.cluster
+            .pod_runner()
+            .and_then(|r| r.log_path(&self.namespace, pod))
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_else(|| "(no log)".into())
+    }
+
+    /// The last 40 lines of an instance's log, for failure messages.
     pub fn agent_log(&self, pod: &str) -> String {
         self.cluster
             .pod_runner()
