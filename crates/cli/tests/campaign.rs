@@ -104,3 +104,32 @@ async fn a_campaign_fails_when_an_acknowledged_row_is_deleted_behind_the_writers
     assert!(report.contains(&format!("--seed {SEED}")), "{report}");
     assert!(report.contains("planted: acknowledged row"), "{report}");
 }
+
+/// The two-writer checker catches what it claims on a live cluster: a replica promoted
+/// behind its agent's back accepts the prober's commits while the primary still does, until
+/// its agent fences it; the run fails, naming the pair.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaign_fails_when_a_replica_is_promoted_behind_its_agents_back() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let logs = tempfile::tempdir().unwrap();
+    let world = world("campaign-split", logs.path()).await;
+    let mut config = Config::new(SEED, 0);
+    config.name = "split".into();
+    config.final_restore = false;
+    config.plant = Some(Plant::PromoteReplicaBehindItsAgent);
+    let outcome = campaign::run(&world, &config).await.unwrap();
+    let report = outcome.verdict.report();
+    assert!(!outcome.verdict.passed(), "{report}");
+    let failures = &outcome.verdict.failures;
+    assert!(
+        failures
+            .iter()
+            .all(|f| f.contains(" were writable at once, from ")),
+        "{report}"
+    );
+    assert!(
+        report.contains("promoted behind its agent's back"),
+        "{report}"
+    );
+    assert!(report.contains("stopped accepting writes"), "{report}");
+}

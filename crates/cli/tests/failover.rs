@@ -250,6 +250,18 @@ async fn a_killed_primary_fails_over_with_every_acknowledged_row_and_rejoins_by_
     assert!(steps.windows(2).all(|w| w[0] <= w[1]), "{record:#?}");
     let killed: k8s_openapi::jiff::Timestamp = killed_at.try_into().unwrap();
     assert!(killed <= steps[0], "detected before the kill: {record:#?}");
+    // Detection: from the last renewal the operator saw (no later than the kill, give or
+    // take its watch's delivery) to the decision, at least the failover timeout.
+    let last_seen = at(record.primary_last_seen_at.as_deref());
+    assert!(
+        last_seen <= killed + std::time::Duration::from_secs(1),
+        "the lock seen renewed after the kill: {record:#?}"
+    );
+    assert!(
+        steps[0].duration_since(last_seen)
+            >= k8s_openapi::jiff::SignedDuration::try_from(TIMEOUT).unwrap(),
+        "detected before the lock stood still for the failover timeout: {record:#?}"
+    );
     let acks = writer.finish().await;
     eprintln!(
         "{} rows acknowledged in {:?}",

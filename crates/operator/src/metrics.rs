@@ -182,9 +182,11 @@ pub struct ClusterSnapshot {
 }
 
 /// The steps of `status.lastFailover` the `devctl_cluster_last_failover_seconds` gauge
-/// measures: `elect` (detected → elected), `promote` (elected → promoted), `switch`
-/// (promoted → the `-rw` relabel written) and `total` (detected → the relabel).
-pub const FAILOVER_STEPS: [&str; 4] = ["elect", "promote", "switch", "total"];
+/// measures: `detect` (the lost primary's lock last seen renewed → detected; failovers the
+/// lock decided), `elect` (detected → elected), `promote` (elected → promoted), `switch`
+/// (promoted → the `-rw` relabel written) and `total` (from the first of those times the
+/// record has → the relabel).
+pub const FAILOVER_STEPS: [&str; 5] = ["detect", "elect", "promote", "switch", "total"];
 
 /// The step durations of a flight record (pure).
 pub fn failover_steps(
@@ -195,15 +197,17 @@ pub fn failover_steps(
         t.and_then(|t| t.parse::<Timestamp>().ok())
             .map(Timestamp::as_millisecond)
     };
+    let last_seen = at(record.primary_last_seen_at.as_deref());
     let detected = at(Some(record.detected_at.as_str()));
     let elected = at(record.elected_at.as_deref());
     let promoted = at(record.promoted_at.as_deref());
     let switched = at(record.service_switched_at.as_deref());
     [
+        (last_seen, detected),
         (detected, elected),
         (elected, promoted),
         (promoted, switched),
-        (detected, switched),
+        (last_seen.or(detected), switched),
     ]
     .into_iter()
     .zip(FAILOVER_STEPS)
@@ -909,7 +913,7 @@ fn register_cluster_families(registry: &mut Registry, f: &ClusterFamilies) {
     );
     registry.register(
         "devctl_cluster_last_failover_seconds",
-        "How long each step of the last failover or switchover took (status.lastFailover), by phase: elect, promote, switch, total",
+        "How long each step of the last failover or switchover took (status.lastFailover), by phase: detect, elect, promote, switch, total",
         f.last_failover_steps.clone(),
     );
 }

@@ -212,6 +212,7 @@ fn a_flight_record_gives_the_duration_of_each_step_it_reached() {
         reason: devctl_api::database_cluster::FailoverReason::PrimaryLost,
         failed_primary: "db-0".into(),
         new_primary: Some("db-1".into()),
+        primary_last_seen_at: None,
         detected_at: "2026-12-06T12:00:00.000Z".into(),
         elected_at: Some("2026-12-06T12:00:01.250Z".into()),
         promoted_at: Some("2026-12-06T12:00:03.000Z".into()),
@@ -229,6 +230,21 @@ fn a_flight_record_gives_the_duration_of_each_step_it_reached() {
     assert_eq!(steps.len(), 4);
     assert!(
         (steps[2].1 - 0.1).abs() < 1e-9 && (steps[3].1 - 3.1).abs() < 1e-9,
+        "{steps:?}"
+    );
+    // A failover the lock decided also knows when the primary was last seen: detect runs
+    // from there, and so does the total.
+    let lost = devctl_api::database_cluster::FailoverRecord {
+        primary_last_seen_at: Some("2026-12-06T11:59:50.000Z".into()),
+        ..switched
+    };
+    let steps = failover_steps(&lost);
+    assert_eq!(
+        steps.iter().map(|(step, _)| *step).collect::<Vec<_>>(),
+        FAILOVER_STEPS
+    );
+    assert!(
+        (steps[0].1 - 10.0).abs() < 1e-9 && (steps[4].1 - 13.1).abs() < 1e-9,
         "{steps:?}"
     );
 }

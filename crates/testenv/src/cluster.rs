@@ -240,6 +240,10 @@ impl Cluster {
         cluster
             .wait_until_started(kcm_port, scheduler_port, &kwok_address)
             .await?;
+        // Started: from now on they come back whenever they exit, like static pods.
+        cluster
+            .control_plane
+            .supervise(&["kube-controller-manager", "kube-scheduler", "kwok"]);
         let server_ca_pem = std::fs::read_to_string(&cluster.server_ca_path)
             .map_err(|e| Error::io(format!("read {}", cluster.server_ca_path.display()), e))?;
         cluster.pod_runner = PodRunner::start(

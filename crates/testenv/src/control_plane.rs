@@ -3,7 +3,8 @@
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Namespace;
@@ -65,7 +66,9 @@ struct ApiServerCommand {
 pub struct ControlPlane {
     // Dropped first: the processes stop before their directory disappears. Behind a mutex so
     // that the API server can be restarted through a shared (`&'static`) reference.
-    processes: Mutex<Vec<ManagedProcess>>,
+    processes: Arc<Mutex<Vec<ManagedProcess>>>,
+    /// Set once it is being dropped: the supervisor restarts nothing after.
+    stopping: Arc<AtomicBool>,
     /// Serialises restarts; counts the API server's previous runs (names their logs).
     api_server_runs: tokio::sync::Mutex<u32>,
     api_server: ApiServerCommand,
@@ -220,7 +223,8 @@ impl ControlPlane {
 
         let kubeconfig_path = dir.join("kubeconfig");
         let control_plane = Self {
-            processes: Mutex::new(processes),
+            processes: Arc::new(Mutex::new(processes)),
+            stopping: Arc::new(AtomicBool::new(false)),
             api_server_runs: tokio::sync::Mutex::new(1),
             api_server,
             etcd_address: format!("127.0.0.1:{etcd_port}"),
@@ -281,11 +285,45 @@ impl ControlPlane {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// `Err` naming the process and the end of its log if any process has exited.
+    /// `Err` naming the process and the end of its log if any process has exited (one the
+    /// supervisor restarts does not count: see [`Self::supervise`]).
     pub fn check_processes(&self) -> Result<(), Error> {
         self.processes()
             .iter_mut()
+            .filter(|p| !p.restarts_on_exit())
             .try_for_each(ManagedProcess::check_running)
+    }
+
+    /// From now on the processes named `names` are started again whenever they exit, as a
+    /// kubelet restarts the static pods of a real control plane. kube-scheduler exits on
+    /// purpose when it finds its cache corrupted (a pod seen on another node than the one it
+    /// had; it happens after an API server restart hides a delete from it), and on a real
+    /// cluster the kubelet brings it back: without this, a test environment would keep new
+    /// pods Pending for good after such a fault.
+    pub fn supervise(&self, names: &[&str]) {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        for process in self.processes().iter_mut() {
+            if names.iter().any(|n| n == process.name()) {
+                process.set_restart_on_exit();
+            }
+        }
+        let processes = Arc::downgrade(&self.processes);
+        let stopping = self.stopping.clone();
+        let spawned = std::thread::Builder::new()
+            .name("testenv-supervisor".into())
+            .spawn(move || supervise(&processes, &stopping));
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the control plane's supervisor thread");
+        }
+    }
+
+    /// How many times each supervised process was started again.
+    pub fn restarts(&self) -> Vec<(String, u32)> {
+        self.processes()
+            .iter()
+            .filter(|p| p.restarts_on_exit())
+            .map(|p| (p.name().to_string(), p.restarts()))
+            .collect()
     }
 
     /// The running processes' names and pids (kube-apiserver's changes when it restarts).
@@ -297,10 +335,7 @@ impl ControlPlane {
     }
 
     pub(crate) fn push_process(&mut self, process: ManagedProcess) {
-        self.processes
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(process);
+        self.processes().push(process);
     }
 
     /// Restarts kube-apiserver gracefully: SIGTERM, SIGKILL after [`API_SERVER_STOP_GRACE`]
@@ -703,11 +738,9 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
+        self.stopping.store(true, Ordering::SeqCst);
         // Stop in reverse start order (kwok and controllers before the API server, etcd last).
-        let processes = self
-            .processes
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut processes = self.processes();
         while let Some(process) = processes.pop() {
             drop(process);
         }
@@ -757,6 +790,39 @@ pub(crate) async fn http_request(
             after: timeout,
         })??;
     parse_http_response(&response).map_err(|e| Error::Process(format!("{what}: {e}")))
+}
+
+/// How often the supervisor looks for an exited process.
+const SUPERVISE_EVERY: Duration = Duration::from_millis(500);
+
+/// The supervisor thread's loop: restarts every exited process marked to be, until the
+/// control plane is dropped.
+fn supervise(processes: &Weak<Mutex<Vec<ManagedProcess>>>, stopping: &AtomicBool) {
+    loop {
+        std::thread::sleep(SUPERVISE_EVERY);
+        let Some(processes) = processes.upgrade() else {
+            return;
+        };
+        let mut processes = processes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        for process in processes.iter_mut().filter(|p| p.restarts_on_exit()) {
+            match process.restart() {
+                Ok(None) => {}
+                Ok(Some(status)) => tracing::warn!(
+                    name = process.name(),
+                    %status,
+                    pid = process.pid(),
+                    restarts = process.restarts(),
+                    "exited; started again (as a kubelet restarts a static pod)"
+                ),
+                Err(e) => tracing::warn!(name = process.name(), error = %e, "cannot start again"),
+            }
+        }
+    }
 }
 
 fn api_server_mut(processes: &mut [ManagedProcess]) -> Result<&mut ManagedProcess, Error> {

@@ -188,6 +188,15 @@ pub struct ManagedProcess {
     name: String,
     child: Child,
     log_path: PathBuf,
+    /// Exactly how it was started, so that [`Self::restart`] repeats it.
+    program: PathBuf,
+    args: Vec<String>,
+    /// Started again whenever it exits, as a kubelet restarts a static pod
+    /// ([`crate::ControlPlane`]'s supervisor); [`crate::ControlPlane::check_processes`] then
+    /// does not count its exit as a failure.
+    restart_on_exit: bool,
+    /// How many times it was started again.
+    restarts: u32,
 }
 
 impl ManagedProcess {
@@ -198,25 +207,50 @@ impl ManagedProcess {
         args: &[String],
         log_path: &Path,
     ) -> Result<Self, Error> {
-        let log = File::create(log_path)
-            .map_err(|e| Error::io(format!("create {}", log_path.display()), e))?;
-        let log_err = log
-            .try_clone()
-            .map_err(|e| Error::io("clone log handle", e))?;
-        let mut command = Command::new(program);
-        command
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err);
-        let child = spawn(name, command)
-            .map_err(|e| Error::io(format!("start {} ({})", name, program.display()), e))?;
-        tracing::debug!(name, pid = child.id(), log = %log_path.display(), "started");
+        let child = spawn_logged(name, program, args, log_path)?;
         Ok(Self {
             name: name.to_string(),
             child,
             log_path: log_path.to_path_buf(),
+            program: program.to_path_buf(),
+            args: args.to_vec(),
+            restart_on_exit: false,
+            restarts: 0,
         })
+    }
+
+    /// Marks it to be started again whenever it exits (see [`Self::restart`]).
+    pub(crate) fn set_restart_on_exit(&mut self) {
+        self.restart_on_exit = true;
+    }
+
+    pub(crate) fn restarts_on_exit(&self) -> bool {
+        self.restart_on_exit
+    }
+
+    /// How many times it was started again.
+    pub fn restarts(&self) -> u32 {
+        self.restarts
+    }
+
+    /// Starts the process again with the same command once it has exited; the previous
+    /// run's log is kept as `<log>.<restarts>`. `Ok(None)` while it still runs.
+    pub(crate) fn restart(&mut self) -> Result<Option<std::process::ExitStatus>, Error> {
+        let status = match self.child.try_wait() {
+            Ok(None) => return Ok(None),
+            Ok(Some(status)) => status,
+            Err(e) => return Err(Error::io(format!("wait for {}", self.name), e)),
+        };
+        forget_pid(self.child.id());
+        let restarts = self.restarts + 1;
+        let mut previous = self.log_path.clone().into_os_string();
+        previous.push(format!(".{restarts}"));
+        std::fs::rename(&self.log_path, &previous)
+            .map_err(|e| Error::io(format!("move {} aside", self.log_path.display()), e))?;
+        // The old child has been reaped: replacing it signals nothing.
+        self.child = spawn_logged(&self.name, &self.program, &self.args, &self.log_path)?;
+        self.restarts = restarts;
+        Ok(Some(status))
     }
 
     pub fn name(&self) -> &str {
@@ -264,6 +298,30 @@ impl ManagedProcess {
     }
 }
 
+/// Starts `program` with `args`, stdout and stderr written to a new `log_path`.
+fn spawn_logged(
+    name: &str,
+    program: &Path,
+    args: &[String],
+    log_path: &Path,
+) -> Result<Child, Error> {
+    let log = File::create(log_path)
+        .map_err(|e| Error::io(format!("create {}", log_path.display()), e))?;
+    let log_err = log
+        .try_clone()
+        .map_err(|e| Error::io("clone log handle", e))?;
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err);
+    let child = spawn(name, command)
+        .map_err(|e| Error::io(format!("start {} ({})", name, program.display()), e))?;
+    tracing::debug!(name, pid = child.id(), log = %log_path.display(), "started");
+    Ok(child)
+}
+
 impl Drop for ManagedProcess {
     fn drop(&mut self) {
         // Test processes are disposable: no grace period on drop keeps teardown fast.
@@ -292,13 +350,42 @@ pub fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// Claims `port` among the test processes of this machine for as long as this process lives:
+/// an exclusive `flock` on `<tmp>/devctl-testenv-ports/<port>`, which the kernel drops when
+/// the process ends, however it ends. `false` when another live process holds it. Where the
+/// claim cannot be made at all (no writable temporary directory), the bind check alone decides.
+fn claim_for_life(port: u16) -> bool {
+    use std::os::fd::AsRawFd;
+    static CLAIMS: Mutex<Vec<File>> = Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join("devctl-testenv-ports");
+    let file = std::fs::create_dir_all(&dir).and_then(|()| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(port.to_string()))
+    });
+    let Ok(file) = file else {
+        return true;
+    };
+    // SAFETY: flock(2) on a descriptor this function owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return false;
+    }
+    CLAIMS.lock().unwrap_or_else(|p| p.into_inner()).push(file);
+    true
+}
+
 /// A free TCP port on loopback for a server the caller starts next.
 ///
 /// The port comes from below the kernel's ephemeral range: a port the kernel handed out for
 /// `bind(0)` and that was released again is just as likely to be taken next as the source
 /// port of any outgoing connection (a watch, a replication stream) before the server binds
-/// it, which fails the server with "address already in use". Within this process a port is
-/// handed out once; across processes the choice is random and checked by binding it.
+/// it, which fails the server with "address already in use". A port is handed out once per
+/// machine at a time: within this process by a set, across the suite's parallel test
+/// processes by a lock file each holds for life ([`claim_for_life`]). Binding it first only
+/// checks that nothing else listens there. (Before the lock files two lanes once picked the
+/// same port within moments: etcd failed with "bind: address already in use".)
 pub fn free_port() -> Result<u16, Error> {
     static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
@@ -318,8 +405,8 @@ pub fn free_port() -> Result<u16, Error> {
                 continue;
             }
             // Free on every loopback address and on the wildcard one (an agent's health
-            // server listens on 0.0.0.0).
-            if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            // server listens on 0.0.0.0), and not handed out by another test process.
+            if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() && claim_for_life(port) {
                 handed_out.insert(port);
                 return Ok(port);
             }

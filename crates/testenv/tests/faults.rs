@@ -317,6 +317,27 @@ async fn a_cluster_keeps_working_across_an_api_server_restart() {
     let started = Instant::now();
     cluster.restart_api_server().await.unwrap();
     println!("cluster: graceful restart took {:?}", started.elapsed());
+    // kube-scheduler exits on purpose when its cache no longer matches the API server (it
+    // did after a restart in the fault campaign); the controllers and kwok may die too. Like a
+    // kubelet with static pods, the environment starts each again.
+    let before = cluster.pids();
+    for name in ["kube-scheduler", "kube-controller-manager", "kwok"] {
+        let pid = before.iter().find(|(n, _)| n == name).unwrap().1;
+        // SAFETY: kill(2) on the environment's own child process.
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGKILL);
+        }
+    }
+    eventually("the killed components to run again", TIMEOUT, || async {
+        let restarts = cluster.restarts();
+        restarts
+            .iter()
+            .all(|(_, n)| *n == 1)
+            .then_some(())
+            .filter(|_| restarts.len() == 3)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", cluster.restarts(), cluster.describe()));
 
     // Controllers, scheduler and kwok reconnect: a new Deployment's pod runs.
     let ns = cluster.create_namespace("restart").await.unwrap();

@@ -599,6 +599,11 @@ pub struct FailoverRecord {
     /// The instance elected (and, once `promotedAt` is set, promoted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub new_primary: Option<String>,
+    /// When the operator last saw the lost primary's lock renewed, on its own clock
+    /// (`detectedAt` minus how long its watch had seen the lock unchanged): the detect step
+    /// runs from here to `detectedAt`. Failovers the lock decided only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_last_seen_at: Option<String>,
     /// When the operator decided the primary was lost, or the switchover started.
     pub detected_at: String,
     /// When the new primary was chosen.

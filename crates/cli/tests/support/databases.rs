@@ -358,49 +358,13 @@ impl Env {
 
     /// `sql` as the superuser `postgres` on `pod`'s private socket (peer authentication, as
     /// the agent itself connects): for what the application role may not do (CHECKPOINT,
-    /// `pg_switch_wal()`). Found through the pod's agent process and its engine's binary.
+    /// `pg_switch_wal()`).
     pub async fn superuser_sql(&self, pod: &str, sql: &str) -> String {
         let runner = self.cluster.pod_runner().expect("process-backed pods");
-        let pids = runner.agent_pids(&self.namespace, pod);
-        let agent = *pids
-            .first()
-            .unwrap_or_else(|| panic!("no agent runs for {pod}"));
-        let environ = std::fs::read(format!("/proc/{agent}/environ")).unwrap();
-        let run_dir = environ
-            .split(|b| *b == 0)
-            .filter_map(|kv| std::str::from_utf8(kv).ok())
-            .find_map(|kv| kv.strip_prefix("DEVCTL_RUN_DIR="))
-            .map(PathBuf::from)
-            .unwrap_or_else(|| panic!("{pod}'s agent has no DEVCTL_RUN_DIR"));
-        let psql = pids
-            .iter()
-            .filter_map(|pid| std::fs::read_link(format!("/proc/{pid}/exe")).ok())
-            .find(|exe| exe.file_name().is_some_and(|n| n == "postgres"))
-            .map(|exe| exe.with_file_name("psql"))
-            .unwrap_or_else(|| panic!("no postgres runs for {pod}"));
-        let port = std::fs::read_dir(&run_dir)
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .find_map(|n| {
-                n.strip_prefix(".s.PGSQL.")
-                    .filter(|p| !p.contains('.'))
-                    .map(str::to_string)
-            })
-            .unwrap_or_else(|| panic!("no PostgreSQL socket in {}", run_dir.display()));
-        let mut command = tokio::process::Command::new(&psql);
-        command
-            .arg("-h")
-            .arg(&run_dir)
-            .args(["-p", &port, "-U", "postgres", "-d", "app", "-X", "-A", "-t"])
-            .args(["-v", "ON_ERROR_STOP=1", "-c", sql]);
-        let out = command.output().await.unwrap();
-        assert!(
-            out.status.success(),
-            "psql as postgres on {pod} -c {sql:?} failed ({}):\n{}",
-            out.status,
-            super::stderr(&out)
-        );
-        super::stdout(&out).trim().to_string()
+        runner
+            .superuser_sql(&self.namespace, pod, sql)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     pub async fn instance_sql_ok(&self, name: &str, pod: &str, sql: &str) -> String {

@@ -295,6 +295,7 @@ fn a_whole_failover_from_a_lost_primary_to_the_most_advanced_replica() {
             reason: FailoverReason::PrimaryLost,
             failed_primary: "db-0".into(),
             new_primary: None,
+            primary_last_seen_at: Some("PLACEHOLDER".into()),
             detected_at: "2026-12-06T12:00:31.000Z".into(),
             elected_at: None,
             promoted_at: None,

@@ -176,10 +176,25 @@ impl Decider<'_> {
             reason,
             failed_primary: failed.to_string(),
             new_primary: None,
+            primary_last_seen_at: None,
             detected_at: self.stamp_ms(),
             elected_at: None,
             promoted_at: None,
             service_switched_at: None,
+        }
+    }
+
+    /// A new flight record of a failover the lock decided: also when its holder was last
+    /// seen renewing it (now minus how long the watch has seen it unchanged).
+    fn record_lost(&self, reason: FailoverReason, failed: &str) -> FailoverRecord {
+        let last_seen = self
+            .observation
+            .lease_observation()
+            .and_then(|lease| k8s_openapi::jiff::SignedDuration::try_from(lease.unchanged_for).ok())
+            .and_then(|unchanged| self.now.checked_sub(unchanged).ok());
+        FailoverRecord {
+            primary_last_seen_at: last_seen.map(stamp_ms),
+            ..self.record(reason, failed)
         }
     }
 
@@ -339,7 +354,11 @@ impl Decider<'_> {
         by_lock: bool,
         reason: FailoverReason,
     ) -> PrimaryStep {
-        let record = self.record(reason, &failed);
+        let record = if by_lock {
+            self.record_lost(reason, &failed)
+        } else {
+            self.record(reason, &failed)
+        };
         let step = PrimaryStep {
             events: vec![Announcement {
                 type_: EventType::Warning,
@@ -593,7 +612,9 @@ impl Decider<'_> {
                 epoch: Some(epoch),
                 last_failover_time: Some(self.stamp()),
                 failed_targets: vec![target],
-                last_failover: Some(self.record(FailoverReason::PrimaryLost, &recorded.current)),
+                last_failover: Some(
+                    self.record_lost(FailoverReason::PrimaryLost, &recorded.current),
+                ),
                 ..recorded.clone()
             })
         };

@@ -109,7 +109,7 @@ impl<'w> Ctx<'w> {
     }
 
     /// The pods of a cluster of `replicas` instances other than `primary`, by ordinal.
-    fn replicas(&self, primary: Option<&str>, replicas: usize) -> Vec<String> {
+    pub fn replicas(&self, primary: Option<&str>, replicas: usize) -> Vec<String> {
         (0..replicas)
             .map(|i| format!("{}-{i}", self.name))
             .filter(|p| Some(p.as_str()) != primary)

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use devctl_api::database_backup::{BackupPhase, DatabaseBackup};
-use devctl_api::database_cluster::DatabaseCluster;
+use devctl_api::database_cluster::{DatabaseCluster, FailoverRecord};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
@@ -56,6 +56,10 @@ pub enum Plant {
     /// Once the writer stopped, the first acknowledged row is deleted on the primary behind
     /// its back (as a lost commit would look).
     DeleteAcknowledgedRow,
+    /// After the episodes, while the writer still writes to the primary, a replica's engine
+    /// is promoted behind its agent's back (as a split brain would look): it accepts writes
+    /// until its agent notices and fences it.
+    PromoteReplicaBehindItsAgent,
 }
 
 impl Config {
@@ -151,6 +155,7 @@ pub async fn run(world: &World, config: &Config) -> Result<Outcome, Error> {
     let mut failures = Vec::new();
     let mut records = Records::default();
     let mut runs = Vec::new();
+    let mut last_record = ctx.cluster().await.and_then(|d| d.status?.last_failover);
     let since = |at: SystemTime| at.duration_since(started_wall).unwrap_or_default();
     for (index, episode) in plan::plan(config.seed, config.faults, &config.limits)
         .iter()
@@ -185,6 +190,14 @@ pub async fn run(world: &World, config: &Config) -> Result<Outcome, Error> {
             "episode {index}: Ready {:.1} s after its faults ended",
             took.as_secs_f64()
         ));
+        // Where a move's time went: the operator's flight record of it, once per move.
+        let record = ctx.cluster().await.and_then(|d| d.status?.last_failover);
+        if record.is_some() && record != last_record {
+            if let Some(record) = &record {
+                ctx.note(format!("episode {index}: {}", flight_record(record)));
+            }
+            last_record = record;
+        }
         let ready_at = ended + took;
         let resumed = eventually(
             "a write after the recovery",
@@ -236,6 +249,9 @@ pub async fn run(world: &World, config: &Config) -> Result<Outcome, Error> {
         ));
         runs.append(&mut episode_runs);
     }
+    if config.plant == Some(Plant::PromoteReplicaBehindItsAgent) {
+        promote_behind_the_agent(&ctx, config.recovery_bound).await?;
+    }
     let acks = writer.finish().await;
     records.probes = prober.finish().await;
     ctx.note(format!("{} rows acknowledged", acks.len()));
@@ -274,6 +290,87 @@ pub async fn run(world: &World, config: &Config) -> Result<Outcome, Error> {
         acknowledged: acks.len(),
         took: started.elapsed(),
     })
+}
+
+/// [`Plant::PromoteReplicaBehindItsAgent`]: promotes a replica's engine as its superuser,
+/// without synchronous standbys (the primary's setting, which a clone copies, would hold its
+/// commits back), and waits until the prober has seen it writable.
+async fn promote_behind_the_agent(ctx: &Ctx<'_>, bound: Duration) -> Result<(), Error> {
+    let world = ctx.world;
+    let runner = world
+        .cluster
+        .pod_runner()
+        .ok_or_else(|| Error::Process("the campaign needs process-backed pods".into()))?;
+    let primary = ctx.cluster().await.and_then(|d| d.status?.current_primary);
+    let replica = ctx
+        .replicas(primary.as_deref(), 3)
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Process("no replica to promote".into()))?;
+    for sql in [
+        "alter system reset synchronous_standby_names",
+        "select pg_reload_conf()",
+        "select pg_promote(true, 30)",
+    ] {
+        runner
+            .superuser_sql(&world.namespace, &replica, sql)
+            .await?;
+    }
+    let promoted = Instant::now();
+    ctx.note(format!(
+        "planted: {replica} promoted behind its agent's back while {} is the primary",
+        primary.as_deref().unwrap_or("(none)")
+    ));
+    // Out of recovery until its agent stops it (or it is a standby again).
+    eventually(
+        &format!("{replica}'s agent to stop its promoted engine"),
+        bound,
+        || async {
+            let answer = runner
+                .superuser_sql(&world.namespace, &replica, "select pg_is_in_recovery()")
+                .await;
+            (answer.as_deref().ok() != Some("f")).then_some(())
+        },
+    )
+    .await?;
+    ctx.note(format!(
+        "{replica} stopped accepting writes {:.1} s after it was promoted",
+        promoted.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}
+
+/// A flight record as one line: each step's time after the one before.
+fn flight_record(record: &FailoverRecord) -> String {
+    use k8s_openapi::jiff::Timestamp;
+    let at = |t: Option<&str>| t.and_then(|t| t.parse::<Timestamp>().ok());
+    let detected = at(Some(&record.detected_at));
+    let steps = [
+        ("last seen", at(record.primary_last_seen_at.as_deref())),
+        ("detected", detected),
+        ("elected", at(record.elected_at.as_deref())),
+        ("promoted", at(record.promoted_at.as_deref())),
+        ("switched", at(record.service_switched_at.as_deref())),
+    ];
+    let mut line = format!(
+        "flight record {:?} {} -> {}:",
+        record.reason,
+        record.failed_primary,
+        record.new_primary.as_deref().unwrap_or("-")
+    );
+    let mut before: Option<Timestamp> = None;
+    for (step, time) in steps {
+        let Some(time) = time else { continue };
+        match before {
+            Some(b) => line.push_str(&format!(
+                " {step} +{:.3} s",
+                time.duration_since(b).as_secs_f64()
+            )),
+            None => line.push_str(&format!(" {step}")),
+        }
+        before = Some(time);
+    }
+    line
 }
 
 fn describe(ack: Option<&workload::Ack>, since: impl Fn(SystemTime) -> Duration) -> String {

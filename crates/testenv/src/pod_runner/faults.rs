@@ -220,7 +220,7 @@ impl PodRunner {
         self.set_partitioned(namespace, pod, false)
     }
 
-    fn require_processes(&self, what: &str) -> Result<(), Error> {
+    pub(super) fn require_processes(&self, what: &str) -> Result<(), Error> {
         if self.processes {
             Ok(())
         } else {

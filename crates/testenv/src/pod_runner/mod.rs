@@ -86,6 +86,7 @@ mod process_tree;
 mod proxy;
 mod readiness;
 mod simulated;
+mod superuser;
 mod supervisor;
 mod volumes;
 

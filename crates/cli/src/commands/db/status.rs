@@ -62,8 +62,13 @@ pub(super) async fn status(
         );
     }
     if let Some(record) = &status.last_failover {
+        let last_seen = record
+            .primary_last_seen_at
+            .as_deref()
+            .map(|t| format!("last seen {t}, "))
+            .unwrap_or_default();
         println!(
-            "Last move:   {:?} from {} to {}: detected {}, elected {}, promoted {}, service switched {}",
+            "Last move:   {:?} from {} to {}: {last_seen}detected {}, elected {}, promoted {}, service switched {}",
             record.reason,
             record.failed_primary,
             record.new_primary.as_deref().unwrap_or("-"),
