@@ -167,6 +167,17 @@ async fn push(shared: &Shared, path: &str) -> Response {
         Ok(x) => x,
         Err(e) => return Response::new(ERROR, e),
     };
+    if shared.standby_engine() {
+        // A standby never archives (`archive_mode = on`): this engine left recovery without
+        // its agent promoting it. Its timeline is not the cluster's, and once in the archive
+        // its history file would lead every standby that restarts (and every restore to the
+        // end of the archive) onto it, away from the primary.
+        let message = format!(
+            "not archiving {name}: the engine left recovery although its agent runs it as a standby (promoted behind the agent's back); its WAL stays out of the archive"
+        );
+        tracing::warn!("{message}");
+        return Response::new(ERROR, message);
+    }
     let store = match shared.store().await {
         Ok(None) => {
             shared.clear_archive();

@@ -232,9 +232,24 @@ pub struct Shared {
     restore_hole: Mutex<Option<String>>,
     /// Wakes the main loop to report a backup's progress.
     pub changed: Notify,
+    /// The agent runs its engine as a standby and has not decided to promote it: WAL
+    /// offered for the archive now comes from an engine promoted behind the agent's back.
+    standby_engine: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
+    /// Says whether the agent runs its engine as a standby it has not decided to promote
+    /// (see [`crate::archive`]: such an engine's WAL is kept out of the archive).
+    pub fn set_standby_engine(&self, standby: bool) {
+        self.standby_engine
+            .store(standby, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn standby_engine(&self) -> bool {
+        self.standby_engine
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub fn new(config: Config, engine: Engine, client: kube::Client) -> Self {
         let pod = watch_pod(client.clone(), &config.pod_namespace, &config.pod_name);
         Shared {
@@ -252,6 +267,7 @@ impl Shared {
             wal_archive: Mutex::new(None),
             backup: Mutex::new(None),
             restore_hole: Mutex::new(None),
+            standby_engine: std::sync::atomic::AtomicBool::new(false),
             changed: Notify::new(),
         }
     }

@@ -107,7 +107,11 @@ async fn a_campaign_fails_when_an_acknowledged_row_is_deleted_behind_the_writers
 
 /// The two-writer checker catches what it claims on a live cluster: a replica promoted
 /// behind its agent's back accepts the prober's commits while the primary still does, until
-/// its agent fences it; the run fails, naming the pair.
+/// its agent fences it; the run fails, naming the pair — and for nothing else: the fenced
+/// instance rejoins and the cluster is Ready again within the bound. (Before the archive
+/// refused such an engine's WAL, its timeline's history file reached the archive and every
+/// standby start after, the rejoin and a re-clone alike, failed with "requested timeline 2
+/// is not a child of this server's history": the run ended "not Ready at the end".)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_campaign_fails_when_a_replica_is_promoted_behind_its_agents_back() {
     let _one = ONE_AT_A_TIME.lock().await;

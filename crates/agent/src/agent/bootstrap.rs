@@ -351,7 +351,7 @@ impl Agent {
         let theirs = report.as_ref().and_then(|r| r.timeline);
         let waiting_since = *self.rejoin_timeline_wait.get_or_insert_with(Instant::now);
         if let Some(own) = own
-            && theirs.is_none_or(|t| t <= own)
+            && rewind_waits_for_checkpoint(own, theirs)
             && waiting_since.elapsed() < REJOIN_TIMELINE_WAIT
         {
             return Err(format!(
@@ -548,8 +548,31 @@ pub(super) fn older_copies(names: &[String], name: &str, keep: &str) -> Vec<Stri
         .collect()
 }
 
+/// Whether a former primary on timeline `own` must wait before rewinding from a primary
+/// that reports timeline `theirs`: while they report the same one (or none). pg_rewind
+/// before PostgreSQL 16 reads the source's timeline from its control file, which still names
+/// the old timeline until the promotion's checkpoint, and on equal timelines it finds "no
+/// rewind required". A source on an *older* timeline than ours is no such case: ours forked
+/// from it (an engine promoted behind its agent's back), and pg_rewind finds the fork.
+fn rewind_waits_for_checkpoint(own: i64, theirs: Option<i64>) -> bool {
+    theirs.is_none_or(|t| t == own)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_rewind_waits_only_while_the_new_primary_reports_the_same_timeline() {
+        use super::rewind_waits_for_checkpoint as waits;
+        // After a failover: the new primary has not checkpointed its new timeline yet.
+        assert!(waits(3, Some(3)));
+        assert!(waits(3, None));
+        // Checkpointed: the new timeline is in its control file.
+        assert!(!waits(3, Some(4)));
+        // This instance's timeline forked off the primary's (promoted behind its agent's
+        // back): nothing to wait for.
+        assert!(!waits(2, Some(1)));
+    }
+
     use super::*;
 
     #[test]

@@ -206,6 +206,8 @@ impl Agent {
                     if let Err(why) = self.gate_primary().await {
                         return (Some(format!("promoting this pod: {why}")), false);
                     }
+                    // The primary, or about to be: its new timeline belongs in the archive.
+                    self.shared.set_standby_engine(false);
                 }
                 Step::Acknowledge(epoch) => {
                     tracing::info!(
@@ -217,6 +219,7 @@ impl Agent {
                 }
                 Step::Promote => {
                     tracing::info!(role = ?self.role, "promoting");
+                    self.shared.set_standby_engine(false);
                     if let Err(e) = self.engine.promote().await {
                         return (Some(format!("promoting this pod: {e}")), false);
                     }

@@ -82,6 +82,8 @@ impl AwaitingReplicas {
 
 impl Agent {
     pub(super) fn start_engine(&mut self) -> Result<Child> {
+        // Before it runs: a standby's engine that leaves recovery on its own archives nothing.
+        self.shared.set_standby_engine(self.mode == Mode::Replica);
         let mut command = self.engine.server_command();
         if let Some(seconds) = self.hooks.archive_timeout() {
             // The last `-c` of a setting wins.

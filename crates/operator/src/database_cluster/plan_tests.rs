@@ -295,7 +295,8 @@ fn a_whole_failover_from_a_lost_primary_to_the_most_advanced_replica() {
             reason: FailoverReason::PrimaryLost,
             failed_primary: "db-0".into(),
             new_primary: None,
-            primary_last_seen_at: Some("PLACEHOLDER".into()),
+            // The lock last changed 36 s before, by the operator's own watch.
+            primary_last_seen_at: Some("2026-12-06T11:59:55.000Z".into()),
             detected_at: "2026-12-06T12:00:31.000Z".into(),
             elected_at: None,
             promoted_at: None,
