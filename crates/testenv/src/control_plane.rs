@@ -302,10 +302,16 @@ impl ControlPlane {
     /// pods Pending for good after such a fault.
     pub fn supervise(&self, names: &[&str]) {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut supervised_before = false;
         for process in self.processes().iter_mut() {
+            supervised_before |= process.restarts_on_exit();
             if names.iter().any(|n| n == process.name()) {
                 process.set_restart_on_exit();
             }
+        }
+        // One supervisor thread looks after every marked process.
+        if supervised_before {
+            return;
         }
         let processes = Arc::downgrade(&self.processes);
         let stopping = self.stopping.clone();
@@ -567,7 +573,15 @@ impl ControlPlane {
         let logs: Vec<String> = self
             .processes()
             .iter()
-            .map(|p| format!("{} (pid {}): {}", p.name(), p.pid(), p.log_path().display()))
+            .map(|p| match p.restarts() {
+                0 => format!("{} (pid {}): {}", p.name(), p.pid(), p.log_path().display()),
+                n => format!(
+                    "{} (pid {}, started again {n} times): {}",
+                    p.name(),
+                    p.pid(),
+                    p.log_path().display()
+                ),
+            })
             .collect();
         format!(
             "devctl-testenv at {}; logs:\n  {}",

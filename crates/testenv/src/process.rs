@@ -197,7 +197,13 @@ pub struct ManagedProcess {
     restart_on_exit: bool,
     /// How many times it was started again.
     restarts: u32,
+    /// When it was last started: [`Self::restart`] waits [`RESTART_BACKOFF`] after it.
+    started_at: std::time::Instant,
 }
+
+/// A process restarted sooner than this after its last start waits for the rest: one that
+/// keeps crashing leaves a log per attempt, not per half second.
+const RESTART_BACKOFF: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl ManagedProcess {
     /// Starts `program` with `args`, stdout and stderr appended to `log_path`.
@@ -216,6 +222,7 @@ impl ManagedProcess {
             args: args.to_vec(),
             restart_on_exit: false,
             restarts: 0,
+            started_at: std::time::Instant::now(),
         })
     }
 
@@ -233,14 +240,18 @@ impl ManagedProcess {
         self.restarts
     }
 
-    /// Starts the process again with the same command once it has exited; the previous
-    /// run's log is kept as `<log>.<restarts>`. `Ok(None)` while it still runs.
+    /// Starts the process again with the same command once it has exited (and at least
+    /// [`RESTART_BACKOFF`] after its last start); the previous run's log is kept as
+    /// `<log>.<restarts>`. `Ok(None)` while it still runs or waits.
     pub(crate) fn restart(&mut self) -> Result<Option<std::process::ExitStatus>, Error> {
         let status = match self.child.try_wait() {
             Ok(None) => return Ok(None),
             Ok(Some(status)) => status,
             Err(e) => return Err(Error::io(format!("wait for {}", self.name), e)),
         };
+        if self.started_at.elapsed() < RESTART_BACKOFF {
+            return Ok(None);
+        }
         forget_pid(self.child.id());
         let restarts = self.restarts + 1;
         let mut previous = self.log_path.clone().into_os_string();
@@ -250,6 +261,7 @@ impl ManagedProcess {
         // The old child has been reaped: replacing it signals nothing.
         self.child = spawn_logged(&self.name, &self.program, &self.args, &self.log_path)?;
         self.restarts = restarts;
+        self.started_at = std::time::Instant::now();
         Ok(Some(status))
     }
 

@@ -351,7 +351,7 @@ impl Agent {
         let theirs = report.as_ref().and_then(|r| r.timeline);
         let waiting_since = *self.rejoin_timeline_wait.get_or_insert_with(Instant::now);
         if let Some(own) = own
-            && rewind_waits_for_checkpoint(own, theirs)
+            && rewind_waits_for_checkpoint(own, theirs, self.forked_on_its_own)
             && waiting_since.elapsed() < REJOIN_TIMELINE_WAIT
         {
             return Err(format!(
@@ -360,6 +360,17 @@ impl Agent {
             ));
         }
         self.rejoin_timeline_wait = None;
+        let forked_on_its_own = std::mem::take(&mut self.forked_on_its_own);
+        if forked_on_its_own && own.is_some() && own == theirs {
+            // Its timeline was never archived, so a promotion since may have taken the same
+            // number for another history: pg_rewind would take the two for one ("no rewind
+            // required") and the standby would replay the primary's WAL onto other data.
+            self.move_data_aside().map_err(|e| e.one_line())?;
+            return Err(format!(
+                "this instance's engine left recovery on its own on timeline {} and the primary {primary} now runs a timeline of that number: moved the data aside to clone the primary",
+                own.unwrap_or_default()
+            ));
+        }
         let address = resolve_primary(&self.pods, &self.config, primary).await?;
         self.write_passfile()?;
         // Its history may have forked from the new primary's (writes after the last WAL the
@@ -549,28 +560,41 @@ pub(super) fn older_copies(names: &[String], name: &str, keep: &str) -> Vec<Stri
 }
 
 /// Whether a former primary on timeline `own` must wait before rewinding from a primary
-/// that reports timeline `theirs`: while they report the same one (or none). pg_rewind
-/// before PostgreSQL 16 reads the source's timeline from its control file, which still names
-/// the old timeline until the promotion's checkpoint, and on equal timelines it finds "no
-/// rewind required". A source on an *older* timeline than ours is no such case: ours forked
-/// from it (an engine promoted behind its agent's back), and pg_rewind finds the fork.
-fn rewind_waits_for_checkpoint(own: i64, theirs: Option<i64>) -> bool {
-    theirs.is_none_or(|t| t == own)
+/// that reports timeline `theirs` (its control file's): while that is not past its own, or
+/// unknown. pg_rewind before PostgreSQL 16 reads the source's timeline from its control
+/// file, which names a new timeline only after the promotion's checkpoint (a replica's
+/// only after its next restartpoint): rewinding earlier finds "no rewind required" or
+/// records a timeline the standby then cannot reach. One exception: an engine that left
+/// recovery on its own (`forked_on_its_own`, promoted behind its agent's back) forked off
+/// the primary's timeline and never archived its own: a primary on an older timeline has
+/// nothing left to checkpoint, and one on the same number runs another history (the
+/// instance is then cloned afresh, see `prepare_rejoin`).
+fn rewind_waits_for_checkpoint(own: i64, theirs: Option<i64>, forked_on_its_own: bool) -> bool {
+    match theirs {
+        None => true,
+        Some(_) if forked_on_its_own => false,
+        Some(theirs) => theirs <= own,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
-    fn a_rewind_waits_only_while_the_new_primary_reports_the_same_timeline() {
+    fn a_rewind_waits_until_the_primary_checkpointed_a_newer_timeline() {
         use super::rewind_waits_for_checkpoint as waits;
-        // After a failover: the new primary has not checkpointed its new timeline yet.
-        assert!(waits(3, Some(3)));
-        assert!(waits(3, None));
+        // After a failover: the new primary has not checkpointed its new timeline yet (it
+        // may even report an older one: a replica's control file lags until a restartpoint).
+        assert!(waits(3, Some(3), false));
+        assert!(waits(3, Some(2), false));
+        assert!(waits(3, None, false));
         // Checkpointed: the new timeline is in its control file.
-        assert!(!waits(3, Some(4)));
-        // This instance's timeline forked off the primary's (promoted behind its agent's
-        // back): nothing to wait for.
-        assert!(!waits(2, Some(1)));
+        assert!(!waits(3, Some(4), false));
+        // This instance's engine left recovery on its own: its timeline forked off the
+        // primary's, which has nothing left to checkpoint.
+        assert!(!waits(2, Some(1), true));
+        assert!(!waits(2, Some(2), true));
+        assert!(!waits(2, Some(3), true));
+        assert!(waits(2, None, true));
     }
 
     use super::*;

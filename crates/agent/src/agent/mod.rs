@@ -58,6 +58,18 @@ use crate::lease::{
 use crate::process;
 use crate::report::{Reporter, WriteError};
 
+/// A watch on another pod's changes that ends when dropped (see `watch_old_primary`).
+struct HandoverWatch {
+    pod: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for HandoverWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Probe period once the engine is ready (faster while it starts).
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(5);
 const STARTING_PROBE_INTERVAL: Duration = Duration::from_millis(500);
@@ -218,12 +230,18 @@ struct Agent {
     final_lsn: Option<String>,
     /// Target of a switchover: why it does not promote yet.
     switchover_problem: Option<String>,
+    /// Target of a switchover: a watch on the old primary's pod that wakes the main loop
+    /// when its report changes (it stopped, its `finalLSN`), instead of the next probe.
+    handover_watch: Option<HandoverWatch>,
     /// A role change to make (stopping the engine).
     action: Option<Action>,
     /// A former primary rejoining as a standby: when to give up and re-clone.
     rejoin_deadline: Option<Instant>,
     /// Since when a former primary waits for the new primary's checkpointed timeline.
     rejoin_timeline_wait: Option<Instant>,
+    /// The engine was fenced after it left recovery on its own while this agent ran it as a
+    /// standby: its timeline forked off the primary's, not after it (see `prepare_rejoin`).
+    forked_on_its_own: bool,
     /// PostgreSQL: the primary lock (used while `spec.highAvailability.enabled`).
     lock: Option<PrimaryLock>,
     /// Why the lock was not taken or renewed last time.
@@ -371,6 +389,8 @@ pub async fn run(config: Config) -> Result<Outcome> {
         replica_problem: None,
         final_lsn: None,
         switchover_problem: None,
+        handover_watch: None,
+        forked_on_its_own: false,
         action: None,
         rejoin_deadline: None,
         reporter: Reporter::new(client, pod),

@@ -122,8 +122,14 @@ impl Agent {
             && view.current_primary.as_deref().is_some_and(|c| c != me)
             && self.mode == Mode::Replica;
         let handover = match view.current_primary.as_deref() {
-            Some(old) if switchover_to_me => self.observe_handover(old).await,
-            _ => role::Handover::None,
+            Some(old) if switchover_to_me => {
+                self.watch_old_primary(old);
+                self.observe_handover(old).await
+            }
+            _ => {
+                self.handover_watch = None;
+                role::Handover::None
+            }
         };
         let wal_gone = if self.role == Role::Replica && view.failed_primary.is_none() {
             self.wal_gone(probe)
@@ -141,6 +147,32 @@ impl Agent {
             wal_gone,
             ..self.observe(view)
         }
+    }
+
+    /// A switchover's target: watches the old primary's pod, so that its report (stopping,
+    /// then `finalLSN`) wakes the main loop at once rather than at the next probe — each
+    /// probe period the target waited was time nobody could write.
+    fn watch_old_primary(&mut self, old: &str) {
+        if self.handover_watch.as_ref().is_some_and(|w| w.pod == old) {
+            return;
+        }
+        let shared = self.shared.clone();
+        let fields = format!("metadata.name={old}");
+        let pods = self.pods.clone();
+        let task = tokio::spawn(async move {
+            let mut events = watcher(pods, watcher::Config::default().fields(&fields))
+                .default_backoff()
+                .boxed();
+            while let Some(event) = events.next().await {
+                if event.is_ok() {
+                    shared.changed.notify_one();
+                }
+            }
+        });
+        self.handover_watch = Some(HandoverWatch {
+            pod: old.to_string(),
+            task,
+        });
     }
 
     /// A switchover's target: whether the old primary stopped and reported `finalLSN` and this
@@ -221,6 +253,11 @@ impl Agent {
                     tracing::info!(role = ?self.role, "promoting");
                     self.shared.set_standby_engine(false);
                     if let Err(e) = self.engine.promote().await {
+                        // Not promoted (yet): should the promotion complete later while
+                        // another is elected, its timeline must stay out of the archive. A
+                        // late promotion that is still wanted takes the lock, which allows
+                        // archiving again (`accepting_writes`).
+                        self.shared.set_standby_engine(self.mode == Mode::Replica);
                         return (Some(format!("promoting this pod: {e}")), false);
                     }
                 }

@@ -168,6 +168,8 @@ impl Agent {
                         Action::Fence(reason) => {
                             tracing::warn!("fencing: {reason}; fast shutdown of the engine now");
                             self.role_problem = Some(format!("fenced: {reason}"));
+                            // Out of recovery though never promoted by this agent.
+                            self.forked_on_its_own = self.shared.standby_engine();
                         }
                     }
                     let clean = match &action {

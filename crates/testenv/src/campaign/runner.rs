@@ -294,27 +294,37 @@ pub async fn run(world: &World, config: &Config) -> Result<Outcome, Error> {
 
 /// [`Plant::PromoteReplicaBehindItsAgent`]: promotes a replica's engine as its superuser,
 /// without synchronous standbys (the primary's setting, which a clone copies, would hold its
-/// commits back), and waits until the prober has seen it writable.
+/// commits back), and waits until its agent has stopped it accepting writes.
 async fn promote_behind_the_agent(ctx: &Ctx<'_>, bound: Duration) -> Result<(), Error> {
     let world = ctx.world;
     let runner = world
         .cluster
         .pod_runner()
         .ok_or_else(|| Error::Process("the campaign needs process-backed pods".into()))?;
-    let primary = ctx.cluster().await.and_then(|d| d.status?.current_primary);
+    let db = ctx.cluster().await;
+    let instances = db.as_ref().map_or(3, |d| d.spec.replicas.max(1) as usize);
+    let primary = db.and_then(|d| d.status?.current_primary);
     let replica = ctx
-        .replicas(primary.as_deref(), 3)
+        .replicas(primary.as_deref(), instances)
         .into_iter()
         .next()
         .ok_or_else(|| Error::Process("no replica to promote".into()))?;
     for sql in [
         "alter system reset synchronous_standby_names",
         "select pg_reload_conf()",
-        "select pg_promote(true, 30)",
     ] {
         runner
             .superuser_sql(&world.namespace, &replica, sql)
             .await?;
+    }
+    // Waits for the promotion to complete: `t` once the engine is out of recovery.
+    let promoted = runner
+        .superuser_sql(&world.namespace, &replica, "select pg_promote(true, 30)")
+        .await?;
+    if promoted != "t" {
+        return Err(Error::Process(format!(
+            "pg_promote() on {replica} answered {promoted:?}"
+        )));
     }
     let promoted = Instant::now();
     ctx.note(format!(
