@@ -3,7 +3,7 @@
 //! operator running as its own process, versitygw as the store. Prints the checkers' verdict,
 //! and per fault kind the write unavailability and recovery time (Markdown, for the doc).
 //!
-//! `cargo build --release -p devctl-agent -p devctl-operator && cargo bench -p devctl-operator --bench campaign -- --faults 200 [--seed N] [--kinds KillPod,KillEngine,Switchover]`
+//! `cargo build --release -p devctl-agent -p devctl-operator && cargo bench -p devctl-operator --bench campaign -- --faults 200 [--seed N] [--kinds KillPod,KillEngine,Switchover] [--target primary|replica] [--pair-one-in N] [--longest 20s] [--pause 60s]`
 //!
 //! Exits 1 when a checker failed; the report names the seed that replays the run.
 
@@ -68,6 +68,9 @@ async fn main() -> Result<(), BoxError> {
             "replica" => Target::Replica,
             other => return Err(format!("--target is primary or replica, not {other}").into()),
         });
+    }
+    if let Some(pause) = flag(&args, "--pause") {
+        config.pause = devctl_api::duration::parse(&pause)?;
     }
     if let Some(pairs) = flag(&args, "--pair-one-in") {
         config.limits.pair_one_in = pairs.parse()?;

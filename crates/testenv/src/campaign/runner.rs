@@ -48,6 +48,9 @@ pub struct Config {
     pub plant: Option<Plant>,
     /// Print the timeline on stderr as it goes.
     pub progress: bool,
+    /// A quiet time after each episode recovered, before the next starts: faults further
+    /// apart than the agent's crash-loop window (a minute) each meet a stable cluster.
+    pub pause: Duration,
 }
 
 /// A failure the campaign must catch, planted by the runner itself.
@@ -75,6 +78,7 @@ impl Config {
             final_restore: true,
             plant: None,
             progress: false,
+            pause: Duration::ZERO,
         }
     }
 }
@@ -248,6 +252,7 @@ pub async fn run(world: &World, config: &Config) -> Result<Outcome, Error> {
                 .as_secs_f64()
         ));
         runs.append(&mut episode_runs);
+        tokio::time::sleep(config.pause).await;
     }
     if config.plant == Some(Plant::PromoteReplicaBehindItsAgent) {
         promote_behind_the_agent(&ctx, config.recovery_bound).await?;
