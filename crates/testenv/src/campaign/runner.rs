@@ -95,6 +95,8 @@ const SETTLE: Duration = Duration::from_secs(2);
 const STEADY: Duration = Duration::from_secs(1);
 /// How long replicas may take to catch up before their checksums are compared.
 const CATCH_UP: Duration = Duration::from_secs(60);
+/// How long a planted second writer stays writable at least (its agent held meanwhile).
+const PLANT_HOLD: Duration = Duration::from_millis(1500);
 /// How long processes may take to go once their cluster is deleted.
 const TEARDOWN: Duration = Duration::from_secs(90);
 
@@ -322,10 +324,33 @@ async fn promote_behind_the_agent(ctx: &Ctx<'_>, bound: Duration) -> Result<(), 
             .superuser_sql(&world.namespace, &replica, sql)
             .await?;
     }
-    // Waits for the promotion to complete: `t` once the engine is out of recovery.
+    // Waits for the promotion to complete: `t` once the engine is out of recovery. (The
+    // promotion needs the agent: it asks the archive for newer timelines through it.)
     let promoted = runner
         .superuser_sql(&world.namespace, &replica, "select pg_promote(true, 30)")
-        .await?;
+        .await;
+    // Then its agent is held (SIGSTOP of the agent alone, not its engine) for PLANT_HOLD: a
+    // probe of its own that happened to come right after the promotion would otherwise
+    // fence the engine before the prober, at ten a second, had seen it writable, and the
+    // plant would prove nothing.
+    let agent = runner
+        .agent_pids(&world.namespace, &replica)
+        .first()
+        .copied();
+    if let (Ok("t"), Some(agent)) = (promoted.as_deref(), agent) {
+        crate::process::continue_at_exit(&[agent]);
+        // SAFETY: kill(2) with SIGSTOP on the agent the runner started; at worst ESRCH.
+        unsafe {
+            libc::kill(agent as libc::pid_t, libc::SIGSTOP);
+        }
+        tokio::time::sleep(PLANT_HOLD).await;
+        // SAFETY: as above, SIGCONT.
+        unsafe {
+            libc::kill(agent as libc::pid_t, libc::SIGCONT);
+        }
+        crate::process::forget_stopped(&[agent]);
+    }
+    let promoted = promoted?;
     if promoted != "t" {
         return Err(Error::Process(format!(
             "pg_promote() on {replica} answered {promoted:?}"
