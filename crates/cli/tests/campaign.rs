@@ -82,20 +82,27 @@ async fn a_short_seeded_campaign_loses_no_row_never_has_two_writers_and_recovers
     );
 }
 
+/// A faultless run of cluster `name` in a namespace of `prefix` with `plant`, which must
+/// fail: its outcome and report.
+async fn planted(prefix: &str, name: &str, plant: Plant) -> (campaign::Outcome, String) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let logs = tempfile::tempdir().unwrap();
+    let world = world(prefix, logs.path()).await;
+    let mut config = Config::new(SEED, 0);
+    config.name = name.into();
+    config.final_restore = false;
+    config.plant = Some(plant);
+    let outcome = campaign::run(&world, &config).await.unwrap();
+    let report = outcome.verdict.report();
+    assert!(!outcome.verdict.passed(), "{report}");
+    (outcome, report)
+}
+
 /// The checkers catch what they claim on a live cluster: a row acknowledged to the writer and
 /// then deleted behind its back fails the run, and the report names the seed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_campaign_fails_when_an_acknowledged_row_is_deleted_behind_the_writers_back() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let logs = tempfile::tempdir().unwrap();
-    let world = world("campaign-plant", logs.path()).await;
-    let mut config = Config::new(SEED, 0);
-    config.name = "plant".into();
-    config.final_restore = false;
-    config.plant = Some(Plant::DeleteAcknowledgedRow);
-    let outcome = campaign::run(&world, &config).await.unwrap();
-    let report = outcome.verdict.report();
-    assert!(!outcome.verdict.passed(), "{report}");
+    let (outcome, report) = planted("campaign-plant", "plant", Plant::DeleteAcknowledgedRow).await;
     let failures = &outcome.verdict.failures;
     assert!(
         failures.len() == 1 && failures[0].starts_with("1 acknowledged rows lost: ["),
@@ -114,16 +121,12 @@ async fn a_campaign_fails_when_an_acknowledged_row_is_deleted_behind_the_writers
 /// is not a child of this server's history": the run ended "not Ready at the end".)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_campaign_fails_when_a_replica_is_promoted_behind_its_agents_back() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let logs = tempfile::tempdir().unwrap();
-    let world = world("campaign-split", logs.path()).await;
-    let mut config = Config::new(SEED, 0);
-    config.name = "split".into();
-    config.final_restore = false;
-    config.plant = Some(Plant::PromoteReplicaBehindItsAgent);
-    let outcome = campaign::run(&world, &config).await.unwrap();
-    let report = outcome.verdict.report();
-    assert!(!outcome.verdict.passed(), "{report}");
+    let (outcome, report) = planted(
+        "campaign-split",
+        "split",
+        Plant::PromoteReplicaBehindItsAgent,
+    )
+    .await;
     let failures = &outcome.verdict.failures;
     assert!(
         failures
