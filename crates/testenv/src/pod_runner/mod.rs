@@ -77,6 +77,7 @@
 //! [`STATUS_ANNOTATION`]: devctl_api::instance::STATUS_ANNOTATION
 
 mod agent;
+pub mod engines;
 mod environment;
 mod faults;
 mod launch;
