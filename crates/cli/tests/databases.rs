@@ -92,8 +92,8 @@ async fn postgres_and_mariadb_become_ready_when_the_engine_serves_and_db_shell_l
         report
             .engine_version
             .as_deref()
-            .is_some_and(|v| v.starts_with("15.")),
-        "Debian's PostgreSQL 15 runs whatever the tag: {report:?}"
+            .is_some_and(|v| v.starts_with("16.")),
+        "the image declares 16.2: PostgreSQL 16 runs, not another major: {report:?}"
     );
     assert!(report.system_identifier.is_some());
     // The app user is an ordinary role, not the superuser.

@@ -295,12 +295,13 @@ async fn an_agent_runs_as_its_pod_would_and_its_claim_outlives_the_pod() {
     assert_eq!(env["TEST_PASSWORD"], "s3cret");
     assert_eq!(env["TEST_EXPANDED"], format!("db-0.{ns}"));
     assert_eq!(env["DEVCTL_CREDENTIALS_SECRET"], "db-credentials");
-    if Path::new("/usr/lib/postgresql").is_dir() {
-        assert!(
-            env["DEVCTL_ENGINE_BIN_DIR"].starts_with("/usr/lib/postgresql/"),
-            "{env:?}"
-        );
-    }
+    // The major the image declares (postgres:16.4), never Debian's 15 in its place.
+    assert_eq!(
+        PathBuf::from(&env["DEVCTL_ENGINE_BIN_DIR"]),
+        devctl_testenv::pod_runner::engines::postgres_bin_dir(Some("16.4")).unwrap(),
+        "{env:?}"
+    );
+    assert!(env["DEVCTL_ENGINE_BIN_DIR"].ends_with("/16/bin"), "{env:?}");
     // As the image's user when we are root.
     let uid_seen = std::fs::read_to_string(claim.join("pgdata/uid")).unwrap();
     // SAFETY: geteuid cannot fail.
