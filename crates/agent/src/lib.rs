@@ -20,6 +20,11 @@
 //!   read (PostgreSQL then aborts recovery instead of promoting early; the agent restarts
 //!   it).
 //!
+//! - `devctl-agent upgrade --old-bindir D --new-bindir D --data D --socket-dir D [--method
+//!   copy|link] [--check] [--port N] [--setting NAME=VALUE]…`: a PostgreSQL major upgrade of a
+//!   stopped data directory with `pg_upgrade` ([`major_upgrade`]); one JSON line on stdout,
+//!   exit 0 when checked or upgraded, 1 when refused or failed.
+//!
 //! # Exit codes
 //! | code | meaning |
 //! |------|---------|
@@ -181,6 +186,7 @@ pub mod engine;
 pub mod error;
 pub mod health;
 pub mod lease;
+pub mod major_upgrade;
 pub mod process;
 pub mod report;
 pub mod store;
