@@ -30,39 +30,14 @@ enum Command {
         /// The file (%p), relative to the working directory or absolute.
         path: String,
     },
-    /// PostgreSQL's restore_command during a restore: have the running agent fetch an
-    /// archived file (exit 0 when in place, 1 when the archive has no such file, 126 when
-    /// the archive cannot be read).
     /// PostgreSQL major upgrade of a stopped data directory with pg_upgrade (the step the
     /// operator runs on the primary's volume). Prints one JSON line: {"result": "Checked" |
     /// "Upgraded" | "AlreadyDone" | "Refused" | "Failed", "message", "oldIntact"}; exit 0
     /// when it checked or upgraded, 1 otherwise.
-    Upgrade {
-        /// The old major's binaries.
-        #[arg(long)]
-        old_bindir: PathBuf,
-        /// The new major's binaries.
-        #[arg(long)]
-        new_bindir: PathBuf,
-        /// The data directory (PGDATA), stopped cleanly.
-        #[arg(long)]
-        data: PathBuf,
-        /// copy (keeps the old data directory whole until confirmed) or link.
-        #[arg(long, default_value = "copy")]
-        method: String,
-        /// Only `pg_upgrade --check`: nothing changes.
-        #[arg(long)]
-        check: bool,
-        /// The port the servers take on their socket (no TCP listener).
-        #[arg(long, default_value_t = 50432)]
-        port: u16,
-        /// A private directory for the servers' sockets.
-        #[arg(long)]
-        socket_dir: PathBuf,
-        /// A server setting both clusters start with, NAME=VALUE (e.g. hba_file=…), repeated.
-        #[arg(long = "setting")]
-        settings: Vec<String>,
-    },
+    Upgrade(devctl_agent::major_upgrade::Request),
+    /// PostgreSQL's restore_command during a restore: have the running agent fetch an
+    /// archived file (exit 0 when in place, 1 when the archive has no such file, 126 when
+    /// the archive cannot be read).
     WalFetch {
         /// A standby's fallback (its `restore_command`): fetch from the cluster's own
         /// archive, and answer 1 — try streaming again — whenever the archive cannot help.
@@ -77,6 +52,20 @@ enum Command {
 
 fn exit(code: i32) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// A single-threaded runtime, or `None` (said on stderr).
+fn current_thread_runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => Some(runtime),
+        Err(e) => {
+            eprintln!("devctl-agent: cannot start the async runtime: {e}");
+            None
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -102,35 +91,9 @@ fn main() -> ExitCode {
             name,
             path,
         } => exit(devctl_agent::archive::wal_fetch(&name, &path, standby)),
-        Command::Upgrade {
-            old_bindir,
-            new_bindir,
-            data,
-            method,
-            check,
-            port,
-            socket_dir,
-            settings,
-        } => {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
-                Err(e) => {
-                    eprintln!("devctl-agent: cannot start the async runtime: {e}");
-                    return exit(EXIT_INTERNAL);
-                }
-            };
-            let request = devctl_agent::major_upgrade::Request {
-                old_bindir,
-                new_bindir,
-                data,
-                method,
-                check,
-                port,
-                socket_dir,
-                settings,
+        Command::Upgrade(request) => {
+            let Some(runtime) = current_thread_runtime() else {
+                return exit(EXIT_INTERNAL);
             };
             let (code, line) = runtime.block_on(devctl_agent::major_upgrade::run_command(request));
             println!("{line}");
@@ -158,15 +121,8 @@ fn main() -> ExitCode {
                 .init();
             // One thread: the engine's PR_SET_PDEATHSIG is tied to the thread that forked it,
             // which must live as long as the agent.
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
-                Err(e) => {
-                    eprintln!("devctl-agent: cannot start the async runtime: {e}");
-                    return exit(EXIT_INTERNAL);
-                }
+            let Some(runtime) = current_thread_runtime() else {
+                return exit(EXIT_INTERNAL);
             };
             exit(runtime.block_on(devctl_agent::run_from_env()))
         }

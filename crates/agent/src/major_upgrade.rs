@@ -77,15 +77,31 @@ pub enum Outcome {
 }
 
 /// `devctl-agent upgrade`'s arguments.
-#[derive(Debug)]
+#[derive(Debug, clap::Args)]
 pub struct Request {
+    /// The old major's binaries.
+    #[arg(long)]
     pub old_bindir: PathBuf,
+    /// The new major's binaries.
+    #[arg(long)]
     pub new_bindir: PathBuf,
+    /// The data directory (PGDATA), stopped cleanly.
+    #[arg(long)]
     pub data: PathBuf,
+    /// copy (keeps the old data directory whole until confirmed) or link.
+    #[arg(long, default_value = "copy")]
     pub method: String,
+    /// Only `pg_upgrade --check`: nothing changes.
+    #[arg(long)]
     pub check: bool,
+    /// The port the servers take on their socket (no TCP listener).
+    #[arg(long, default_value_t = 50432)]
     pub port: u16,
+    /// A private directory for the servers' sockets (pg_upgrade also runs there).
+    #[arg(long)]
     pub socket_dir: PathBuf,
+    /// A server setting both clusters start with, NAME=VALUE (e.g. hba_file=…), repeated.
+    #[arg(long = "setting")]
     pub settings: Vec<String>,
 }
 
