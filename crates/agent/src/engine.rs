@@ -191,6 +191,43 @@ fn standby_settings_sql(conninfo: Option<&str>, extras: Option<&StandbyExtras>) 
     (!sql.is_empty()).then(|| sql + "SELECT pg_reload_conf();\n")
 }
 
+/// `initdb`'s arguments for a PostgreSQL data directory at `data`: the superuser reachable by
+/// peer authentication only, SCRAM over the network, UTF-8; `checksums` is the checksum flag
+/// (the agent's bootstrap always enables them; a major upgrade's new cluster copies the old
+/// one's setting).
+pub fn initdb_args(data: &Path, checksums: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        "-D".to_string(),
+        data.display().to_string(),
+        format!("--username={PG_SUPERUSER}"),
+        "--auth-local=peer".into(),
+        "--auth-host=scram-sha-256".into(),
+        "--encoding=UTF8".into(),
+        "--no-instructions".into(),
+    ];
+    args.extend(checksums.iter().map(|c| c.to_string()));
+    args
+}
+
+/// `pg_controldata` (from the binaries in `bin`) of the stopped data directory `data`.
+pub async fn control_data(bin: &Path, data: &Path) -> Result<ControlData, String> {
+    let args = vec!["-D".to_string(), data.display().to_string()];
+    let envs = [("LC_ALL", "C".to_string()), ("LANG", "C".to_string())];
+    let output = process::run(
+        &bin.join("pg_controldata"),
+        &args,
+        &envs,
+        data,
+        b"",
+        CLIENT_TIMEOUT,
+    )
+    .await?;
+    if !output.status.success() {
+        return Err(format!("pg_controldata failed: {}", output.error_line()));
+    }
+    parse_control_data(&output.stdout).ok_or_else(|| "unexpected pg_controldata output".to_string())
+}
+
 /// `primary_conninfo` for a replica streaming from `host:port` as `user`, the password
 /// being in `passfile` (never in the string itself).
 pub fn primary_conninfo(
@@ -423,19 +460,9 @@ impl Engine {
     pub async fn bootstrap(&self) -> Result<()> {
         let data = &self.config.data_dir;
         let (program, args) = match &self.bins {
-            Binaries::Postgres { dir } => (
-                dir.join("initdb"),
-                vec![
-                    "-D".to_string(),
-                    data.display().to_string(),
-                    format!("--username={PG_SUPERUSER}"),
-                    "--auth-local=peer".into(),
-                    "--auth-host=scram-sha-256".into(),
-                    "--data-checksums".into(),
-                    "--encoding=UTF8".into(),
-                    "--no-instructions".into(),
-                ],
-            ),
+            Binaries::Postgres { dir } => {
+                (dir.join("initdb"), initdb_args(data, &["--data-checksums"]))
+            }
             Binaries::Mysql {
                 install_db: Some(install_db),
                 ..
@@ -743,16 +770,7 @@ impl Engine {
         let Binaries::Postgres { dir } = &self.bins else {
             return Err("pg_controldata is only for PostgreSQL".into());
         };
-        let program = dir.join("pg_controldata");
-        let data = &self.config.data_dir;
-        let args = vec!["-D".to_string(), data.display().to_string()];
-        let envs = [("LC_ALL", "C".to_string()), ("LANG", "C".to_string())];
-        let output = process::run(&program, &args, &envs, data, b"", CLIENT_TIMEOUT).await?;
-        if !output.status.success() {
-            return Err(format!("pg_controldata failed: {}", output.error_line()));
-        }
-        parse_control_data(&output.stdout)
-            .ok_or_else(|| "unexpected pg_controldata output".to_string())
+        control_data(dir, &self.config.data_dir).await
     }
 
     /// Planned switchover, target: whether this standby has received and replayed the old
@@ -1407,6 +1425,8 @@ pub struct ControlData {
     pub timeline: Option<i64>,
     /// `Database system identifier`.
     pub system_identifier: Option<String>,
+    /// `Data page checksum version` is not 0.
+    pub data_checksums: Option<bool>,
 }
 
 impl ControlData {
@@ -1431,6 +1451,7 @@ pub fn parse_control_data(out: &str) -> Option<ControlData> {
         timeline: field("Latest checkpoint's TimeLineID").and_then(|t| t.parse().ok()),
         system_identifier: field("Database system identifier")
             .filter(|s| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit())),
+        data_checksums: field("Data page checksum version").map(|v| v != "0"),
     })
 }
 

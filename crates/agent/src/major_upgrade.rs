@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::engine::{PG_SUPERUSER, parse_control_data};
+use crate::engine::{PG_SUPERUSER, control_data, initdb_args};
 use crate::error::one_line;
 use crate::process;
 
@@ -25,7 +25,7 @@ const UPGRADE_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
 const TOOL_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// How `pg_upgrade` moves the data files (`spec.upgrade.method`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Method {
     /// Copies: the old data directory is kept whole until the upgrade is confirmed.
     Copy,
@@ -89,8 +89,8 @@ pub struct Request {
     #[arg(long)]
     pub data: PathBuf,
     /// copy (keeps the old data directory whole until confirmed) or link.
-    #[arg(long, default_value = "copy")]
-    pub method: String,
+    #[arg(long, value_enum, default_value_t = Method::Copy)]
+    pub method: Method,
     /// Only `pg_upgrade --check`: nothing changes.
     #[arg(long)]
     pub check: bool,
@@ -100,9 +100,30 @@ pub struct Request {
     /// A private directory for the servers' sockets (pg_upgrade also runs there).
     #[arg(long)]
     pub socket_dir: PathBuf,
-    /// A server setting both clusters start with, NAME=VALUE (e.g. hba_file=…), repeated.
-    #[arg(long = "setting")]
-    pub settings: Vec<String>,
+    /// A server setting both clusters start with, NAME=VALUE (e.g. hba_file=…), repeated;
+    /// the value of letters, digits and _./:,- only.
+    #[arg(long = "setting", value_parser = parse_setting)]
+    pub settings: Vec<(String, String)>,
+}
+
+/// `NAME=VALUE` of `--setting`. pg_upgrade hands these to pg_ctl through a shell: nothing
+/// that would need quoting.
+fn parse_setting(setting: &str) -> Result<(String, String), String> {
+    match setting.split_once('=') {
+        Some((name, value))
+            if !name.is_empty()
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !value.is_empty()
+                && value
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_./:,-".contains(c)) =>
+        {
+            Ok((name.to_string(), value.to_string()))
+        }
+        _ => Err(format!(
+            "--setting must be NAME=VALUE, the value of letters, digits and _./:,- only, got {setting:?}"
+        )),
+    }
 }
 
 /// `devctl-agent upgrade`: the exit code and the JSON line to print.
@@ -111,42 +132,6 @@ pub async fn run_command(request: Request) -> (i32, String) {
         serde_json::json!({ "result": result, "message": message, "oldIntact": old_intact })
             .to_string()
     };
-    let method = match request.method.as_str() {
-        "copy" => Method::Copy,
-        "link" => Method::Link,
-        other => {
-            return (
-                crate::error::EXIT_USAGE,
-                line(
-                    "Refused",
-                    &format!("--method must be copy or link, got {other:?}"),
-                    Some(true),
-                ),
-            );
-        }
-    };
-    let mut server_settings = Vec::new();
-    for setting in &request.settings {
-        match setting.split_once('=') {
-            Some((name, value))
-                // pg_upgrade hands these to pg_ctl through a shell: nothing to quote.
-                if !name.is_empty()
-                    && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                    && !value.is_empty()
-                    && value
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "_./:,-".contains(c)) =>
-            {
-                server_settings.push((name.to_string(), value.to_string()));
-            }
-            _ => {
-                return (
-                    crate::error::EXIT_USAGE,
-                    line("Refused", &format!("--setting must be NAME=VALUE, the value of letters, digits and _./:,- only, got {setting:?}"), Some(true)),
-                );
-            }
-        }
-    }
     let new_major = match binaries_major(&request.new_bindir).await {
         Ok(major) => major,
         Err(e) => return (1, line("Refused", &e, Some(true))),
@@ -155,9 +140,9 @@ pub async fn run_command(request: Request) -> (i32, String) {
         old_bin: request.old_bindir,
         new_bin: request.new_bindir,
         data: request.data,
-        method,
+        method: request.method,
         new_major,
-        server_settings,
+        server_settings: request.settings,
         socket_dir: request.socket_dir,
         port: request.port,
     };
@@ -286,11 +271,11 @@ pub fn stage(
 
 /// Pure: `initdb`'s checksum flag for the new cluster, which must match the old one's.
 /// PostgreSQL 18's `initdb` enables checksums by default; earlier ones do not.
-pub fn checksum_args(old_has_checksums: bool, new_major: u32) -> Vec<String> {
+pub fn checksum_args(old_has_checksums: bool, new_major: u32) -> &'static [&'static str] {
     match (old_has_checksums, new_major >= 18) {
-        (true, _) => vec!["--data-checksums".into()],
-        (false, true) => vec!["--no-data-checksums".into()],
-        (false, false) => Vec::new(),
+        (true, _) => &["--data-checksums"],
+        (false, true) => &["--no-data-checksums"],
+        (false, false) => &[],
     }
 }
 
@@ -471,31 +456,25 @@ impl Upgrade {
     }
 
     /// A fresh, empty new cluster at `new`, like the agent's own bootstrap, with the old
-    /// cluster's checksum setting.
+    /// cluster's checksum setting (the old cluster must have stopped cleanly).
     async fn init_new(&self, new: &Path) -> Result<(), String> {
         remove_dir(new);
-        let control = self.control_data_output().await?;
+        let control = control_data(&self.old_bin, &self.data).await?;
+        if !control.is_clean_primary_shutdown() {
+            return Err(format!(
+                "the old cluster was not shut down cleanly (state: {}): start and stop it on PostgreSQL {} first",
+                control.state,
+                data_major(&self.data).unwrap_or_default()
+            ));
+        }
         let checksums = control
-            .lines()
-            .find_map(|l| l.strip_prefix("Data page checksum version:"))
-            .map(|v| v.trim() != "0")
+            .data_checksums
             .ok_or("pg_controldata does not say whether the old cluster has checksums")?;
-        let mut args = vec![
-            "-D".to_string(),
-            new.display().to_string(),
-            format!("--username={PG_SUPERUSER}"),
-            "--auth-local=peer".into(),
-            "--auth-host=scram-sha-256".into(),
-            "--encoding=UTF8".into(),
-            "--no-instructions".into(),
-        ];
-        args.extend(checksum_args(checksums, self.new_major));
-        let cwd = self.work_dir();
         let output = process::run(
             &self.new_bin.join("initdb"),
-            &args,
+            &initdb_args(new, checksum_args(checksums, self.new_major)),
             &[],
-            &cwd,
+            &self.work_dir(),
             b"",
             TOOL_TIMEOUT,
         )
@@ -508,32 +487,6 @@ impl Upgrade {
             ));
         }
         Ok(())
-    }
-
-    async fn control_data_output(&self) -> Result<String, String> {
-        let args = vec!["-D".to_string(), self.data.display().to_string()];
-        let envs = [("LC_ALL", "C".to_string()), ("LANG", "C".to_string())];
-        let output = process::run(
-            &self.old_bin.join("pg_controldata"),
-            &args,
-            &envs,
-            &self.work_dir(),
-            b"",
-            TOOL_TIMEOUT,
-        )
-        .await?;
-        if !output.status.success() {
-            return Err(format!("pg_controldata failed: {}", output.error_line()));
-        }
-        match parse_control_data(&output.stdout) {
-            Some(control) if control.is_clean_primary_shutdown() => Ok(output.stdout),
-            Some(control) => Err(format!(
-                "the old cluster was not shut down cleanly (state: {}): start and stop it on PostgreSQL {} first",
-                control.state,
-                data_major(&self.data).unwrap_or_default()
-            )),
-            None => Err("unexpected pg_controldata output".into()),
-        }
     }
 
     async fn pg_upgrade(&self, new: &Path, check_only: bool) -> Result<(), String> {
@@ -771,19 +724,10 @@ mod tests {
 
     #[test]
     fn the_new_cluster_keeps_the_old_ones_checksum_setting() {
-        assert_eq!(
-            checksum_args(true, 17),
-            vec!["--data-checksums".to_string()]
-        );
-        assert_eq!(
-            checksum_args(true, 18),
-            vec!["--data-checksums".to_string()]
-        );
+        assert_eq!(checksum_args(true, 17), ["--data-checksums"]);
+        assert_eq!(checksum_args(true, 18), ["--data-checksums"]);
         assert!(checksum_args(false, 17).is_empty());
-        assert_eq!(
-            checksum_args(false, 18),
-            vec!["--no-data-checksums".to_string()]
-        );
+        assert_eq!(checksum_args(false, 18), ["--no-data-checksums"]);
     }
 
     #[test]

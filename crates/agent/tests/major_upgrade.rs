@@ -6,6 +6,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use devctl_agent::major_upgrade::data_major;
 use devctl_testenv::pod_runner::engines::installed_majors_dir;
 
 fn debian_15() -> PathBuf {
@@ -213,7 +214,11 @@ impl Volume {
     }
 }
 
-fn seed(volume: &Volume, bin: &Path) {
+/// A volume whose data directory `bin` made (with or without checksums) and that holds
+/// 10,000 rows, an index and a view; stopped cleanly.
+fn seeded(bin: &Path, checksums: bool) -> Volume {
+    let volume = Volume::new();
+    volume.init(bin, checksums);
     volume.start(bin);
     volume.sql(
         bin,
@@ -222,6 +227,7 @@ fn seed(volume: &Volume, bin: &Path) {
          create index t_v on t (v); create view tv as select count(*) from t;",
     );
     volume.stop(bin);
+    volume
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {
@@ -242,9 +248,7 @@ const CHECKSUM: &str = "select count(*) || ':' || md5(string_agg(v, ',' order by
 #[test]
 fn a_15_data_directory_upgrades_to_17_by_copy_keeping_the_old_one_whole() {
     let (old, new) = (debian_15(), installed(17));
-    let volume = Volume::new();
-    volume.init(&old, true);
-    seed(&volume, &old);
+    let volume = seeded(&old, true);
     volume.start(&old);
     let before = volume.sql(&old, CHECKSUM);
     volume.stop(&old);
@@ -252,12 +256,7 @@ fn a_15_data_directory_upgrades_to_17_by_copy_keeping_the_old_one_whole() {
     let (result, success) = volume.upgrade(&old, &new, &["--method", "copy"]);
     assert!(success, "{result}");
     assert_eq!(result["result"], "Upgraded", "{result}");
-    assert_eq!(
-        std::fs::read_to_string(volume.data().join("PG_VERSION"))
-            .unwrap()
-            .trim(),
-        "17"
-    );
+    assert_eq!(data_major(&volume.data()), Some(17));
     volume.start(&new);
     assert!(
         volume
@@ -301,9 +300,7 @@ fn a_15_data_directory_upgrades_to_17_by_copy_keeping_the_old_one_whole() {
 #[test]
 fn a_15_data_directory_without_checksums_upgrades_to_18_by_link() {
     let (old, new) = (debian_15(), installed(18));
-    let volume = Volume::new();
-    volume.init(&old, false);
-    seed(&volume, &old);
+    let volume = seeded(&old, false);
     let (result, success) = volume.upgrade(&old, &new, &["--method", "link"]);
     assert!(success, "{result}");
     assert_eq!(result["result"], "Upgraded", "{result}");
@@ -319,20 +316,13 @@ fn a_15_data_directory_without_checksums_upgrades_to_18_by_link() {
     // The directory --link left behind is no way back.
     let refused = devctl_agent::major_upgrade::roll_back(&volume.data(), 15, 18).unwrap_err();
     assert!(refused.contains("backup"), "{refused}");
-    assert_eq!(
-        std::fs::read_to_string(volume.data().join("PG_VERSION"))
-            .unwrap()
-            .trim(),
-        "18"
-    );
+    assert_eq!(data_major(&volume.data()), Some(18));
 }
 
 #[test]
 fn a_failing_check_is_refused_with_pg_upgrades_reason_and_changes_nothing() {
     let (old, new) = (debian_15(), installed(17));
-    let volume = Volume::new();
-    volume.init(&old, true);
-    seed(&volume, &old);
+    let volume = seeded(&old, true);
     // pg_upgrade cannot carry reg* columns other than regclass/regrole/regtype (their OIDs
     // are not preserved).
     volume.start(&old);
@@ -353,12 +343,7 @@ fn a_failing_check_is_refused_with_pg_upgrades_reason_and_changes_nothing() {
     );
     assert_eq!(result["oldIntact"], true);
     // Untouched: still 15, no scratch cluster left beside it, and it serves.
-    assert_eq!(
-        std::fs::read_to_string(volume.data().join("PG_VERSION"))
-            .unwrap()
-            .trim(),
-        "15"
-    );
+    assert_eq!(data_major(&volume.data()), Some(15));
     let leftovers: Vec<_> = std::fs::read_dir(&volume.root)
         .unwrap()
         .flatten()

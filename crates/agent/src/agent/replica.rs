@@ -110,10 +110,7 @@ impl Agent {
             .filter(|target| self.cascade_refused.as_ref() != Some(target));
         match upstream {
             Some(target) => {
-                let cascading = self
-                    .cascade
-                    .as_ref()
-                    .is_some_and(|(name, _)| *name == target);
+                let cascading = self.cascading_from(&target);
                 if cascading && self.target_lacks_wal() {
                     // The target (keeping no slot for this replica) recycled WAL it still
                     // needs: back to the old primary, whose slot kept it, for this switchover.
@@ -136,11 +133,7 @@ impl Agent {
                         }
                         self.cascade = Some((target.clone(), address));
                     }
-                    if self
-                        .cascade
-                        .as_ref()
-                        .is_some_and(|(name, _)| *name == target)
-                    {
+                    if self.cascading_from(&target) {
                         return None;
                     }
                     // Not known (yet): stream from the primary.
@@ -159,13 +152,11 @@ impl Agent {
                 }
             }
         }
-        let current = self
-            .cluster
-            .as_ref()
-            .and_then(|rx| rx.borrow().current_primary.clone());
         // Named ourselves (a promotion we do not make): keep streaming from where we do.
         // (`None`: no problem to report.)
-        let primary = current.filter(|p| *p != self.config.pod_name)?;
+        let primary = view
+            .current_primary
+            .filter(|p| *p != self.config.pod_name)?;
         // `service`: the address is the Service's; the report is read only until it lists
         // this replica's slot (not a GET of the primary's pod every probe).
         if !matches!(self.config.primary_from, PrimaryFrom::Annotation)
@@ -199,11 +190,20 @@ impl Agent {
         }
     }
 
+    /// Streaming from `target` (a switchover's) already.
+    fn cascading_from(&self, target: &str) -> bool {
+        self.cascade
+            .as_ref()
+            .is_some_and(|(name, _)| name == target)
+    }
+
     /// Cascading: the target recently said that WAL this replica asks for is gone.
     fn target_lacks_wal(&self) -> bool {
-        self.engine_last_error.peek().is_some_and(|(line, at)| {
-            line.contains(WAL_REMOVED) && at.elapsed() < WAL_REMOVED_RECENT
-        })
+        said_recently(
+            self.engine_last_error.peek().as_ref(),
+            Instant::now(),
+            &[WAL_REMOVED],
+        )
     }
 
     /// A replica's probe: a changed primary address is applied (`ALTER SYSTEM` and a
@@ -441,8 +441,18 @@ const TIMELINE_DEAD_END: [&str; 3] = [
     "is not in this server's history",
 ];
 
-/// One look at a replica that may have lost the WAL it needs (or its primary's timeline): since when (and at which
-/// replayed position) the primary has kept saying so, and whether that lasted
+/// Whether the engine's last error line, said at most [`WAL_REMOVED_RECENT`] before `now`,
+/// holds one of `words`.
+fn said_recently(last_error: Option<&(String, Instant)>, now: Instant, words: &[&str]) -> bool {
+    last_error.is_some_and(|(line, at)| {
+        words.iter().any(|w| line.contains(w))
+            && now.saturating_duration_since(*at) < WAL_REMOVED_RECENT
+    })
+}
+
+/// One look at a replica that may have lost the WAL it needs (or its primary's timeline):
+/// since when (and at which replayed position) the primary has kept saying so, and whether
+/// that lasted
 /// [`WAL_REMOVED_RECLONE_AFTER`] without replay moving. Anything else — streaming, another
 /// error since, an old line — starts over.
 pub(super) fn wal_removed_step(
@@ -452,10 +462,8 @@ pub(super) fn wal_removed_step(
     replayed: &Option<String>,
     now: Instant,
 ) -> (Option<(Instant, Option<String>)>, bool) {
-    let recent = last_error.is_some_and(|(line, at)| {
-        (line.contains(WAL_REMOVED) || TIMELINE_DEAD_END.iter().any(|w| line.contains(w)))
-            && now.saturating_duration_since(*at) < WAL_REMOVED_RECENT
-    });
+    let recent = said_recently(last_error, now, &[WAL_REMOVED])
+        || said_recently(last_error, now, &TIMELINE_DEAD_END);
     if streaming || !recent {
         return (None, false);
     }
