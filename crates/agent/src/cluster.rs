@@ -41,6 +41,11 @@ pub struct ClusterView {
     pub uid: Option<String>,
     /// The last watch error (message, forbidden) since the last successful event.
     pub error: Option<(String, bool)>,
+    /// `status.majorUpgrade.step` while one is under way (not refused or failed), and the
+    /// instance it upgrades.
+    pub major_upgrade: Option<(String, Option<String>)>,
+    /// `status.currentVersion`'s major.
+    pub current_major: Option<u32>,
 }
 
 /// `db.devctl.io/v1beta1` `DatabaseCluster` (plural `databaseclusters`).
@@ -95,6 +100,21 @@ pub fn synchronous(object: &DynamicObject) -> Option<(String, i32)> {
     Some((method.to_string(), i32::try_from(number).ok()?))
 }
 
+/// `status.majorUpgrade`'s step and instance while it is under way (not `Refused` or
+/// `Failed`).
+pub fn major_upgrade(object: &DynamicObject) -> Option<(String, Option<String>)> {
+    let upgrade = object.data.get("status")?.get("majorUpgrade")?;
+    let step = upgrade.get("step")?.as_str()?;
+    if matches!(step, "Refused" | "Failed") {
+        return None;
+    }
+    let primary = upgrade
+        .get("primary")
+        .and_then(|p| p.as_str())
+        .map(str::to_string);
+    Some((step.to_string(), primary))
+}
+
 fn status_string(object: &DynamicObject, field: &str) -> Option<String> {
     object
         .data
@@ -130,6 +150,10 @@ pub fn watch_cluster(client: kube::Client, config: &Config) -> watch::Receiver<C
         view.synchronous = object.and_then(synchronous);
         view.initialized = object.is_some_and(has_run);
         view.uid = object.and_then(|o| o.metadata.uid.clone());
+        view.major_upgrade = object.and_then(major_upgrade);
+        view.current_major = object
+            .and_then(|o| status_string(o, "currentVersion"))
+            .and_then(|v| v.split('.').next()?.parse().ok());
         view.error = None;
     };
     tokio::spawn(async move {

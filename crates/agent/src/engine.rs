@@ -364,7 +364,7 @@ impl Engine {
                     ));
                 }
                 Binaries::Postgres {
-                    dir: postgres_bin_dir(config.engine_bin_dir.as_deref())?,
+                    dir: find_postgres_bin_dir(config.engine_bin_dir.as_deref())?,
                 }
             }
             EngineKind::Mysql => {
@@ -1053,6 +1053,14 @@ impl Engine {
         &self.config.data_dir
     }
 
+    /// PostgreSQL: the directory of its binaries.
+    pub fn postgres_bin_dir(&self) -> Option<&Path> {
+        match &self.bins {
+            Binaries::Postgres { dir } => Some(dir),
+            _ => None,
+        }
+    }
+
     /// PostgreSQL's `archive_command`: hands `%p` to the running agent over its socket.
     pub fn archive_command(&self) -> String {
         format!(
@@ -1501,7 +1509,7 @@ fn describe(dirs: &[PathBuf]) -> String {
 /// `DEVCTL_ENGINE_BIN_DIR`, else the directory of `postgres` on `PATH` (symlinks resolved,
 /// so `initdb`/`psql` come from the same installation), else Debian's highest
 /// `/usr/lib/postgresql/<version>/bin`.
-fn postgres_bin_dir(explicit: Option<&Path>) -> Result<PathBuf> {
+pub fn find_postgres_bin_dir(explicit: Option<&Path>) -> Result<PathBuf> {
     let complete = |dir: &Path| {
         ["postgres", "initdb", "psql"]
             .iter()

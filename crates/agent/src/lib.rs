@@ -191,6 +191,7 @@ pub mod process;
 pub mod report;
 pub mod store;
 pub mod test_hooks;
+pub mod upgrade_step;
 pub mod wal;
 
 use std::time::Duration;

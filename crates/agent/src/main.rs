@@ -35,6 +35,10 @@ enum Command {
     /// "Upgraded" | "AlreadyDone" | "Refused" | "Failed", "message", "oldIntact"}; exit 0
     /// when it checked or upgraded, 1 otherwise.
     Upgrade(devctl_agent::major_upgrade::Request),
+    /// The init container of a PostgreSQL pod: during a major upgrade (status.majorUpgrade)
+    /// upgrades the named instance's data directory and records the result on its pod;
+    /// elsewhere exits at once. Configured by the environment, like `run`.
+    MajorUpgrade,
     /// PostgreSQL's restore_command during a restore: have the running agent fetch an
     /// archived file (exit 0 when in place, 1 when the archive has no such file, 126 when
     /// the archive cannot be read).
@@ -98,6 +102,12 @@ fn main() -> ExitCode {
             let (code, line) = runtime.block_on(devctl_agent::major_upgrade::run_command(request));
             println!("{line}");
             exit(code)
+        }
+        Command::MajorUpgrade => {
+            let Some(runtime) = current_thread_runtime() else {
+                return exit(EXIT_INTERNAL);
+            };
+            exit(runtime.block_on(devctl_agent::upgrade_step::run_from_env()))
         }
         Command::Install { dir } => match devctl_agent::install(&dir) {
             Ok(target) => {

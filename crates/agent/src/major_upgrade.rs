@@ -63,6 +63,9 @@ pub struct Upgrade {
     pub socket_dir: PathBuf,
     /// The port the servers take on that socket (they listen on no TCP address).
     pub port: u16,
+    /// A test's fault ([`crate::test_hooks::MAJOR_UPGRADE`]): fail once `pg_upgrade`
+    /// finished, before the swap.
+    pub fail_after_pg_upgrade: bool,
 }
 
 /// What [`Upgrade::run`] found or did.
@@ -145,6 +148,7 @@ pub async fn run_command(request: Request) -> (i32, String) {
         server_settings: request.settings,
         socket_dir: request.socket_dir,
         port: request.port,
+        fail_after_pg_upgrade: false,
     };
     match upgrade.run(request.check).await {
         Ok(Outcome::Checked) => (0, line("Checked", "pg_upgrade --check passed", Some(true))),
@@ -376,6 +380,13 @@ impl Upgrade {
                 self.discard(&new);
             }
             return Err(failed(reason, old_intact));
+        }
+        if self.fail_after_pg_upgrade {
+            self.discard(&new);
+            return Err(failed(
+                "failed after pg_upgrade (test hook major-upgrade=fail)".into(),
+                true,
+            ));
         }
         // Everything below only moves directories: marked first, so that a crash before or
         // between the moves is finished by the next run.

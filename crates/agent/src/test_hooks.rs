@@ -30,6 +30,10 @@ pub const WAL_RECEIVER: &str = "wal-receiver";
 /// test can have WAL a dead primary never archived.
 pub const ARCHIVE_TIMEOUT_S: &str = "archive-timeout-s";
 
+/// `fail`: the upgrade step of a major upgrade fails after `pg_upgrade` finished and before
+/// the upgraded data takes the old one's place (the old data stays whole).
+pub const MAJOR_UPGRADE: &str = "major-upgrade";
+
 /// The hooks file of this agent, if any.
 #[derive(Debug, Clone, Default)]
 pub struct TestHooks {
@@ -78,6 +82,11 @@ impl TestHooks {
     /// [`WAL_RECEIVER`]`=stop`.
     pub fn wal_receiver_stopped(&self) -> bool {
         self.value(WAL_RECEIVER).is_some_and(|v| v == "stop")
+    }
+
+    /// [`MAJOR_UPGRADE`]`=fail`.
+    pub fn major_upgrade_fails(&self) -> bool {
+        self.value(MAJOR_UPGRADE).is_some_and(|v| v == "fail")
     }
 
     /// [`ARCHIVE_TIMEOUT_S`].

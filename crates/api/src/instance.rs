@@ -53,6 +53,9 @@ pub mod env {
     /// `mariadbd`/`mysqld`, ...). Without it the agent searches `PATH`, then Debian's
     /// `/usr/lib/postgresql/*/bin`.
     pub const ENGINE_BIN_DIR: &str = "DEVCTL_ENGINE_BIN_DIR";
+    /// Optional, PostgreSQL's upgrade step: colon-separated roots under which an older
+    /// major's binaries are `<root>/<major>/bin` (default `/usr/lib/postgresql`).
+    pub const POSTGRES_BIN_ROOTS: &str = "DEVCTL_POSTGRES_BIN_ROOTS";
     /// `recovery`: the first instance restores from a backup (docs/backup.md) instead of
     /// initialising, and waits for [`super::RESTORE_ANNOTATION`].
     pub const BOOTSTRAP: &str = "DEVCTL_BOOTSTRAP";
@@ -158,6 +161,26 @@ pub const BACKUP_REQUEST_ANNOTATION: &str = "db.devctl.io/backup-request";
 /// Annotation on the first instance of a cluster restored from a backup (operator-written):
 /// JSON [`RestoreRequest`].
 pub const RESTORE_ANNOTATION: &str = "db.devctl.io/restore";
+
+/// Annotation on the instance whose volume a major upgrade upgrades, written by its upgrade
+/// step (the init container `major-upgrade`): JSON [`UpgradeResult`].
+pub const MAJOR_UPGRADE_RESULT_ANNOTATION: &str = "db.devctl.io/major-upgrade-result";
+
+/// What the upgrade step of a major upgrade came to.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeResult {
+    /// The version upgraded to (`status.majorUpgrade.to`): a result of another attempt is
+    /// not this one's.
+    pub to: String,
+    /// `Upgraded`, `AlreadyDone`, `Refused`, `Failed` or `RolledBack`.
+    pub result: String,
+    #[serde(default)]
+    pub message: String,
+    /// The old data directory is whole and starts on the old major.
+    #[serde(default)]
+    pub old_intact: bool,
+}
 
 /// Suffix of the Secret with the cluster's own store credentials (`accessKeyId`,
 /// `secretAccessKey`, optional `ca.crt`), and of the source store's for a restore.

@@ -338,12 +338,20 @@ async fn invalid_objects_are_refused_with_the_field_and_the_rule() {
         ),
         "spec.version: downgrade from 16.4 to 16.2 is not supported",
     );
+    // A major upgrade is admitted (pg_upgrade in place, docs/major-upgrade.md) — judged by a
+    // server-side dry run, so nothing starts here — but not with a change of the replica
+    // count at once.
+    let major = fx.kubectl(
+        &["apply", "--dry-run=server", "-f", "-"],
+        Some(&manifest("pg", 3, "18.1", "1Gi", true)),
+    );
+    assert!(major.status.success(), "{}", stderr(&major));
     refused(
         fx.kubectl(
             &["apply", "-f", "-"],
-            Some(&manifest("pg", 3, "17.0", "1Gi", true)),
+            Some(&manifest("pg", 5, "17.0", "1Gi", true)),
         ),
-        "spec.version: major version upgrade from 16.4 to 17.0",
+        "spec.replicas: a major version upgrade (16 to 17) and a change of spec.replicas (3 to 5) at once: one at a time",
     );
     // The scale subresource bypasses webhooks on the main resource; the CEL rule holds there.
     refused(

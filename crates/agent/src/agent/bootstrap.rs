@@ -76,6 +76,14 @@ impl Agent {
     pub(super) async fn prepare_postgres(&mut self) -> Result<Result<bool, Outcome>> {
         let cluster_name = self.config.cluster.clone();
         let mut backoff = Duration::from_secs(1);
+        if self.binaries_major.is_none()
+            && let Some(bin) = self.engine.postgres_bin_dir()
+        {
+            match crate::major_upgrade::binaries_major(bin).await {
+                Ok(major) => self.binaries_major = Some(major),
+                Err(e) => tracing::warn!("the binaries' major: {e}"),
+            }
+        }
         loop {
             self.refresh_replication_secret()?;
             let view = match &mut self.cluster {
@@ -140,8 +148,17 @@ impl Agent {
     /// the data directory (its control file only when a switchover away from it is pending).
     async fn observe_stopped(&self, view: &ClusterView) -> role::Observation {
         let me = self.config.pod_name.as_str();
+        let older = match (
+            crate::major_upgrade::data_major(self.engine.data_dir()),
+            self.binaries_major,
+        ) {
+            (Some(data), Some(binaries)) if data < binaries => Some((data, binaries)),
+            _ => None,
+        };
         let data = if !self.engine.is_bootstrapped() {
             role::DataState::Empty
+        } else if let Some((data, binaries)) = older {
+            role::DataState::OlderMajor { data, binaries }
         } else if self.engine.is_standby() {
             role::DataState::Standby
         } else {
@@ -248,6 +265,12 @@ impl Agent {
                         }
                         return Ok(StartStep::Wait(why));
                     }
+                }
+                Step::EmptyOlderMajor => {
+                    tracing::info!(
+                        "a major upgrade: emptying this replica's data of the older major to clone the primary again"
+                    );
+                    self.remove_data()?;
                 }
                 Step::StartPrimary => {
                     if self.role != Role::Primary {

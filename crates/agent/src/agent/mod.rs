@@ -15,6 +15,7 @@ mod secrets;
 mod status;
 mod supervise;
 mod tick;
+mod upgrade_followup;
 
 pub use primary::synchronous_standby_names;
 use role::{Role, lost_primary_data};
@@ -295,6 +296,11 @@ struct Agent {
     mysql_restore_backoff: Duration,
     /// What the restore waits for or why it failed.
     restore_problem: Option<String>,
+    /// PostgreSQL: the major its binaries run (read once, `postgres --version`).
+    binaries_major: Option<u32>,
+    /// After a major upgrade: `vacuumdb --analyze-in-stages`, then the old data directory
+    /// removed once the cluster records the new version ([`upgrade_followup`]).
+    upgrade_followup: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Runs the instance described by `config` until SIGTERM/SIGINT, a replaced pod, or an
@@ -356,6 +362,8 @@ pub async fn run(config: Config) -> Result<Outcome> {
         mysql_restore_at: None,
         mysql_restore_backoff: Duration::from_secs(1),
         restore_problem: None,
+        binaries_major: None,
+        upgrade_followup: None,
         lock,
         lock_problem: None,
         failover_ack: None,

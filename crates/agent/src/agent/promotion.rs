@@ -83,6 +83,7 @@ impl Agent {
             handover: role::Handover::None,
             rejoin_failed: false,
             wal_gone: None,
+            upgrade_step: view.major_upgrade.as_ref().map(|(step, _)| step.clone()),
         }
     }
 

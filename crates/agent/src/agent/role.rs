@@ -66,6 +66,12 @@ pub enum DataState {
     Primary {
         clean_stop: Option<Result<String, String>>,
     },
+    /// An older major's (`data`) than the binaries run (`binaries`): a major upgrade is under
+    /// way (docs/major-upgrade.md).
+    OlderMajor {
+        data: u32,
+        binaries: u32,
+    },
 }
 
 /// A switchover target's view of the old primary (read only while this pod is the target).
@@ -110,6 +116,8 @@ pub struct Observation {
     /// Why this replica cannot resume: the WAL it needs is gone from its primary and the
     /// archive.
     pub wal_gone: Option<String>,
+    /// `status.majorUpgrade.step` while a major upgrade is under way.
+    pub upgrade_step: Option<String>,
 }
 
 /// One thing the shell does; the steps of a transition run in order.
@@ -144,6 +152,9 @@ pub enum Step {
     MoveAside,
     /// Stop the engine and empty a replica's data directory (the primary has all of it).
     CloneAfresh(String),
+    /// Empty the data directory of an older major (a replica after a major upgrade: the
+    /// primary runs the new one and has all of it).
+    EmptyOlderMajor,
     /// Publish `Rejoined` (a former primary) or `Recloned` (a replica) on the cluster.
     Announce,
 }
@@ -277,6 +288,39 @@ fn as_primary(role: &Role, obs: &Observation) -> Transition {
     }
 }
 
+/// No engine runs, and the data is an older major's than the binaries (a major upgrade): the
+/// primary waits for the upgrade step, which runs before the agent (nothing here starts the
+/// old data on the new binaries, nor removes the primary's); a replica empties its data and
+/// clones the primary once that runs the new major (`Recloning`).
+fn older_major(obs: &Observation, current: &str, data: u32, binaries: u32) -> Transition {
+    let me = obs.me.as_str();
+    let step = obs.upgrade_step.as_deref();
+    if current == me {
+        return wait(
+            Role::Bootstrapping,
+            format!(
+                "the data directory is PostgreSQL {data}'s and these binaries run {binaries}: the major upgrade step did not upgrade it (status.majorUpgrade); not starting"
+            ),
+        );
+    }
+    match step {
+        Some("Recloning") => to(
+            Role::Recloning,
+            vec![
+                Step::EmptyOlderMajor,
+                Step::Clone(current.to_string()),
+                Step::StartReplica,
+            ],
+        ),
+        _ => wait(
+            Role::Bootstrapping,
+            format!(
+                "the data directory is PostgreSQL {data}'s and these binaries run {binaries}: cloned again once the primary runs {binaries} (status.majorUpgrade)"
+            ),
+        ),
+    }
+}
+
 /// No engine runs: how to get data and in which role to start it.
 fn before_start(role: &Role, obs: &Observation, cluster: &str) -> Transition {
     let me = obs.me.as_str();
@@ -284,6 +328,9 @@ fn before_start(role: &Role, obs: &Observation, cluster: &str) -> Transition {
         return wait(role.clone(), "waiting for status.currentPrimary");
     };
     let target = obs.target.as_deref();
+    if let DataState::OlderMajor { data, binaries } = obs.data {
+        return older_major(obs, current, data, binaries);
+    }
     if current == me {
         return match &obs.data {
             DataState::Empty if obs.initialized => wait(
@@ -322,6 +369,8 @@ fn before_start(role: &Role, obs: &Observation, cluster: &str) -> Transition {
             DataState::Primary { .. } => {
                 to(Role::Primary, vec![Step::TakeLock, Step::StartPrimary])
             }
+            // Decided above (`older_major`).
+            DataState::OlderMajor { .. } => stay(role),
         };
     }
     match &obs.data {
@@ -343,6 +392,8 @@ fn before_start(role: &Role, obs: &Observation, cluster: &str) -> Transition {
             },
             vec![Step::Clone(current.to_string()), Step::StartReplica],
         ),
+        // Decided above (`older_major`).
+        DataState::OlderMajor { .. } => stay(role),
     }
 }
 

@@ -24,6 +24,7 @@ fn obs() -> Observation {
         handover: Handover::None,
         rejoin_failed: false,
         wal_gone: None,
+        upgrade_step: None,
     }
 }
 
@@ -687,4 +688,65 @@ fn only_the_failed_primary_is_told_to_step_down() {
         None
     );
     assert_eq!(failover_away(&obs()), None);
+}
+
+#[test]
+fn data_of_an_older_major_is_never_started_and_a_replica_clones_the_upgraded_primary() {
+    let older = DataState::OlderMajor {
+        data: 15,
+        binaries: 17,
+    };
+    // The primary waits for the upgrade step (its init container): nothing starts 15's data
+    // on 17's binaries, nothing removes it.
+    let t = transition(
+        &Role::Bootstrapping,
+        &named(Observation {
+            data: older.clone(),
+            upgrade_step: Some("Upgrading".into()),
+            ..obs()
+        }),
+        CLUSTER,
+    );
+    assert_eq!(t.role, Role::Bootstrapping);
+    assert!(
+        matches!(&t.steps[..], [Step::Wait(why)] if why.contains("major upgrade step")),
+        "{t:?}"
+    );
+    // A replica waits while the primary is upgraded …
+    let upgrading = Observation {
+        data: older.clone(),
+        upgrade_step: Some("Upgrading".into()),
+        ..obs()
+    };
+    let t = transition(&Role::Bootstrapping, &upgrading, CLUSTER);
+    assert!(matches!(&t.steps[..], [Step::Wait(_)]), "{t:?}");
+    // … and without an upgrade under way (a failed one, back on the old template: its pod
+    // runs the old binaries and never sees this state).
+    let t = transition(
+        &Role::Bootstrapping,
+        &Observation {
+            upgrade_step: None,
+            ..upgrading.clone()
+        },
+        CLUSTER,
+    );
+    assert!(matches!(&t.steps[..], [Step::Wait(_)]), "{t:?}");
+    // Once the primary runs the new major, it empties its data and clones it.
+    let t = transition(
+        &Role::Bootstrapping,
+        &Observation {
+            upgrade_step: Some("Recloning".into()),
+            ..upgrading
+        },
+        CLUSTER,
+    );
+    assert_eq!(t.role, Role::Recloning);
+    assert_eq!(
+        t.steps,
+        [
+            Step::EmptyOlderMajor,
+            Step::Clone("db-0".into()),
+            Step::StartReplica
+        ]
+    );
 }

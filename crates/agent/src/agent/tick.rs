@@ -62,6 +62,7 @@ impl Agent {
                     return;
                 }
                 self.tend_backup(&probe);
+                self.tend_upgrade_followup(&probe);
                 if self.mode == Mode::Replica {
                     self.tick_replica(probe, resolve_problem).await;
                     self.health.set_ready(self.ready);

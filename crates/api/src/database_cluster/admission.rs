@@ -90,6 +90,8 @@ pub struct Request<'a> {
     pub running_version: Option<&'a str>,
     /// The client wrote through `db.devctl.io/v1alpha1`.
     pub via_v1alpha1: bool,
+    /// A major version upgrade is under way (`status.majorUpgrade`, not refused or failed).
+    pub upgrading: bool,
 }
 
 /// Checks a new spec; every refused field, in the order of the spec.
@@ -112,7 +114,7 @@ pub fn validate(
         if !unchanged {
             errors.push(FieldError {
                 field: "metadata.annotations[db.devctl.io/v1beta1-fields]",
-                message: "image, resource limits, backup settings other than backupsEnabled, highAvailability, replication and bootstrap cannot be set or changed through db.devctl.io/v1alpha1; use db.devctl.io/v1beta1".into(),
+                message: "image, resource limits, backup settings other than backupsEnabled, highAvailability, replication, bootstrap and upgrade cannot be set or changed through db.devctl.io/v1alpha1; use db.devctl.io/v1beta1".into(),
             });
         }
     }
@@ -122,7 +124,7 @@ pub fn validate(
         // From what runs: setting the version back to the running one is always allowed.
         let running = request.running_version.unwrap_or(&old.version);
         if running != spec.version
-            && let Err(error) = check_version_change(running, &spec.version)
+            && let Err(error) = check_version_change(spec.engine, running, &spec.version)
         {
             let message = match error {
                 VersionChangeError::Invalid(message) => message,
@@ -132,7 +134,33 @@ pub fn validate(
                 field: "spec.version",
                 message,
             });
+        } else if let Some((from, to)) = super::major_upgrade(running, &spec.version)
+            && old.replicas != spec.replicas
+        {
+            errors.push(FieldError {
+                field: "spec.replicas",
+                message: format!(
+                    "a major version upgrade ({from} to {to}) and a change of spec.replicas ({} to {}) at once: one at a time; keep spec.replicas {} until the upgrade completes",
+                    old.replicas, spec.replicas, old.replicas
+                ),
+            });
         }
+    }
+    // A major upgrade under way: its target stays until it completes (or is refused).
+    if let Some(old) = old
+        && old.version != spec.version
+        && let Some(running) = request.running_version
+        && super::major_upgrade(running, &old.version).is_some()
+        && super::major_upgrade(running, &spec.version).is_some()
+        && request.upgrading
+    {
+        errors.push(FieldError {
+            field: "spec.version",
+            message: format!(
+                "a major version upgrade from {running} to {} is under way: change spec.version once it completes (status.majorUpgrade)",
+                old.version
+            ),
+        });
     }
     let high_availability = spec.high_availability.as_ref().is_some_and(|h| h.enabled);
     let was_highly_available = old
@@ -233,6 +261,7 @@ mod tests {
             old: Some(&old),
             running_version: Some("16.4"),
             via_v1alpha1: false,
+            upgrading: false,
         };
         assert!(validate(&spec(value), request, &AdmissionSettings::default()).is_empty());
     }
@@ -259,6 +288,7 @@ mod tests {
             old,
             running_version: None,
             via_v1alpha1: true,
+            upgrading: false,
         };
         // Unchanged hidden fields, a changed visible one: fine.
         let mut same = old.clone();
@@ -291,6 +321,7 @@ mod tests {
             old,
             running_version: None,
             via_v1alpha1: true,
+            upgrading: false,
         };
         // A v1alpha1 `backupsEnabled: true` write converts to the defaults (no retention).
         let mut value = base();
@@ -350,7 +381,7 @@ mod tests {
     }
 
     #[test]
-    fn downgrades_and_major_changes_are_refused_on_update_only() {
+    fn downgrades_are_refused_on_update_and_majors_go_one_change_at_a_time() {
         let old = spec(base());
         let mut value = base();
         value["version"] = json!("16.1");
@@ -373,10 +404,47 @@ mod tests {
             )
             .is_empty()
         );
+        // PostgreSQL upgrades majors in place (skipping some too), one change at a time.
         let mut value = base();
-        value["version"] = json!("17.0");
+        value["version"] = json!("18.0");
+        assert!(
+            validate(
+                &spec(value.clone()),
+                update(&old),
+                &AdmissionSettings::default()
+            )
+            .is_empty()
+        );
+        value["replicas"] = json!(5);
         let errors = validate(&spec(value), update(&old), &AdmissionSettings::default());
-        assert!(errors[0].message.starts_with("major version upgrade"));
+        assert_eq!(errors[0].field, "spec.replicas");
+        assert!(errors[0].message.contains("one at a time"), "{}", errors[0]);
+        // Not again while one is under way.
+        let mut upgrading = old.clone();
+        upgrading.version = "17.0".into();
+        let mut value = base();
+        value["version"] = json!("18.0");
+        let request = Request {
+            old: Some(&upgrading),
+            running_version: Some("16.2"),
+            upgrading: true,
+            ..Request::default()
+        };
+        let errors = validate(&spec(value), request, &AdmissionSettings::default());
+        assert!(errors[0].message.contains("is under way"), "{}", errors[0]);
+        // The MySQL family does not.
+        let mut value = base();
+        value["engine"] = json!("mysql");
+        value["version"] = json!("8.0");
+        let mut mysql = spec(value.clone());
+        let old_mysql = mysql.clone();
+        mysql.version = "9.1".into();
+        let errors = validate(&mysql, update(&old_mysql), &AdmissionSettings::default());
+        assert!(
+            errors[0].message.starts_with("major version upgrade"),
+            "{}",
+            errors[0]
+        );
         let mut value = base();
         value["version"] = json!("16.4");
         assert!(validate(&spec(value), update(&old), &AdmissionSettings::default()).is_empty());

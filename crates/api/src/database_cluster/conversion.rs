@@ -63,6 +63,8 @@ struct Preserved {
     replication: Option<v1beta1::ReplicationSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     bootstrap: Option<v1beta1::BootstrapSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    upgrade: Option<v1beta1::UpgradeSpec>,
 }
 
 impl Preserved {
@@ -192,6 +194,7 @@ pub fn hidden_in_v1alpha1(spec: &v1beta1::DatabaseClusterSpec) -> Value {
         high_availability: spec.high_availability.clone(),
         replication: spec.replication.clone(),
         bootstrap: spec.bootstrap.clone(),
+        upgrade: spec.upgrade.clone(),
     };
     serde_json::to_value(hidden).unwrap_or_else(|_| Value::Object(Map::new()))
 }
@@ -219,6 +222,7 @@ fn spec_to_v1alpha1(
         high_availability: spec.high_availability,
         replication: spec.replication,
         bootstrap: spec.bootstrap,
+        upgrade: spec.upgrade,
         ..Preserved::default()
     };
     let resources = match &spec.resources {
@@ -314,6 +318,7 @@ fn spec_to_v1beta1(
         high_availability: preserved.high_availability,
         replication: preserved.replication,
         bootstrap: preserved.bootstrap,
+        upgrade: preserved.upgrade,
     }
 }
 
@@ -498,6 +503,18 @@ mod tests {
     }
 
     prop_compose! {
+        fn upgrade()(
+            link in any::<bool>(),
+            image in option::of("[a-z./:0-9-]{1,30}"),
+        ) -> v1beta1::UpgradeSpec {
+            v1beta1::UpgradeSpec {
+                method: if link { v1beta1::UpgradeMethod::Link } else { v1beta1::UpgradeMethod::Copy },
+                image,
+            }
+        }
+    }
+
+    prop_compose! {
         fn beta_spec()(
             (engine, version, image, replicas, storage) in (engine(), "[0-9]{1,2}\\.[0-9]{1,2}", option::of("[a-z./:0-9-]{1,30}"), 1..=7i32, storage()),
             resources in option::of(resources()),
@@ -505,10 +522,11 @@ mod tests {
             high_availability in option::of(high_availability()),
             replication in option::of(replication()),
             bootstrap in option::of(bootstrap()),
+            upgrade in option::of(upgrade()),
         ) -> v1beta1::DatabaseClusterSpec {
             v1beta1::DatabaseClusterSpec {
                 engine, version, image, replicas, storage, resources, backup,
-                high_availability, replication, bootstrap,
+                high_availability, replication, bootstrap, upgrade,
             }
         }
     }

@@ -12,8 +12,9 @@ use kube::CustomResourceExt;
 pub use v1beta1::{
     BackupDestination, BackupSpec, BootstrapSpec, DatabaseCluster, DatabaseClusterSpec,
     DatabaseClusterStatus, Engine, FailoverReason, FailoverRecord, HighAvailabilitySpec,
-    InstanceSummary, Phase, RecoverySource, RecoverySpec, ReplicationSpec, SynchronousMethod,
-    SynchronousSpec, parse_duration,
+    InstanceSummary, MajorUpgradeStatus, MajorUpgradeStep, Phase, RecoverySource, RecoverySpec,
+    ReplicationSpec, SynchronousMethod, SynchronousSpec, UpgradeMethod, UpgradeSpec,
+    parse_duration,
 };
 
 /// The finalizer the operator puts on every DatabaseCluster.
@@ -108,7 +109,7 @@ pub enum VersionChangeError {
     )]
     Downgrade { from: Version, to: Version },
     #[error(
-        "major version upgrade from {from} to {to} needs a dump/restore or pg_upgrade and is not done in place"
+        "major version upgrade from {from} to {to} is not done in place for this engine (PostgreSQL only): dump and restore into a new cluster"
     )]
     MajorUpgrade { from: Version, to: Version },
     #[error("{0}")]
@@ -116,17 +117,29 @@ pub enum VersionChangeError {
 }
 
 /// Checks a change from the running version to the requested one: same version and minor
-/// upgrades are allowed; downgrades and major-version changes are refused.
-pub fn check_version_change(running: &str, requested: &str) -> Result<(), VersionChangeError> {
+/// upgrades are allowed, and a higher major (skipping majors too) where the engine upgrades
+/// in place (PostgreSQL, `pg_upgrade`); downgrades are refused.
+pub fn check_version_change(
+    engine: Engine,
+    running: &str,
+    requested: &str,
+) -> Result<(), VersionChangeError> {
     let from: Version = running.parse().map_err(VersionChangeError::Invalid)?;
     let to: Version = requested.parse().map_err(VersionChangeError::Invalid)?;
     if to < from {
         Err(VersionChangeError::Downgrade { from, to })
-    } else if to.major != from.major {
+    } else if to.major != from.major && engine != Engine::Postgres {
         Err(VersionChangeError::MajorUpgrade { from, to })
     } else {
         Ok(())
     }
+}
+
+/// The majors of a change from `running` to `requested` when it crosses one upward.
+pub fn major_upgrade(running: &str, requested: &str) -> Option<(u32, u32)> {
+    let from: Version = running.parse().ok()?;
+    let to: Version = requested.parse().ok()?;
+    (to.major > from.major).then_some((from.major, to.major))
 }
 
 impl DatabaseClusterSpec {
@@ -152,23 +165,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn minor_upgrades_pass_and_downgrades_or_major_changes_are_refused() {
-        assert_eq!(check_version_change("16.2", "16.2"), Ok(()));
-        assert_eq!(check_version_change("16.2", "16.4"), Ok(()));
+    fn minor_and_postgres_major_upgrades_pass_downgrades_are_refused() {
+        let pg = Engine::Postgres;
+        assert_eq!(check_version_change(pg, "16.2", "16.2"), Ok(()));
+        assert_eq!(check_version_change(pg, "16.2", "16.4"), Ok(()));
         assert!(matches!(
-            check_version_change("16.4", "16.2"),
+            check_version_change(pg, "16.4", "16.2"),
             Err(VersionChangeError::Downgrade { .. })
         ));
+        // In place with pg_upgrade, skipping majors too.
+        assert_eq!(check_version_change(pg, "15.4", "17.0"), Ok(()));
+        assert_eq!(major_upgrade("15.4", "17.0"), Some((15, 17)));
+        assert_eq!(major_upgrade("15.4", "15.9"), None);
         assert!(matches!(
-            check_version_change("16.2", "17.0"),
+            check_version_change(Engine::Mysql, "8.0", "8.4"),
+            Ok(())
+        ));
+        assert!(matches!(
+            check_version_change(Engine::Mysql, "8.4", "9.1"),
             Err(VersionChangeError::MajorUpgrade { .. })
         ));
         assert!(matches!(
-            check_version_change("16.2", "15.9"),
+            check_version_change(pg, "16.2", "15.9"),
             Err(VersionChangeError::Downgrade { .. })
         ));
         // Numeric, not lexical: 16.10 is newer than 16.9.
-        assert_eq!(check_version_change("16.9", "16.10"), Ok(()));
+        assert_eq!(check_version_change(pg, "16.9", "16.10"), Ok(()));
     }
 
     #[test]

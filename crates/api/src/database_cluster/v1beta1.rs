@@ -107,6 +107,100 @@ pub struct DatabaseClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.bootstrap is immutable: restore into a new cluster"))]
     pub bootstrap: Option<BootstrapSpec>,
+
+    /// How a major version upgrade (`spec.version` to a higher major) runs (PostgreSQL;
+    /// docs/major-upgrade.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeSpec>,
+}
+
+/// How a PostgreSQL major version upgrade runs: `pg_upgrade` on the primary's volume while
+/// the instances are stopped, then the replicas cloned again.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeSpec {
+    /// `copy` (default): the data files are copied and the old data directory stays whole
+    /// until the upgrade completes, the way back should it fail. `link`: hard links, seconds
+    /// whatever the size, but once the new major has run the way back is the backup taken
+    /// before the upgrade.
+    #[serde(default)]
+    pub method: UpgradeMethod,
+    /// The image the upgrade step runs in: it must carry the old major's binaries under
+    /// `/usr/lib/postgresql/<old>/bin` beside the new one's (default: the new version's
+    /// image, which then must carry both).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub image: Option<String>,
+}
+
+/// How `pg_upgrade` moves the data files.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum UpgradeMethod {
+    #[default]
+    Copy,
+    Link,
+}
+
+impl UpgradeMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpgradeMethod::Copy => "copy",
+            UpgradeMethod::Link => "link",
+        }
+    }
+}
+
+/// Where a major version upgrade is (`status.majorUpgrade`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum MajorUpgradeStep {
+    /// Waiting for every instance to be ready.
+    Pending,
+    /// Taking the backup `<name>-pre-upgrade-<from>-<to>` and waiting for it.
+    BackingUp,
+    /// The primary stopped; `pg_upgrade` runs on its volume, then it starts on the new major.
+    Upgrading,
+    /// The primary runs the new major; the replicas are cloned from it again.
+    Recloning,
+    /// `pg_upgrade --check` (or a precondition) refused: nothing changed. Not tried again
+    /// until `spec.version` changes.
+    Refused,
+    /// The upgrade failed after the primary stopped; in copy mode the old data runs again.
+    /// Not tried again until `spec.version` changes.
+    Failed,
+}
+
+impl MajorUpgradeStep {
+    /// Refused or failed: over, on the old major.
+    pub fn is_final(self) -> bool {
+        matches!(self, MajorUpgradeStep::Refused | MajorUpgradeStep::Failed)
+    }
+}
+
+/// A major version upgrade under way, or the last one that was refused or failed.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MajorUpgradeStatus {
+    /// The version upgraded from (`status.currentVersion` when it began).
+    pub from: String,
+    /// The version upgraded to (`spec.version`).
+    pub to: String,
+    pub step: MajorUpgradeStep,
+    pub method: UpgradeMethod,
+    /// The instance whose volume is upgraded (the primary when it began).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary: Option<String>,
+    /// The backup taken before (when backups are on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<String>,
+    /// When it began (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    /// What the step waits for, or why it was refused or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// Streaming replication settings.
@@ -570,6 +664,11 @@ pub struct DatabaseClusterStatus {
     /// on the operator's clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failover: Option<FailoverRecord>,
+
+    /// A major version upgrade under way, or the last one refused or failed (cleared once
+    /// one completes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub major_upgrade: Option<MajorUpgradeStatus>,
 
     /// Each instance as its agent reports it, by pod name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

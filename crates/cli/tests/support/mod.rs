@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod backups;
 pub mod databases;
 
 use std::path::{Path, PathBuf};

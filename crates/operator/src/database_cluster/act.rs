@@ -89,6 +89,11 @@ pub async fn execute(ctx: &Context, observation: &Observation, mut plan: Plan) -
         }
         Err(e) => Err(e),
     };
+    if let Some(name) = &plan.upgrade.create_backup
+        && let Err(why) = backup_lifecycle::create_pre_upgrade_backup(db, ctx, names, name).await
+    {
+        tracing::warn!(cluster = %key(db), "major upgrade: {why}");
+    }
     let mut scheduled = backup_lifecycle::schedule_step(db, ctx, names, &observation.store).await;
     if let Some(why) = backup_lifecycle::prune(db, ctx, names, &observation.store).await {
         tracing::warn!(cluster = %key(db), "retention: {why}");
@@ -99,7 +104,11 @@ pub async fn execute(ctx: &Context, observation: &Observation, mut plan: Plan) -
     let timer = timers::next_look(
         observation,
         &plan.primary.primary,
-        [plan.primary.timer, scheduled.wait],
+        [
+            plan.primary.timer,
+            scheduled.wait,
+            plan.upgrade.look_again(),
+        ],
     );
     if let Some(timer) = timer {
         ctx.backoff.retry_within(&key(db), timer);
@@ -196,6 +205,14 @@ fn status_after(
         }),
         last_backup: backups.1.clone(),
         last_scheduled_backup: scheduled.last.clone(),
+        major_upgrade: plan.upgrade.record.clone(),
+        upgrade_progress: plan
+            .upgrade
+            .record
+            .as_ref()
+            .filter(|u| !u.step.is_final())
+            .map(|u| format!("{:?}: {}", u.step, u.message.clone().unwrap_or_default())),
+        upgrade_problem: plan.upgrade.problem.clone(),
         next_scheduled_backup: scheduled.next.clone(),
     };
     let status = status::compute(db, &observed, &now());

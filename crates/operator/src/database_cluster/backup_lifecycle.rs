@@ -27,6 +27,34 @@ pub const CLUSTER_LABEL: &str = "db.devctl.io/cluster";
 /// Label with the uid of the cluster a DatabaseBackup was made of (also
 /// `status.clusterUID`): a later cluster of the same name never takes it for its own.
 pub const CLUSTER_UID_LABEL: &str = "db.devctl.io/cluster-uid";
+/// Label `"true"` on a DatabaseBackup no retention rule removes (the backup a major upgrade
+/// takes first): it stays until a user deletes it.
+pub const KEEP_LABEL: &str = "db.devctl.io/keep";
+
+/// Whether retention keeps `backup` whatever its rules say ([`KEEP_LABEL`]).
+pub fn kept_until_deleted(backup: &DatabaseBackup) -> bool {
+    backup.labels().get(KEEP_LABEL).is_some_and(|v| v == "true")
+}
+
+/// Creates the backup a major upgrade takes first (unless it exists): not owned by the
+/// cluster and labelled [`KEEP_LABEL`], so neither retention nor the cluster's deletion
+/// removes it.
+pub async fn create_pre_upgrade_backup(
+    db: &DatabaseCluster,
+    ctx: &Context,
+    names: &Names,
+    name: &str,
+) -> Result<(), String> {
+    let Some(mut object) = backup_object(db, name, false) else {
+        return Err(format!("DatabaseBackup {name}: the cluster has no uid yet"));
+    };
+    object
+        .labels_mut()
+        .insert(KEEP_LABEL.to_string(), "true".to_string());
+    create_once(ctx, &names.namespace, &object)
+        .await
+        .map(|_| ())
+}
 
 /// The uid of the cluster `backup` was made of, as recorded (status, else label).
 pub fn recorded_cluster_uid(backup: &DatabaseBackup) -> Option<&str> {
@@ -383,6 +411,7 @@ pub async fn prune(
     let mine: Vec<DatabaseBackup> = named
         .iter()
         .filter(|b| belongs_to(b, &uid, legacy_owner.as_deref()))
+        .filter(|b| !kept_until_deleted(b))
         .cloned()
         .collect();
     let expired = schedule::expired(

@@ -64,6 +64,8 @@ pub struct Inputs<'a> {
     /// During a failover: the pods that showed life since it started (running, their report
     /// changed since, as the operator's watch saw it: [`super::failover_liveness`]).
     pub live: &'a BTreeSet<String>,
+    /// Instances are stopped for a major upgrade: nothing fails over, no switchover starts.
+    pub suspended: bool,
 }
 
 /// What to do about failover in this reconcile.
@@ -202,6 +204,10 @@ pub fn plan(inputs: &Inputs<'_>) -> Step {
     let primary = inputs.primary;
     if let Some(failed) = &primary.failed {
         return carry_on(inputs, failed);
+    }
+    // A major upgrade stops the primary on purpose; requests wait until it is done.
+    if inputs.suspended && primary.target.is_none() {
+        return Step::Idle { expires_in: None };
     }
     // A switchover hands the lock over on purpose; it is not a loss.
     if primary.target.is_some() {

@@ -127,6 +127,7 @@ impl Case {
             since_start: self.since_start,
             since_switchover: Duration::MAX,
             live: &self.live,
+            suspended: false,
         }
     }
 }
@@ -278,6 +279,7 @@ fn a_lock_counts_as_lost_only_once_unchanged_for_the_timeout() {
         since_start: Duration::ZERO,
         since_switchover: Duration::MAX,
         live: &BTreeSet::new(),
+        suspended: false,
     });
     assert_eq!(step, Step::Idle { expires_in: None });
     // The next epoch follows the last one.

@@ -35,6 +35,7 @@ pub fn trim_pod(pod: &mut Pod) {
                 || k == devctl_api::instance::BACKUP_DESTINATION_ANNOTATION
                 || k == devctl_api::instance::BACKUP_REQUEST_ANNOTATION
                 || k == devctl_api::instance::RESTORE_ANNOTATION
+                || k == devctl_api::instance::MAJOR_UPGRADE_RESULT_ANNOTATION
         });
         if let Some(report) = annotations.get_mut(STATUS_ANNOTATION) {
             without_heartbeat(report);

@@ -11,6 +11,7 @@ pub mod events;
 pub mod failover;
 pub mod failover_liveness;
 pub mod instances;
+pub mod major_upgrade;
 pub mod observe;
 pub mod plan;
 pub mod pods;

@@ -46,6 +46,39 @@ pub struct Observation {
     /// Whether the API server still has the lock at the cached version; `None` until a
     /// decision asks ([`super::plan::Plan::needs_lease_confirmation`]).
     pub lease_confirmed: Option<bool>,
+    /// The backup a major upgrade takes first (`status.majorUpgrade.backup`), as cached.
+    pub pre_upgrade_backup: Option<super::major_upgrade::BackupSeen>,
+}
+
+/// The backup `status.majorUpgrade.backup` names, as the cache shows it.
+fn pre_upgrade_backup(
+    ctx: &Context,
+    observation: &Observation,
+) -> Option<super::major_upgrade::BackupSeen> {
+    let name = observation
+        .cluster
+        .status
+        .as_ref()?
+        .major_upgrade
+        .as_ref()?
+        .backup
+        .clone()?;
+    let store = ctx
+        .caches
+        .shared_store::<devctl_api::database_backup::DatabaseBackup>()?;
+    let backup = store.get(
+        &kube::runtime::reflector::ObjectRef::new(&name).within(&observation.names.namespace),
+    )?;
+    let status = backup.status.as_ref();
+    Some(super::major_upgrade::BackupSeen {
+        phase: status.and_then(|s| s.phase),
+        message: status.and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.status == "False" || c.type_ == "Failed")
+                .map(|c| c.message.clone())
+        }),
+    })
 }
 
 impl Observation {
@@ -67,7 +100,9 @@ impl Observation {
             lease,
             live: BTreeSet::new(),
             lease_confirmed: None,
+            pre_upgrade_backup: None,
         };
+        observation.pre_upgrade_backup = pre_upgrade_backup(ctx, &observation);
         let recorded = observation.recorded_primary();
         let key = observation.cluster_key();
         observation.live = match (&recorded.failed, recorded.epoch) {

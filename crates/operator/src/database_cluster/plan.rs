@@ -5,7 +5,7 @@
 //! | decision | file |
 //! |---|---|
 //! | the children (StatefulSet, Services, Secrets, …) | `resources/` |
-//! | the version to run | here ([`version`]) |
+//! | the version to run | here ([`version`]), `major_upgrade.rs` across majors |
 //! | volume growth | `volumes.rs` |
 //! | who is primary: failover, switchover | `primary_step.rs` over `failover.rs`, `switchover.rs` |
 //! | the rollout: role labels, pod replacements, pod annotations | `pods.rs`, `backup.rs` |
@@ -21,6 +21,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::backup;
 use super::events;
 use super::instances;
+use super::major_upgrade;
 use super::observe::Observation;
 use super::pods::{self, PodWrite};
 use super::primary_step::{self, PrimaryStep};
@@ -51,6 +52,9 @@ pub struct Plan {
     pub pods: Vec<PodWrite>,
     /// 6. Published with the status write, once.
     pub with_status: Option<Transition>,
+    /// A major upgrade's step: its record in the status, the backup it takes first, and
+    /// its pod replacements (in `pods`).
+    pub upgrade: major_upgrade::Decision,
 }
 
 impl Plan {
@@ -64,19 +68,57 @@ impl Plan {
 pub fn plan(observation: &Observation, now: Timestamp) -> Plan {
     let db = observation.cluster.as_ref();
     let pods = observation.pods();
-    let (target_version, version_refused) = version(db);
-    let primary = primary_step::decide(observation, now);
+    let recorded = observation.recorded_primary();
+    let mut upgrade = major_upgrade::decide(&major_upgrade::Inputs {
+        db,
+        pods: &pods,
+        stateful_set: observation.stateful_set.as_deref(),
+        primary: &recorded.current,
+        backups_on: observation.store.destination.is_some(),
+        backup: observation.pre_upgrade_backup.clone(),
+        now,
+    });
+    let (target_version, version_refused) = match upgrade.target_version.clone() {
+        Some(version) => (version, None),
+        None => version(db),
+    };
+    let primary = primary_step::decide(observation, now, upgrade.hold);
     let replicas = resources::stateful_set::instances(db);
     // Readiness alone: the credentials the instances applied do not hold a rollout up.
     let ready = instances::observe(&pods, replicas, None).ready;
-    let rollout = pods::plan(
+    let mut rollout = pods::plan(
         &pods,
         observation.stateful_set.as_deref(),
         &primary.primary,
         replicas,
         ready,
     );
+    if upgrade.hold {
+        // The upgrade replaces the pods itself, in its own order.
+        rollout.retain(|action| !matches!(action, pods::PodAction::Replace { .. }));
+    }
+    rollout.extend(
+        upgrade
+            .replace
+            .iter()
+            .map(|(pod, uid)| pods::PodAction::Replace {
+                primary: *pod == primary.primary.current,
+                pod: pod.clone(),
+                uid: uid.clone(),
+            }),
+    );
     let annotations = backup::pod_annotations(&pods, &observation.store, &primary.primary.current);
+    let mut with_status = events::with_status(db, &primary, &pods);
+    // A step of the upgrade is recorded once (the status write's precondition), its events
+    // with it.
+    let recorded_upgrade = db.status.as_ref().and_then(|s| s.major_upgrade.as_ref());
+    if upgrade.record.as_ref() != recorded_upgrade || !upgrade.events.is_empty() {
+        let transition = with_status.get_or_insert_with(|| Transition {
+            resource_version: kube::ResourceExt::resource_version(db),
+            events: Vec::new(),
+        });
+        transition.events.append(&mut upgrade.events);
+    }
     Plan {
         volumes: volumes::growth(db, observation.claims.iter().map(AsRef::as_ref)),
         news: events::news(
@@ -86,10 +128,11 @@ pub fn plan(observation: &Observation, now: Timestamp) -> Plan {
         ),
         hurry: primary.primary.failed.is_some() || primary.primary.target.is_some(),
         pods: pods::writes(rollout, annotations),
-        with_status: events::with_status(db, &primary, &pods),
+        with_status,
         primary,
         target_version,
         version_refused,
+        upgrade,
     }
 }
 
@@ -102,7 +145,11 @@ pub fn version(db: &devctl_api::database_cluster::DatabaseCluster) -> (String, O
         .and_then(|s| s.current_version.as_deref())
     {
         Some(running) => {
-            match devctl_api::database_cluster::check_version_change(running, requested) {
+            match devctl_api::database_cluster::check_version_change(
+                db.spec.engine,
+                running,
+                requested,
+            ) {
                 Ok(()) => (requested.clone(), None),
                 Err(refused) => (
                     running.to_string(),

@@ -148,6 +148,7 @@ impl World {
             live: self.live.clone(),
             claims: Vec::new(),
             lease_confirmed: self.lease_confirmed,
+            pre_upgrade_backup: None,
         }
     }
 

@@ -38,12 +38,22 @@ pub fn at_update_revision(pods: &[&Pod], sts: Option<&StatefulSet>) -> i32 {
 }
 
 /// The revision the StatefulSet's controller creates pods at, once its status says.
-fn update_revision(sts: Option<&StatefulSet>) -> Option<&str> {
+pub fn update_revision(sts: Option<&StatefulSet>) -> Option<&str> {
     sts.and_then(|s| s.status.as_ref())
         .and_then(|s| s.update_revision.as_deref())
 }
 
-fn at_revision(pod: &Pod, revision: &str) -> bool {
+/// Whether the StatefulSet's status describes its current spec (else its revision is stale).
+pub fn revision_current(sts: Option<&StatefulSet>) -> bool {
+    sts.is_some_and(|s| {
+        s.status
+            .as_ref()
+            .and_then(|st| st.observed_generation)
+            .is_some_and(|g| Some(g) >= s.metadata.generation)
+    })
+}
+
+pub fn at_revision(pod: &Pod, revision: &str) -> bool {
     pod.labels().get(REVISION_LABEL).map(String::as_str) == Some(revision)
 }
 
@@ -107,12 +117,7 @@ pub fn plan(
         return actions;
     };
     // The StatefulSet's status must describe its current spec, else its revision is stale.
-    let revision_current = sts.is_some_and(|s| {
-        s.status
-            .as_ref()
-            .and_then(|st| st.observed_generation)
-            .is_some_and(|g| Some(g) >= s.metadata.generation)
-    });
+    let revision_current = revision_current(sts);
     let everyone_ready = ready >= replicas && pods.len() as i32 >= replicas;
     let anyone_leaving = pods.iter().any(|p| p.metadata.deletion_timestamp.is_some());
     // A pod deleted now could be the one the switchover or failover needs.

@@ -79,7 +79,7 @@ impl PrimaryStep {
 }
 
 /// The primary step of this reconcile.
-pub fn decide(observation: &Observation, now: Timestamp) -> PrimaryStep {
+pub fn decide(observation: &Observation, now: Timestamp, suspended: bool) -> PrimaryStep {
     let db = observation.cluster.as_ref();
     let recorded = observation.recorded_primary();
     let pods = observation.pods();
@@ -117,6 +117,7 @@ pub fn decide(observation: &Observation, now: Timestamp) -> PrimaryStep {
         since_start: decider.since(recorded.last_failover_time.as_deref()),
         since_switchover: decider.since(recorded.last_switchover_time.as_deref()),
         live: &observation.live,
+        suspended,
     });
     decider.carry(step, recorded)
 }

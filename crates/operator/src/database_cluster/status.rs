@@ -59,6 +59,12 @@ pub struct Observed<'a> {
     /// The schedule's last run and next run (RFC 3339).
     pub last_scheduled_backup: Option<String>,
     pub next_scheduled_backup: Option<String>,
+    /// `status.majorUpgrade` as this reconcile leaves it.
+    pub major_upgrade: Option<devctl_api::database_cluster::MajorUpgradeStatus>,
+    /// A major upgrade under way: its step in words.
+    pub upgrade_progress: Option<String>,
+    /// A major upgrade refused or failed: (`MajorUpgradeRefused`/`MajorUpgradeFailed`, why).
+    pub upgrade_problem: Option<(&'static str, String)>,
 }
 
 pub use super::reasons::*;
@@ -125,6 +131,18 @@ impl Progress<'_, '_> {
                 "Creating",
                 "creating the StatefulSet".to_string(),
             )
+        } else if let Some(step) = &observed.upgrade_progress {
+            (
+                Phase::Upgrading,
+                super::major_upgrade::MAJOR_UPGRADE,
+                format!(
+                    "major upgrade to {}: {step} ({ready}/{want} ready){instance_problem}",
+                    observed
+                        .major_upgrade
+                        .as_ref()
+                        .map_or(observed.target_version, |u| u.to.as_str())
+                ),
+            )
         } else if upgrading {
             (
                 Phase::Upgrading,
@@ -189,9 +207,13 @@ fn failover_hint(db: &DatabaseCluster) -> String {
 /// A part of the spec the operator refuses to carry out: (reason, why) (pure).
 fn refused<'o>(observed: &'o Observed<'_>) -> Option<(&'static str, &'o String)> {
     observed
-        .version_refused
+        .upgrade_problem
         .as_ref()
-        .map(|m| ("VersionChangeRefused", m))
+        .map(|(reason, m)| (*reason, m))
+        .or(observed
+            .version_refused
+            .as_ref()
+            .map(|m| ("VersionChangeRefused", m)))
         .or(observed
             .replication_refused
             .as_ref()
@@ -261,6 +283,8 @@ impl Degraded<'_, '_> {
         // or switched over).
         let primary_unavailable = previous.current_version.is_some()
             && switching_to.is_none()
+            // A major upgrade stops the primary on purpose (`Progressing` says so).
+            && observed.upgrade_progress.is_none()
             && observed
                 .instances
                 .summaries
@@ -534,6 +558,20 @@ fn status_of(
     }
 }
 
+/// `status.storageSize`: the spec's once no volume is still growing.
+fn storage_size(
+    db: &DatabaseCluster,
+    observed: &Observed<'_>,
+    previous: &DatabaseClusterStatus,
+) -> Option<String> {
+    match observed.volumes_pending {
+        None if observed.stateful_set.is_some() || observed.stateful_set_applied => {
+            Some(db.spec.storage.size.clone())
+        }
+        _ => previous.storage_size.clone(),
+    }
+}
+
 pub fn compute(
     db: &DatabaseCluster,
     observed: &Observed<'_>,
@@ -567,7 +605,10 @@ pub fn compute(
         conditions::find(&previous.conditions, READY).map(|c| c.reason.as_str());
     let switching_to = observed.primary.target.as_deref();
     let failing_over = observed.primary.failed.as_deref();
-    let complete = complete && switching_to.is_none() && failing_over.is_none();
+    let complete = complete
+        && switching_to.is_none()
+        && failing_over.is_none()
+        && observed.upgrade_progress.is_none();
     let (phase, progress_reason, progress_message) = Progress {
         observed,
         want,
@@ -636,12 +677,7 @@ pub fn compute(
         progressing.as_ref().map(|(r, m)| (*r, m.as_str())),
     ));
 
-    let storage_size = match observed.volumes_pending {
-        None if observed.stateful_set.is_some() || observed.stateful_set_applied => {
-            Some(db.spec.storage.size.clone())
-        }
-        _ => previous.storage_size.clone(),
-    };
+    let storage_size = storage_size(db, observed, &previous);
 
     let (last_backup, last_backup_name) = last_backup(observed, &previous);
     Some(DatabaseClusterStatus {
@@ -670,6 +706,7 @@ pub fn compute(
         failed_targets: observed.primary.failed_targets.clone(),
         last_switchover_time: observed.primary.last_switchover_time.clone(),
         last_failover: observed.primary.last_failover.clone(),
+        major_upgrade: observed.major_upgrade.clone(),
         instances: observed.instances.summaries.clone(),
     })
 }

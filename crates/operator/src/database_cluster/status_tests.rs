@@ -54,6 +54,9 @@ fn observed<'a>(sts: Option<&'a StatefulSet>) -> Observed<'a> {
         last_backup: None,
         last_scheduled_backup: None,
         next_scheduled_backup: None,
+        major_upgrade: None,
+        upgrade_progress: None,
+        upgrade_problem: None,
         instances: Instances {
             ready: sts
                 .and_then(|s| s.status.as_ref())

@@ -14,13 +14,14 @@ pub const CONFIGURATION_RECHECK: Duration = Duration::from_secs(30);
 /// Past a deadline, so that the reconcile finds it passed rather than a moment short.
 pub const TIMER_MARGIN: Duration = Duration::from_millis(250);
 
-/// The earliest of `timers` (the failover or switchover step's, the schedule's), a
+/// The earliest of `timers` (the failover or switchover step's, the schedule's, a major
+/// upgrade's), a
 /// misconfiguration's recheck, and at once when the primary moved while a scale-down waits
 /// for that; with [`TIMER_MARGIN`].
 pub fn next_look(
     observation: &Observation,
     primary: &Primary,
-    timers: [Option<Duration>; 2],
+    timers: [Option<Duration>; 3],
 ) -> Option<Duration> {
     let db = observation.cluster.as_ref();
     let store = &observation.store;

@@ -35,6 +35,11 @@ pub fn validate(body: &[u8], settings: &AdmissionSettings) -> Vec<u8> {
                 old: old.as_ref().map(|o| &o.spec),
                 running_version,
                 via_v1alpha1,
+                upgrading: old
+                    .as_ref()
+                    .and_then(|o| o.status.as_ref())
+                    .and_then(|s| s.major_upgrade.as_ref())
+                    .is_some_and(|u| !u.step.is_final()),
             },
             settings,
         );

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 /// Where Debian installs PostgreSQL: `<DEBIAN>/<major>/bin`.
-const DEBIAN: &str = "/usr/lib/postgresql";
+pub const DEBIAN: &str = "/usr/lib/postgresql";
 
 /// Overrides where `tools/install-postgres-majors.sh` put the other majors.
 pub const POSTGRES_DIR_ENV: &str = "DEVCTL_POSTGRES_DIR";

@@ -190,6 +190,16 @@ pub(super) async fn prepare(
         let (_, tag) = image_name_and_tag(plan.container.image.as_deref().unwrap_or_default());
         let bin = engines::postgres_bin_dir(tag.as_deref())?;
         env.insert(env::ENGINE_BIN_DIR.into(), bin.display().to_string());
+        // An image here carries every installed major (the upgrade step looks for the old
+        // one's binaries as `<root>/<major>/bin`).
+        env.insert(
+            env::POSTGRES_BIN_ROOTS.into(),
+            format!(
+                "{}:{}",
+                engines::DEBIAN,
+                engines::installed_majors_dir().display()
+            ),
+        );
     } else {
         env.remove(env::ENGINE_BIN_DIR);
     }

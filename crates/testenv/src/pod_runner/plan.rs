@@ -7,6 +7,7 @@ use std::path::Path;
 use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 
 /// What a pod's container asks for, checked before anything is started.
+#[derive(Clone)]
 pub(super) struct Plan {
     pub(super) container: Container,
     pub(super) volumes: Vec<Volume>,
@@ -48,6 +49,43 @@ impl Plan {
             engine,
             run_as,
         })
+    }
+
+    /// The init containers to run first, in order, each as a plan of its own: those that run
+    /// `devctl-agent` other than `install` (the runner provides the agent binary itself);
+    /// any other init container is not run (said in the pod's log).
+    pub(super) fn init_containers(pod: &Pod, main: &Plan) -> (Vec<Plan>, Vec<String>) {
+        let mut plans = Vec::new();
+        let mut skipped = Vec::new();
+        let inits = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.init_containers.clone())
+            .unwrap_or_default();
+        for init in inits {
+            let command = init.command.clone().unwrap_or_default();
+            let is_agent = command
+                .first()
+                .and_then(|c| Path::new(c).file_name())
+                .is_some_and(|n| n == "devctl-agent");
+            let first_arg = command
+                .get(1)
+                .or_else(|| init.args.as_ref().and_then(|a| a.first()))
+                .cloned()
+                .unwrap_or_default();
+            if is_agent && first_arg == "install" {
+                continue;
+            }
+            if !is_agent {
+                skipped.push(init.name.clone());
+                continue;
+            }
+            plans.push(Plan {
+                container: init,
+                ..main.clone()
+            });
+        }
+        (plans, skipped)
     }
 
     /// `(volume name, claim name)` of each claim volume.

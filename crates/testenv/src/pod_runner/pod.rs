@@ -169,6 +169,61 @@ pub(super) async fn run_pod(
     };
     let key = (namespace.clone(), name.clone());
 
+    // Init containers first, each to a successful exit (retried with back-off, as a
+    // kubelet does).
+    let (inits, skipped) = Plan::init_containers(&pod, &plan);
+    for skipped in skipped {
+        note(
+            &log,
+            &format!("init container {skipped:?} does not run devctl-agent: not run"),
+        );
+    }
+    let mut backoff = RESTART_BACKOFF_MIN;
+    for init in &inits {
+        loop {
+            let launch = {
+                let (ctx, pod, claims, pod_dir) = (&ctx, &pod, &claims, &pod_dir);
+                let server = proxy.url.as_str();
+                match retrying(&mut stop, &log, "start an init container", || {
+                    prepare(ctx, pod, init, claims, pod_dir, ports, server)
+                })
+                .await
+                {
+                    Some(launch) => launch,
+                    None => return,
+                }
+            };
+            note(&log, &format!("init container {:?}", init.container.name));
+            let exit = match Agent::spawn(&ctx, &namespace, &name, &uid, init, launch, &log, 1) {
+                Ok(agent) => agent.supervise(&mut stop).await,
+                Err(why) => {
+                    note(&log, &format!("cannot start the init container: {why}"));
+                    if stopped_within(&mut stop, backoff).await {
+                        return;
+                    }
+                    backoff = (backoff * 2).min(RESTART_BACKOFF_MAX);
+                    continue;
+                }
+            };
+            if exit.requested {
+                return;
+            }
+            if exit.code == Some(0) {
+                break;
+            }
+            note(
+                &log,
+                &format!(
+                    "init container {:?} exited with {:?}; again in {backoff:?}",
+                    init.container.name, exit.code
+                ),
+            );
+            if stopped_within(&mut stop, backoff).await {
+                return;
+            }
+            backoff = (backoff * 2).min(RESTART_BACKOFF_MAX);
+        }
+    }
     let mut backoff = RESTART_BACKOFF_MIN;
     let mut starts = 0u32;
     // The pod's Ready condition was set False after an agent exit.

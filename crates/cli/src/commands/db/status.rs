@@ -28,6 +28,27 @@ pub(super) async fn status(
     }
     println!("Name:        {}/{}", connection.namespace, name);
     println!("Engine:      {} {}", db.spec.engine, db.spec.version);
+    if let Some(running) = status
+        .current_version
+        .as_deref()
+        .filter(|v| *v != db.spec.version)
+    {
+        println!("Running:     {running}");
+    }
+    if let Some(upgrade) = &status.major_upgrade {
+        println!(
+            "Upgrade:     {} -> {} ({}): {:?}{}",
+            upgrade.from,
+            upgrade.to,
+            upgrade.method.as_str(),
+            upgrade.step,
+            upgrade
+                .message
+                .as_deref()
+                .map(|m| format!(": {m}"))
+                .unwrap_or_default()
+        );
+    }
     println!(
         "Phase:       {}",
         status.phase.map(|p| p.as_str()).unwrap_or("Pending")

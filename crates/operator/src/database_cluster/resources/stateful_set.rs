@@ -184,6 +184,40 @@ pub fn instances(db: &DatabaseCluster) -> i32 {
     }
 }
 
+/// PostgreSQL: the init container running the upgrade step of a major upgrade
+/// (docs/major-upgrade.md). It exits at once unless `status.majorUpgrade` names its instance;
+/// it runs in `spec.upgrade.image` when set (which must carry both majors' binaries), else in
+/// the engine's `image`, so the template does not change when an upgrade begins or ends.
+fn upgrade_step(
+    db: &DatabaseCluster,
+    names: &Names,
+    image: &str,
+    (data_dir, run_dir): (&str, &str),
+) -> Value {
+    let upgrade_image = db
+        .spec
+        .upgrade
+        .as_ref()
+        .and_then(|u| u.image.clone())
+        .unwrap_or_else(|| image.to_string());
+    json!({
+        "name": "major-upgrade",
+        "image": upgrade_image,
+        "command": [format!("{AGENT_DIR}/devctl-agent")],
+        "args": ["major-upgrade"],
+        "env": agent_env(db, names, data_dir, postgres::CONFIG_DIR, run_dir),
+        "resources": engine::effective_resources(&db.spec),
+        "securityContext": pod_security::restricted_container(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [
+            { "name": DATA_VOLUME, "mountPath": data_dir },
+            { "name": "run", "mountPath": run_dir },
+            { "name": "agent", "mountPath": AGENT_DIR, "readOnly": true },
+            { "name": "agent-token", "mountPath": TOKEN_DIR, "readOnly": true },
+        ],
+    })
+}
+
 pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Result<Child> {
     let spec = &db.spec;
     let name = names.stateful_set();
@@ -245,6 +279,11 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
         "volumeMounts": [{ "name": "agent", "mountPath": AGENT_DIR }],
     });
 
+    let mut init_containers = vec![install_agent];
+    if spec.engine == Engine::Postgres {
+        init_containers.push(upgrade_step(db, names, &image, (data_dir, run_dir)));
+    }
+
     let claim_size = inputs.existing_claim_size.unwrap_or(&spec.storage.size);
     let mut claim_spec = json!({
         "accessModes": ["ReadWriteOnce"],
@@ -277,7 +316,7 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
                     "securityContext": pod_security::restricted_pod(Some(DATABASE_UID)),
                     "enableServiceLinks": false,
                     "terminationGracePeriodSeconds": 60,
-                    "initContainers": [install_agent],
+                    "initContainers": init_containers,
                     "containers": [container],
                     "volumes": [
                         { "name": "config", "configMap": { "name": names.config_map() } },

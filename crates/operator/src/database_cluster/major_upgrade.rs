@@ -1,0 +1,506 @@
+//! A PostgreSQL major version upgrade (docs/major-upgrade.md): when `spec.version` names a
+//! higher major than `status.currentVersion`, one state machine over `status.majorUpgrade`
+//! (pure: [`decide`]) takes the cluster through
+//!
+//! 1. `Pending` until every instance is ready;
+//! 2. `BackingUp` (when backups are on): the backup `<name>-pre-upgrade-<from>-<to>`, kept by
+//!    every retention rule, completed before anything stops;
+//! 3. `Upgrading`: the StatefulSet renders the new version; the primary's pod is replaced
+//!    (its agent stops PostgreSQL cleanly), and its init container `major-upgrade` runs
+//!    `pg_upgrade` on its volume (`--check` first) and records the result on the pod
+//!    ([`MAJOR_UPGRADE_RESULT_ANNOTATION`]); the replicas keep serving reads on the old
+//!    major meanwhile — an `OrderedReady` StatefulSet makes no pod of a higher ordinal while
+//!    a lower one is not ready, so replicas replaced first could keep the primary from
+//!    coming back;
+//! 4. `Recloning`: the primary runs the new major; every replica is replaced and its agent,
+//!    finding data of an older major, clones the primary again;
+//! 5. done once every instance is ready on the new version (`status.currentVersion`):
+//!    `status.majorUpgrade` is cleared.
+//!
+//! A refusal (`pg_upgrade --check`, missing binaries, a failed backup) or a failure of the
+//! step goes back to the old version's template — the primary's pod is replaced once more and
+//! starts on its old data, which the step never touched (copy mode) — and stays `Refused` or
+//! `Failed` until `spec.version` changes. Failover, switchover and the ordinary rollout wait
+//! while instances are stopped for the upgrade.
+
+use devctl_api::database_backup::BackupPhase;
+use devctl_api::database_cluster::{
+    DatabaseCluster, Engine, MajorUpgradeStatus, MajorUpgradeStep, UpgradeMethod, major_upgrade,
+};
+use devctl_api::instance::{MAJOR_UPGRADE_RESULT_ANNOTATION, UpgradeResult};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::instances::serves;
+use super::pods;
+use crate::reconciler::Announcement;
+
+/// Reason of `Progressing` (and `Ready` false) while a major upgrade is under way.
+pub const MAJOR_UPGRADE: &str = "MajorUpgrade";
+/// Reasons of `Degraded`/`Stalled` after a refused or failed one.
+pub const MAJOR_UPGRADE_REFUSED: &str = "MajorUpgradeRefused";
+pub const MAJOR_UPGRADE_FAILED: &str = "MajorUpgradeFailed";
+
+/// The name of the backup taken before upgrading `cluster` from major `from` to `to`.
+pub fn backup_name(cluster: &str, from: u32, to: u32) -> String {
+    format!("{cluster}-pre-upgrade-{from}-{to}")
+}
+
+/// The pre-upgrade backup as the cache shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackupSeen {
+    pub phase: Option<BackupPhase>,
+    pub message: Option<String>,
+}
+
+/// What [`decide`] looks at.
+pub struct Inputs<'a> {
+    pub db: &'a DatabaseCluster,
+    pub pods: &'a [&'a Pod],
+    pub stateful_set: Option<&'a StatefulSet>,
+    /// The current primary (`status.currentPrimary`).
+    pub primary: &'a str,
+    /// Backups are configured (a destination resolved).
+    pub backups_on: bool,
+    /// The pre-upgrade backup, when `status.majorUpgrade.backup` names one that exists.
+    pub backup: Option<BackupSeen>,
+    pub now: Timestamp,
+}
+
+/// One reconcile's part of a major upgrade.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Decision {
+    /// `status.majorUpgrade` to record.
+    pub record: Option<MajorUpgradeStatus>,
+    /// The version the children are rendered for, when the upgrade decides it.
+    pub target_version: Option<String>,
+    /// `Progressing` reason `MajorUpgrade`: the step, in words.
+    pub progress: Option<String>,
+    /// `Degraded`/`Stalled`: refused or failed.
+    pub problem: Option<(&'static str, String)>,
+    /// Pods to replace now (name, uid).
+    pub replace: Vec<(String, String)>,
+    /// The pre-upgrade backup to create (unless it exists).
+    pub create_backup: Option<String>,
+    /// Failover, switchover and the ordinary rollout wait.
+    pub hold: bool,
+    /// Published with the status write that records the step.
+    pub events: Vec<Announcement>,
+}
+
+impl Decision {
+    /// While an upgrade is under way, what it waits for (a backup, a pod's step) is not
+    /// always announced by a watch the cluster has: look again every few seconds.
+    pub fn look_again(&self) -> Option<std::time::Duration> {
+        self.record
+            .as_ref()
+            .filter(|u| !u.step.is_final() || self.hold)
+            .map(|_| std::time::Duration::from_secs(3))
+    }
+}
+
+fn announcement(warning: bool, reason: &'static str, note: String) -> Announcement {
+    Announcement {
+        type_: if warning {
+            kube::runtime::events::EventType::Warning
+        } else {
+            kube::runtime::events::EventType::Normal
+        },
+        reason,
+        action: "MajorUpgrade".into(),
+        note,
+    }
+}
+
+/// The image of the upgrade's target version (what the StatefulSet renders while upgrading).
+fn renders(sts: Option<&StatefulSet>, image: &str) -> bool {
+    sts.and_then(super::resources::stateful_set::image_of) == Some(image)
+}
+
+/// The upgrade step's result on `pod` for the upgrade to `to`.
+fn result_on(pod: &Pod, to: &str) -> Option<UpgradeResult> {
+    let raw = pod.annotations().get(MAJOR_UPGRADE_RESULT_ANNOTATION)?;
+    serde_json::from_str::<UpgradeResult>(raw)
+        .ok()
+        .filter(|r| r.to == to)
+}
+
+/// The decision (pure).
+pub fn decide(inputs: &Inputs<'_>) -> Decision {
+    let db = inputs.db;
+    let name = db.name_any();
+    let status = db.status.as_ref();
+    let running = status.and_then(|s| s.current_version.clone());
+    let previous = status.and_then(|s| s.major_upgrade.clone());
+    let requested = db.spec.version.clone();
+    let Some(running) = running else {
+        return Decision::default();
+    };
+    let wanted = (db.spec.engine == Engine::Postgres)
+        .then(|| major_upgrade(&running, &requested))
+        .flatten();
+    match previous {
+        // Every instance runs the new version: done.
+        Some(p) if !p.step.is_final() && running == p.to => Decision {
+            events: vec![announcement(
+                false,
+                "MajorUpgradeCompleted",
+                format!(
+                    "upgraded from PostgreSQL {} to {} ({} mode){}",
+                    p.from,
+                    p.to,
+                    p.method.as_str(),
+                    p.backup
+                        .as_ref()
+                        .map(|b| format!("; the backup {b} taken before is kept until deleted"))
+                        .unwrap_or_default()
+                ),
+            )],
+            ..Decision::default()
+        },
+        Some(p) if !p.step.is_final() => step(inputs, p),
+        // Refused or failed for this version: not again until spec.version changes.
+        Some(p) if p.to == requested && wanted.is_some() => settled(inputs, p),
+        _ => match wanted {
+            Some((from, to)) => {
+                let method = db
+                    .spec
+                    .upgrade
+                    .as_ref()
+                    .map(|u| u.method)
+                    .unwrap_or_default();
+                let begun = MajorUpgradeStatus {
+                    from: running.clone(),
+                    to: requested.clone(),
+                    step: MajorUpgradeStep::Pending,
+                    method,
+                    primary: None,
+                    backup: None,
+                    started_at: Some(inputs.now.to_string()),
+                    message: None,
+                };
+                let mut decision = step(inputs, begun);
+                decision.events.insert(
+                    0,
+                    announcement(
+                        false,
+                        "MajorUpgradeStarted",
+                        format!(
+                            "upgrading {name} from PostgreSQL {from} ({running}) to {to} ({requested}) in {} mode{}",
+                            method.as_str(),
+                            if inputs.backups_on {
+                                format!(", after the backup {}", backup_name(&name, from, to))
+                            } else if method == UpgradeMethod::Link {
+                                "; backups are off: with link mode there is no way back once the new major has run".to_string()
+                            } else {
+                                String::new()
+                            }
+                        ),
+                    ),
+                );
+                decision
+            }
+            // Nothing to upgrade (a refused one cleared by a spec back on the running version).
+            None => Decision::default(),
+        },
+    }
+}
+
+/// Whether every instance serves, at the StatefulSet's current template.
+fn all_ready(inputs: &Inputs<'_>) -> bool {
+    let want = super::resources::stateful_set::instances(inputs.db);
+    let serving = inputs.pods.iter().filter(|p| serves(p)).count();
+    serving as i32 >= want && pods::at_update_revision(inputs.pods, inputs.stateful_set) >= want
+}
+
+fn pod<'a>(inputs: &Inputs<'a>, name: &str) -> Option<&'a Pod> {
+    inputs.pods.iter().copied().find(|p| p.name_any() == name)
+}
+
+/// Whether `pod` was made from the StatefulSet's current template (which describes its
+/// spec).
+fn current(inputs: &Inputs<'_>, pod: &Pod) -> bool {
+    pods::revision_current(inputs.stateful_set)
+        && pods::update_revision(inputs.stateful_set).is_some_and(|r| pods::at_revision(pod, r))
+}
+
+/// One step of an upgrade under way.
+fn step(inputs: &Inputs<'_>, mut p: MajorUpgradeStatus) -> Decision {
+    let mut decision = Decision {
+        hold: true,
+        // Until the primary stops, the old version runs.
+        target_version: Some(p.from.clone()),
+        ..Decision::default()
+    };
+    let refused = match p.step {
+        MajorUpgradeStep::Pending => {
+            pending(inputs, &mut p, &mut decision);
+            None
+        }
+        MajorUpgradeStep::BackingUp => backing_up(inputs, &mut p, &mut decision),
+        MajorUpgradeStep::Upgrading => upgrading(inputs, &mut p, &mut decision),
+        MajorUpgradeStep::Recloning => {
+            recloning(inputs, &mut p, &mut decision);
+            None
+        }
+        MajorUpgradeStep::Refused | MajorUpgradeStep::Failed => return settled(inputs, p),
+    };
+    if let Some(reason) = refused {
+        return refuse(p, reason);
+    }
+    decision.record = Some(p);
+    decision
+}
+
+/// Refused before anything of the data changed: back on the old version.
+fn refuse(mut p: MajorUpgradeStatus, reason: String) -> Decision {
+    p.step = MajorUpgradeStep::Refused;
+    p.message = Some(reason.clone());
+    Decision {
+        hold: true,
+        events: vec![announcement(
+            true,
+            "MajorUpgradeFailed",
+            format!("refused: {reason}; still running {}", p.from),
+        )],
+        problem: Some((MAJOR_UPGRADE_REFUSED, refused_message(&p, &reason))),
+        target_version: Some(p.from.clone()),
+        record: Some(p),
+        ..Decision::default()
+    }
+}
+
+/// `Pending`: every instance ready, then the backup (or, without backups, the stop).
+fn pending(inputs: &Inputs<'_>, p: &mut MajorUpgradeStatus, decision: &mut Decision) {
+    let name = inputs.db.name_any();
+    if !all_ready(inputs) {
+        p.message = Some("waiting for every instance to be ready".into());
+        decision.hold = false;
+    } else if inputs.backups_on
+        && let Some((from, to)) = major_upgrade(&p.from, &p.to)
+    {
+        let backup = backup_name(&name, from, to);
+        p.step = MajorUpgradeStep::BackingUp;
+        p.message = Some(format!("taking the backup {backup} before anything stops"));
+        p.backup = Some(backup);
+        decision.create_backup = p.backup.clone();
+        decision.hold = false;
+    } else {
+        stop_primary(inputs, p, decision);
+    }
+}
+
+/// On to `Upgrading`: the new version's template, the primary named.
+fn stop_primary(inputs: &Inputs<'_>, p: &mut MajorUpgradeStatus, decision: &mut Decision) {
+    p.step = MajorUpgradeStep::Upgrading;
+    p.primary = Some(inputs.primary.to_string());
+    p.message = Some(format!("stopping the primary {}", inputs.primary));
+    decision.target_version = Some(p.to.clone());
+    decision.hold = true;
+}
+
+/// `BackingUp`: the backup completes (then the stop), or fails (refused); why not, if not.
+fn backing_up(
+    inputs: &Inputs<'_>,
+    p: &mut MajorUpgradeStatus,
+    decision: &mut Decision,
+) -> Option<String> {
+    let backup = p.backup.clone().unwrap_or_default();
+    decision.hold = false;
+    match &inputs.backup {
+        Some(seen) if seen.phase == Some(BackupPhase::Completed) => {
+            stop_primary(inputs, p, decision);
+            p.message = Some(format!(
+                "the backup {backup} completed; stopping the primary {}",
+                inputs.primary
+            ));
+            None
+        }
+        Some(seen) if seen.phase == Some(BackupPhase::Failed) => Some(format!(
+            "the backup {backup} taken before the upgrade failed{}; nothing was stopped",
+            seen.message
+                .as_ref()
+                .map(|m| format!(": {m}"))
+                .unwrap_or_default()
+        )),
+        _ => {
+            decision.create_backup = Some(backup.clone());
+            p.message = Some(format!("taking the backup {backup} before anything stops"));
+            None
+        }
+    }
+}
+
+/// `Upgrading`: the primary's pod replaced, then its step's result; a refusal's reason.
+fn upgrading(
+    inputs: &Inputs<'_>,
+    p: &mut MajorUpgradeStatus,
+    decision: &mut Decision,
+) -> Option<String> {
+    decision.target_version = Some(p.to.clone());
+    let target_image = super::resources::stateful_set::image(inputs.db, &p.to);
+    let primary = p
+        .primary
+        .clone()
+        .unwrap_or_else(|| inputs.primary.to_string());
+    let Some(pod) = pod(inputs, &primary) else {
+        p.message = Some(format!("waiting for the pod {primary} to be made again"));
+        return None;
+    };
+    if pod.metadata.deletion_timestamp.is_some() {
+        p.message = Some(format!("stopping the primary {primary}"));
+        return None;
+    }
+    if !current(inputs, pod) {
+        if renders(inputs.stateful_set, &target_image)
+            && pods::revision_current(inputs.stateful_set)
+        {
+            decision
+                .replace
+                .push((primary.clone(), pod.uid().unwrap_or_default()));
+        }
+        p.message = Some(format!("stopping the primary {primary}"));
+        return None;
+    }
+    let Some(result) = result_on(pod, &p.to) else {
+        p.message = Some(format!(
+            "running pg_upgrade ({}) on {primary}'s volume",
+            p.method.as_str()
+        ));
+        return None;
+    };
+    match result.result.as_str() {
+        "Upgraded" | "AlreadyDone" if serves(pod) => {
+            p.step = MajorUpgradeStep::Recloning;
+            p.message = Some(format!(
+                "{primary} runs {}; cloning the replicas again",
+                p.to
+            ));
+        }
+        "Upgraded" | "AlreadyDone" => {
+            p.message = Some(format!(
+                "upgraded {primary}'s data; starting it on {}",
+                p.to
+            ));
+        }
+        "Refused" => return Some(result.message),
+        _ => failed(p, decision, &primary, &result),
+    }
+    None
+}
+
+/// The step failed after it started: the old version again when the old data is whole.
+fn failed(
+    p: &mut MajorUpgradeStatus,
+    decision: &mut Decision,
+    primary: &str,
+    result: &UpgradeResult,
+) {
+    p.step = MajorUpgradeStep::Failed;
+    let way_back = if result.old_intact {
+        format!("the old data directory starts again on {}", p.from)
+    } else {
+        match &p.backup {
+            Some(b) => format!(
+                "the old data directory cannot start again (link mode): restore the backup {b} into a new cluster"
+            ),
+            None => "the old data directory cannot start again (link mode) and backups are off: the data is in the new major's directory for an administrator".to_string(),
+        }
+    };
+    let message = format!("{}; {way_back}", result.message);
+    p.message = Some(message.clone());
+    decision.events.push(announcement(
+        true,
+        "MajorUpgradeFailed",
+        format!("upgrading {primary} to {}: {message}", p.to),
+    ));
+    decision.problem = Some((MAJOR_UPGRADE_FAILED, failed_message(p, &message)));
+    if result.old_intact {
+        decision.target_version = Some(p.from.clone());
+    }
+}
+
+/// `Recloning`: every replica still on the old template replaced.
+fn recloning(inputs: &Inputs<'_>, p: &mut MajorUpgradeStatus, decision: &mut Decision) {
+    decision.target_version = Some(p.to.clone());
+    let target_image = super::resources::stateful_set::image(inputs.db, &p.to);
+    let primary = p.primary.clone().unwrap_or_default();
+    let ready_to_replace =
+        renders(inputs.stateful_set, &target_image) && pods::revision_current(inputs.stateful_set);
+    for pod in inputs.pods {
+        let pod_name = pod.name_any();
+        if ready_to_replace
+            && pod_name != primary
+            && pod.metadata.deletion_timestamp.is_none()
+            && !current(inputs, pod)
+        {
+            decision
+                .replace
+                .push((pod_name, pod.uid().unwrap_or_default()));
+        }
+    }
+    p.message = Some(format!(
+        "{primary} runs {}; cloning the replicas again",
+        p.to
+    ));
+}
+
+/// Refused or failed: back on the old version (in copy mode), the upgraded instance's pod
+/// replaced once more if it still runs the new version's template.
+fn settled(inputs: &Inputs<'_>, p: MajorUpgradeStatus) -> Decision {
+    let message = p.message.clone().unwrap_or_default();
+    let failed_for_good =
+        p.step == MajorUpgradeStep::Failed && message.contains("cannot start again");
+    let mut decision = Decision {
+        problem: Some(if p.step == MajorUpgradeStep::Refused {
+            (MAJOR_UPGRADE_REFUSED, refused_message(&p, &message))
+        } else {
+            (MAJOR_UPGRADE_FAILED, failed_message(&p, &message))
+        }),
+        target_version: Some(if failed_for_good {
+            p.to.clone()
+        } else {
+            p.from.clone()
+        }),
+        ..Decision::default()
+    };
+    let old_image = super::resources::stateful_set::image(inputs.db, &p.from);
+    if !failed_for_good
+        && let Some(primary) = p.primary.as_deref()
+        && let Some(pod) = pod(inputs, primary)
+    {
+        let back = current(inputs, pod);
+        decision.hold = !back || !serves(pod);
+        if !back
+            && pod.metadata.deletion_timestamp.is_none()
+            && renders(inputs.stateful_set, &old_image)
+            && pods::revision_current(inputs.stateful_set)
+        {
+            decision
+                .replace
+                .push((primary.to_string(), pod.uid().unwrap_or_default()));
+        }
+    }
+    decision.record = Some(p);
+    decision
+}
+
+fn refused_message(p: &MajorUpgradeStatus, reason: &str) -> String {
+    format!(
+        "spec.version {}: the major upgrade from {} was refused: {reason}; still running {} (change spec.version to try again)",
+        p.to, p.from, p.from
+    )
+}
+
+fn failed_message(p: &MajorUpgradeStatus, reason: &str) -> String {
+    format!(
+        "spec.version {}: the major upgrade from {} failed: {reason} (change spec.version to try again)",
+        p.to, p.from
+    )
+}
+
+#[cfg(test)]
+#[path = "major_upgrade_tests.rs"]
+mod tests;
