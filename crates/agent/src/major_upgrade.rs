@@ -211,6 +211,12 @@ pub fn version_major(answer: &str) -> Option<u32> {
         .ok()
 }
 
+/// Whether an upgrade to `new_major` left anything beside `data` (a new cluster being made, or
+/// a kept old one): a data directory missing then may be mid-swap.
+pub fn upgrade_started(data: &Path, new_major: u32) -> bool {
+    upgrading_dir(data, new_major).exists() || (1..new_major).any(|m| kept_dir(data, m).exists())
+}
+
 /// `<data>.upgrading-<major>`.
 pub fn upgrading_dir(data: &Path, major: u32) -> PathBuf {
     sibling(data, &format!("upgrading-{major}"))

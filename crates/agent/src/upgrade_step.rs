@@ -101,6 +101,21 @@ pub fn decide(me: &str, pending: Option<&Pending>, data: Option<u32>, binaries: 
     }
 }
 
+/// Why the step has nothing to do whatever the cluster says, without asking it (every start of
+/// every PostgreSQL pod runs the step): the data is the binaries' major, or there is none and
+/// no upgrade was interrupted mid-swap.
+fn nothing_to_do(data: &Path, binaries: u32) -> Option<String> {
+    match data_major(data) {
+        Some(major) if major == binaries => Some(format!(
+            "the data directory is PostgreSQL {major}'s, as the binaries: nothing to upgrade"
+        )),
+        None if !crate::major_upgrade::upgrade_started(data, binaries) => {
+            Some("no data directory yet: nothing to upgrade".into())
+        }
+        _ => None,
+    }
+}
+
 /// The old major's `bin` directory under `roots` (pure over the file system).
 pub fn old_bin_dir(roots: &str, major: u32) -> Option<PathBuf> {
     roots
@@ -120,6 +135,25 @@ pub async fn run_from_env() -> i32 {
         }
     };
     if config.engine != EngineKind::Postgres {
+        return 0;
+    }
+    let new_bin = match find_postgres_bin_dir(config.engine_bin_dir.as_deref()) {
+        Ok(bin) => bin,
+        Err(e) => {
+            eprintln!("devctl-agent major-upgrade: {}", e.one_line());
+            return 1;
+        }
+    };
+    let binaries = match binaries_major(&new_bin).await {
+        Ok(major) => major,
+        Err(e) => {
+            eprintln!("devctl-agent major-upgrade: {e}");
+            return 1;
+        }
+    };
+    let data = config.data_dir.clone();
+    if let Some(why) = nothing_to_do(&data, binaries) {
+        println!("{why}");
         return 0;
     }
     let client = match crate::agent::kube_client().await {
@@ -145,21 +179,6 @@ pub async fn run_from_env() -> i32 {
             return 1;
         }
     };
-    let new_bin = match find_postgres_bin_dir(config.engine_bin_dir.as_deref()) {
-        Ok(bin) => bin,
-        Err(e) => {
-            eprintln!("devctl-agent major-upgrade: {}", e.one_line());
-            return 1;
-        }
-    };
-    let binaries = match binaries_major(&new_bin).await {
-        Ok(major) => major,
-        Err(e) => {
-            eprintln!("devctl-agent major-upgrade: {e}");
-            return 1;
-        }
-    };
-    let data = config.data_dir.clone();
     let action = decide(
         &config.pod_name,
         pending.as_ref(),

@@ -107,6 +107,9 @@ async fn three_instances_upgrade_from_15_to_17_with_every_row_and_a_backup_first
     .await;
     let before = env.instance_sql_ok("up", "up-0", COUNT).await;
     backup_ok(&env, "up").await;
+    // The primary elsewhere than at ordinal 0: the upgrade moves it back there first.
+    env.devctl_ok(&["db", "promote", "up", "up-2", "--wait", "--timeout", "150"])
+        .await;
 
     patch_version(&env, "up", "17.2", json!({}));
     // Under way: the step is in the status and in `devctl db status`.
@@ -149,6 +152,10 @@ async fn three_instances_upgrade_from_15_to_17_with_every_row_and_a_backup_first
         assert_eq!(env.instance_sql_ok("up", pod, COUNT).await, before, "{pod}");
     }
     let primary = db.status.as_ref().unwrap().current_primary.clone().unwrap();
+    assert_eq!(
+        primary, "up-0",
+        "the upgrade moves the primary to ordinal 0"
+    );
     let streaming = env
         .superuser_sql(
             &primary,

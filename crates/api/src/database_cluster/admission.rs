@@ -135,6 +135,15 @@ pub fn validate(
                 message,
             });
         } else if let Some((from, to)) = super::major_upgrade(running, &spec.version)
+            && spec.image.is_some()
+        {
+            errors.push(FieldError {
+                field: "spec.image",
+                message: format!(
+                    "a major version upgrade ({from} to {to}) with spec.image set is not supported: remove spec.image (the official postgres image of spec.version runs) or dump and restore into a new cluster"
+                ),
+            });
+        } else if let Some((from, to)) = super::major_upgrade(running, &spec.version)
             && old.replicas != spec.replicas
         {
             errors.push(FieldError {
@@ -419,6 +428,12 @@ mod tests {
         let errors = validate(&spec(value), update(&old), &AdmissionSettings::default());
         assert_eq!(errors[0].field, "spec.replicas");
         assert!(errors[0].message.contains("one at a time"), "{}", errors[0]);
+        // Not with an image of the user's: both versions would render it.
+        let mut value = base();
+        value["version"] = json!("17.0");
+        value["image"] = json!("registry.example/pg:custom");
+        let errors = validate(&spec(value), update(&old), &AdmissionSettings::default());
+        assert_eq!(errors[0].field, "spec.image");
         // Not again while one is under way.
         let mut upgrading = old.clone();
         upgrading.version = "17.0".into();

@@ -27,7 +27,7 @@ use devctl_api::database_backup::BackupPhase;
 use devctl_api::database_cluster::{
     DatabaseCluster, Engine, MajorUpgradeStatus, MajorUpgradeStep, UpgradeMethod, major_upgrade,
 };
-use devctl_api::instance::{MAJOR_UPGRADE_RESULT_ANNOTATION, UpgradeResult};
+use devctl_api::instance::{InstanceStatus, MAJOR_UPGRADE_RESULT_ANNOTATION, UpgradeResult};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -51,8 +51,26 @@ pub fn backup_name(cluster: &str, from: u32, to: u32) -> String {
 /// The pre-upgrade backup as the cache shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackupSeen {
+    pub name: String,
     pub phase: Option<BackupPhase>,
     pub message: Option<String>,
+    pub created: Option<Timestamp>,
+    /// Labelled with this cluster's uid.
+    pub ours: bool,
+}
+
+impl BackupSeen {
+    /// Made for the attempt that began at `started` (RFC 3339), by this cluster: a backup of
+    /// the same name from an earlier attempt (or an earlier cluster) is not this one's.
+    fn of_attempt(&self, started: Option<&str>) -> bool {
+        let started = started.and_then(|s| s.parse::<Timestamp>().ok());
+        self.ours
+            && match (self.created, started) {
+                // Both the API server's clock and ours, to the second.
+                (Some(created), Some(started)) => created.as_second() + 60 >= started.as_second(),
+                _ => true,
+            }
+    }
 }
 
 /// What [`decide`] looks at.
@@ -86,6 +104,8 @@ pub struct Decision {
     pub create_backup: Option<String>,
     /// Failover, switchover and the ordinary rollout wait.
     pub hold: bool,
+    /// A switchover to the first instance before anything stops.
+    pub switch_to: Option<String>,
     /// Published with the status write that records the step.
     pub events: Vec<Announcement>,
 }
@@ -138,7 +158,9 @@ pub fn decide(inputs: &Inputs<'_>) -> Decision {
     let Some(running) = running else {
         return Decision::default();
     };
-    let wanted = (db.spec.engine == Engine::Postgres)
+    // With `spec.image` both versions would render the same image (admission refuses it; a
+    // cluster admitted without the webhook is refused here, in `plan::version`).
+    let wanted = (db.spec.engine == Engine::Postgres && db.spec.image.is_none())
         .then(|| major_upgrade(&running, &requested))
         .flatten();
     match previous {
@@ -161,6 +183,8 @@ pub fn decide(inputs: &Inputs<'_>) -> Decision {
             ..Decision::default()
         },
         Some(p) if !p.step.is_final() => step(inputs, p),
+        // The way back is finished first, whatever spec.version says now.
+        Some(p) if !reverted(inputs, &p) => settled(inputs, p),
         // Refused or failed for this version: not again until spec.version changes.
         Some(p) if p.to == requested && wanted.is_some() => settled(inputs, p),
         _ => match wanted {
@@ -208,8 +232,13 @@ pub fn decide(inputs: &Inputs<'_>) -> Decision {
     }
 }
 
-/// Whether every instance serves, at the StatefulSet's current template.
+/// Whether every instance serves, at the StatefulSet's current template, and no switchover
+/// or failover is under way.
 fn all_ready(inputs: &Inputs<'_>) -> bool {
+    let status = inputs.db.status.as_ref();
+    if status.is_some_and(|s| s.target_primary.is_some() || s.failed_primary.is_some()) {
+        return false;
+    }
     let want = super::resources::stateful_set::instances(inputs.db);
     let serving = inputs.pods.iter().filter(|p| serves(p)).count();
     serving as i32 >= want && pods::at_update_revision(inputs.pods, inputs.stateful_set) >= want
@@ -275,13 +304,36 @@ fn refuse(mut p: MajorUpgradeStatus, reason: String) -> Decision {
 /// `Pending`: every instance ready, then the backup (or, without backups, the stop).
 fn pending(inputs: &Inputs<'_>, p: &mut MajorUpgradeStatus, decision: &mut Decision) {
     let name = inputs.db.name_any();
-    if !all_ready(inputs) {
+    let first = format!("{name}-0");
+    let moving = inputs
+        .db
+        .status
+        .as_ref()
+        .and_then(|s| s.target_primary.as_deref());
+    if inputs.primary != first && moving.is_none_or(|t| t == first) {
+        // The StatefulSet is `OrderedReady`: it makes a deleted pod again only once every
+        // lower ordinal is ready, and replicas stop being ready when their primary stops. The
+        // primary at ordinal 0 comes back whatever the replicas do.
+        p.message = Some(format!(
+            "switching the primary over to {first} first (an OrderedReady StatefulSet makes the primary's pod again only once the lower ordinals are ready)"
+        ));
+        decision.switch_to = Some(first);
+        decision.hold = false;
+    } else if !all_ready(inputs) {
         p.message = Some("waiting for every instance to be ready".into());
         decision.hold = false;
     } else if inputs.backups_on
         && let Some((from, to)) = major_upgrade(&p.from, &p.to)
     {
-        let backup = backup_name(&name, from, to);
+        // The standard name, unless an earlier attempt's backup has it (kept until deleted):
+        // then this attempt's own, by its time.
+        let standard = backup_name(&name, from, to);
+        let backup = match &inputs.backup {
+            Some(seen) if seen.name == standard => {
+                format!("{standard}-{}", inputs.now.as_second())
+            }
+            _ => standard,
+        };
         p.step = MajorUpgradeStep::BackingUp;
         p.message = Some(format!("taking the backup {backup} before anything stops"));
         p.backup = Some(backup);
@@ -310,6 +362,17 @@ fn backing_up(
     let backup = p.backup.clone().unwrap_or_default();
     decision.hold = false;
     match &inputs.backup {
+        Some(seen) if seen.name == backup && !seen.of_attempt(p.started_at.as_deref()) => {
+            Some(format!(
+                "a DatabaseBackup {backup} from before this upgrade (or of another cluster of this name) exists; nothing was stopped: delete it, then change spec.version to try again"
+            ))
+        }
+        Some(seen) if seen.phase == Some(BackupPhase::Completed) && !all_ready(inputs) => {
+            p.message = Some(format!(
+                "the backup {backup} completed; waiting for every instance to be ready"
+            ));
+            None
+        }
         Some(seen) if seen.phase == Some(BackupPhase::Completed) => {
             stop_primary(inputs, p, decision);
             p.message = Some(format!(
@@ -364,7 +427,21 @@ fn upgrading(
         p.message = Some(format!("stopping the primary {primary}"));
         return None;
     }
-    let Some(result) = result_on(pod, &p.to) else {
+    // Its agent reports the new major (the step's own record lost, e.g. it was killed right
+    // after the swap and found the data upgraded when it ran again): upgraded.
+    let reports_new_major = serves(pod)
+        && InstanceStatus::from_annotations(pod.metadata.annotations.as_ref())
+            .and_then(|r| r.engine_version)
+            .is_some_and(|v| v.split('.').next() == p.to.split('.').next());
+    let result = result_on(pod, &p.to).or_else(|| {
+        reports_new_major.then(|| UpgradeResult {
+            to: p.to.clone(),
+            result: "AlreadyDone".into(),
+            message: String::new(),
+            old_intact: true,
+        })
+    });
+    let Some(result) = result else {
         p.message = Some(format!(
             "running pg_upgrade ({}) on {primary}'s volume",
             p.method.as_str()
@@ -404,9 +481,11 @@ fn failed(
     } else {
         match &p.backup {
             Some(b) => format!(
-                "the old data directory cannot start again (link mode): restore the backup {b} into a new cluster"
+                "the old data directory {CANNOT_START_AGAIN} (link mode): restore the backup {b} into a new cluster"
             ),
-            None => "the old data directory cannot start again (link mode) and backups are off: the data is in the new major's directory for an administrator".to_string(),
+            None => format!(
+                "the old data directory {CANNOT_START_AGAIN} (link mode) and backups are off: the data is in the new major's directory for an administrator"
+            ),
         }
     };
     let message = format!("{}; {way_back}", result.message);
@@ -441,18 +520,53 @@ fn recloning(inputs: &Inputs<'_>, p: &mut MajorUpgradeStatus, decision: &mut Dec
                 .push((pod_name, pod.uid().unwrap_or_default()));
         }
     }
+    // Every replica cloned and serving: the ordinary rollout may take it from here (a
+    // template changed meanwhile replaces the primary too), and failover is back.
+    decision.hold = inputs
+        .pods
+        .iter()
+        .any(|pod| pod.name_any() != primary && (!current(inputs, pod) || !serves(pod)));
     p.message = Some(format!(
         "{primary} runs {}; cloning the replicas again",
         p.to
     ));
 }
 
+/// Whether a refused or failed upgrade's instance runs the old version again (or never
+/// stopped; or cannot: link mode).
+fn reverted(inputs: &Inputs<'_>, p: &MajorUpgradeStatus) -> bool {
+    let Some(primary) = p.primary.as_deref() else {
+        return true;
+    };
+    if failed_for_good(p) {
+        return true;
+    }
+    pod(inputs, primary).is_some_and(|pod| {
+        current(inputs, pod)
+            && serves(pod)
+            && renders(
+                inputs.stateful_set,
+                &super::resources::stateful_set::image(inputs.db, &p.from),
+            )
+    })
+}
+
+/// A link-mode failure that disabled the old data directory: it is not started again.
+fn failed_for_good(p: &MajorUpgradeStatus) -> bool {
+    p.step == MajorUpgradeStep::Failed
+        && p.message
+            .as_deref()
+            .is_some_and(|m| m.contains(CANNOT_START_AGAIN))
+}
+
+/// In the message of a failure whose old data directory must not start again.
+const CANNOT_START_AGAIN: &str = "cannot start again";
+
 /// Refused or failed: back on the old version (in copy mode), the upgraded instance's pod
 /// replaced once more if it still runs the new version's template.
 fn settled(inputs: &Inputs<'_>, p: MajorUpgradeStatus) -> Decision {
     let message = p.message.clone().unwrap_or_default();
-    let failed_for_good =
-        p.step == MajorUpgradeStep::Failed && message.contains("cannot start again");
+    let failed_for_good = failed_for_good(&p);
     let mut decision = Decision {
         problem: Some(if p.step == MajorUpgradeStep::Refused {
             (MAJOR_UPGRADE_REFUSED, refused_message(&p, &message))

@@ -9,7 +9,7 @@ use super::*;
 const NOW: &str = "2026-12-07T12:00:00Z";
 
 fn cluster(version: &str, upgrade: Option<Value>) -> DatabaseCluster {
-    let mut status = json!({ "currentPrimary": "db-1", "currentVersion": "15.8" });
+    let mut status = json!({ "currentPrimary": "db-0", "currentVersion": "15.8" });
     if let Some(upgrade) = upgrade {
         status["majorUpgrade"] = upgrade;
     }
@@ -26,7 +26,8 @@ fn cluster(version: &str, upgrade: Option<Value>) -> DatabaseCluster {
 }
 
 fn upgrade(step: &str, primary: Option<&str>, message: Option<&str>) -> Value {
-    let mut value = json!({ "from": "15.8", "to": "17.2", "step": step, "method": "Copy" });
+    let mut value =
+        json!({ "from": "15.8", "to": "17.2", "step": step, "method": "Copy", "startedAt": NOW });
     value["method"] = json!("copy");
     if let Some(primary) = primary {
         value["primary"] = json!(primary);
@@ -76,11 +77,16 @@ fn decide_on(
     backup: Option<BackupSeen>,
 ) -> Decision {
     let pods: Vec<&Pod> = pods.iter().collect();
+    let primary = db
+        .status
+        .as_ref()
+        .and_then(|s| s.current_primary.clone())
+        .unwrap_or_default();
     decide(&Inputs {
         db,
         pods: &pods,
         stateful_set: Some(sts),
-        primary: "db-1",
+        primary: &primary,
         backups_on,
         backup,
         now: NOW.parse().unwrap(),
@@ -146,7 +152,7 @@ fn without_backups_the_primary_stops_at_once() {
     );
     let record = d.record.unwrap();
     assert_eq!(record.step, MajorUpgradeStep::Upgrading);
-    assert_eq!(record.primary.as_deref(), Some("db-1"));
+    assert_eq!(record.primary.as_deref(), Some("db-0"));
     assert_eq!(d.target_version.as_deref(), Some("17.2"));
     assert!(d.hold);
 }
@@ -157,26 +163,24 @@ fn the_backup_must_complete_and_a_failed_one_refuses_with_nothing_stopped() {
     value["backup"] = json!("db-pre-upgrade-15-17");
     let db = cluster("17.2", Some(value));
     let sts = stateful_set("postgres:15.8", "old");
-    let running = BackupSeen {
-        phase: Some(BackupPhase::Running),
-        message: None,
+    let seen = |phase: BackupPhase, message: Option<&str>| BackupSeen {
+        name: "db-pre-upgrade-15-17".into(),
+        phase: Some(phase),
+        message: message.map(str::to_string),
+        created: Some(NOW.parse().unwrap()),
+        ours: true,
     };
+    let running = seen(BackupPhase::Running, None);
     let d = decide_on(&db, &all_old(true), &sts, true, Some(running));
     assert_eq!(step_of(&d), Some(MajorUpgradeStep::BackingUp));
     assert_eq!(d.create_backup.as_deref(), Some("db-pre-upgrade-15-17"));
 
-    let done = BackupSeen {
-        phase: Some(BackupPhase::Completed),
-        message: None,
-    };
+    let done = seen(BackupPhase::Completed, None);
     let d = decide_on(&db, &all_old(true), &sts, true, Some(done));
     assert_eq!(step_of(&d), Some(MajorUpgradeStep::Upgrading));
     assert_eq!(d.target_version.as_deref(), Some("17.2"));
 
-    let failed = BackupSeen {
-        phase: Some(BackupPhase::Failed),
-        message: Some("the store is gone".into()),
-    };
+    let failed = seen(BackupPhase::Failed, Some("the store is gone"));
     let d = decide_on(&db, &all_old(true), &sts, true, Some(failed));
     assert_eq!(step_of(&d), Some(MajorUpgradeStep::Refused));
     assert_eq!(d.target_version.as_deref(), Some("15.8"));
@@ -377,4 +381,107 @@ fn a_copy_mode_failure_starts_the_old_data_again() {
     assert_eq!(step_of(&d), Some(MajorUpgradeStep::Failed));
     assert_eq!(d.target_version.as_deref(), Some("15.8"));
     assert_eq!(d.problem.unwrap().0, MAJOR_UPGRADE_FAILED);
+}
+
+#[test]
+fn an_earlier_attempts_backup_is_never_taken_for_this_ones() {
+    let db = cluster("17.2", None);
+    let sts = stateful_set("postgres:15.8", "old");
+    // Kept from an attempt that was refused: this attempt takes one of its own.
+    let earlier = BackupSeen {
+        name: "db-pre-upgrade-15-17".into(),
+        phase: Some(BackupPhase::Completed),
+        message: None,
+        created: Some("2026-11-01T00:00:00Z".parse().unwrap()),
+        ours: true,
+    };
+    let d = decide_on(&db, &all_old(true), &sts, true, Some(earlier.clone()));
+    let name = d.create_backup.clone().unwrap();
+    assert!(name.starts_with("db-pre-upgrade-15-17-"), "{name}");
+    // A backup of the attempt's name that is not the attempt's refuses before any stop.
+    let mut value = upgrade("BackingUp", None, None);
+    value["backup"] = json!("db-pre-upgrade-15-17");
+    let db = cluster("17.2", Some(value));
+    let d = decide_on(&db, &all_old(true), &sts, true, Some(earlier.clone()));
+    assert_eq!(step_of(&d), Some(MajorUpgradeStep::Refused));
+    let d = decide_on(
+        &db,
+        &all_old(true),
+        &sts,
+        true,
+        Some(BackupSeen {
+            created: Some(NOW.parse().unwrap()),
+            ours: false,
+            ..earlier
+        }),
+    );
+    assert_eq!(step_of(&d), Some(MajorUpgradeStep::Refused));
+    assert!(d.replace.is_empty());
+}
+
+#[test]
+fn the_primary_moves_to_the_first_instance_before_anything_stops() {
+    let mut db = cluster("17.2", None);
+    db.status.as_mut().unwrap().current_primary = Some("db-2".into());
+    let sts = stateful_set("postgres:15.8", "old");
+    let d = decide_on(&db, &all_old(true), &sts, true, None);
+    assert_eq!(step_of(&d), Some(MajorUpgradeStep::Pending));
+    assert_eq!(d.switch_to.as_deref(), Some("db-0"));
+    assert!(!d.hold && d.create_backup.is_none() && d.replace.is_empty());
+    // While it runs, nothing else starts.
+    db.status.as_mut().unwrap().target_primary = Some("db-0".into());
+    let d = decide_on(&db, &all_old(true), &sts, true, None);
+    assert_eq!(step_of(&d), Some(MajorUpgradeStep::Pending));
+    assert!(d.create_backup.is_none());
+    // Done: on with the backup.
+    let status = db.status.as_mut().unwrap();
+    status.target_primary = None;
+    status.current_primary = Some("db-0".into());
+    let d = decide_on(&db, &all_old(true), &sts, true, None);
+    assert_eq!(step_of(&d), Some(MajorUpgradeStep::BackingUp));
+    assert_eq!(d.switch_to, None);
+}
+
+#[test]
+fn the_way_back_is_finished_even_when_spec_version_changes_meanwhile() {
+    let refused = upgrade("Refused", Some("db-1"), Some("pg_upgrade --check: no"));
+    // The user sets the version back before the primary came back on 15.
+    let db = cluster("15.8", Some(refused));
+    let mut pods = all_old(true);
+    pods[1] = pod("db-1", "new", false, None);
+    let d = decide_on(
+        &db,
+        &pods,
+        &stateful_set("postgres:15.8", "old"),
+        true,
+        None,
+    );
+    assert_eq!(
+        d.replace,
+        vec![("db-1".to_string(), "uid-db-1".to_string())]
+    );
+    assert_eq!(d.target_version.as_deref(), Some("15.8"));
+    assert!(d.hold);
+    // Back: the record goes with the spec back on the running version.
+    let d = decide_on(
+        &db,
+        &all_old(true),
+        &stateful_set("postgres:15.8", "old"),
+        true,
+        None,
+    );
+    assert_eq!(d, Decision::default());
+}
+
+#[test]
+fn the_ordinary_rollout_and_failover_return_once_every_replica_is_cloned() {
+    let db = cluster("17.2", Some(upgrade("Recloning", Some("db-1"), None)));
+    let sts = stateful_set("postgres:17.2", "new");
+    let mut pods: Vec<Pod> = (0..3)
+        .map(|i| pod(&format!("db-{i}"), "new", true, None))
+        .collect();
+    let d = decide_on(&db, &pods, &sts, true, None);
+    assert!(d.replace.is_empty() && !d.hold);
+    pods[2] = pod("db-2", "new", false, None);
+    assert!(decide_on(&db, &pods, &sts, true, None).hold);
 }

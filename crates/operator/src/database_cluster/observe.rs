@@ -50,34 +50,45 @@ pub struct Observation {
     pub pre_upgrade_backup: Option<super::major_upgrade::BackupSeen>,
 }
 
-/// The backup `status.majorUpgrade.backup` names, as the cache shows it.
+/// The backup a major upgrade takes first, as the cache shows it: the one
+/// `status.majorUpgrade.backup` names, else (an upgrade about to start) the one of the
+/// standard name, `<name>-pre-upgrade-<from>-<to>`.
 fn pre_upgrade_backup(
     ctx: &Context,
     observation: &Observation,
 ) -> Option<super::major_upgrade::BackupSeen> {
-    let name = observation
-        .cluster
-        .status
-        .as_ref()?
-        .major_upgrade
-        .as_ref()?
-        .backup
-        .clone()?;
+    let db = observation.cluster.as_ref();
+    let status = db.status.as_ref()?;
+    let name = match status.major_upgrade.as_ref().and_then(|u| u.backup.clone()) {
+        Some(name) => name,
+        None => {
+            let running = status.current_version.as_deref()?;
+            let (from, to) =
+                devctl_api::database_cluster::major_upgrade(running, &db.spec.version)?;
+            super::major_upgrade::backup_name(&observation.names.name, from, to)
+        }
+    };
     let store = ctx
         .caches
         .shared_store::<devctl_api::database_backup::DatabaseBackup>()?;
     let backup = store.get(
         &kube::runtime::reflector::ObjectRef::new(&name).within(&observation.names.namespace),
     )?;
-    let status = backup.status.as_ref();
+    let backup_status = backup.status.as_ref();
     Some(super::major_upgrade::BackupSeen {
-        phase: status.and_then(|s| s.phase),
-        message: status.and_then(|s| {
+        name,
+        phase: backup_status.and_then(|s| s.phase),
+        message: backup_status.and_then(|s| {
             s.conditions
                 .iter()
                 .find(|c| c.status == "False" || c.type_ == "Failed")
                 .map(|c| c.message.clone())
         }),
+        created: backup.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        ours: backup
+            .labels()
+            .get(super::backup_lifecycle::CLUSTER_UID_LABEL)
+            .is_some_and(|uid| Some(uid) == db.metadata.uid.as_ref()),
     })
 }
 

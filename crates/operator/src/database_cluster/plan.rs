@@ -82,7 +82,8 @@ pub fn plan(observation: &Observation, now: Timestamp) -> Plan {
         Some(version) => (version, None),
         None => version(db),
     };
-    let primary = primary_step::decide(observation, now, upgrade.hold);
+    let primary =
+        primary_step::decide(observation, now, upgrade.hold, upgrade.switch_to.as_deref());
     let replicas = resources::stateful_set::instances(db);
     // Readiness alone: the credentials the instances applied do not hold a rollout up.
     let ready = instances::observe(&pods, replicas, None).ready;
@@ -144,6 +145,17 @@ pub fn version(db: &devctl_api::database_cluster::DatabaseCluster) -> (String, O
         .as_ref()
         .and_then(|s| s.current_version.as_deref())
     {
+        Some(running)
+            if db.spec.image.is_some()
+                && devctl_api::database_cluster::major_upgrade(running, requested).is_some() =>
+        {
+            (
+                running.to_string(),
+                Some(format!(
+                    "spec.version {requested}: a major version upgrade with spec.image set is not supported (remove spec.image); still running {running}"
+                )),
+            )
+        }
         Some(running) => {
             match devctl_api::database_cluster::check_version_change(
                 db.spec.engine,

@@ -79,7 +79,14 @@ impl PrimaryStep {
 }
 
 /// The primary step of this reconcile.
-pub fn decide(observation: &Observation, now: Timestamp, suspended: bool) -> PrimaryStep {
+/// `suspended`: a major upgrade stops instances (nothing fails over); `upgrade_switchover`: the
+/// instance a major upgrade moves the primary to first, as if requested.
+pub fn decide(
+    observation: &Observation,
+    now: Timestamp,
+    suspended: bool,
+    upgrade_switchover: Option<&str>,
+) -> PrimaryStep {
     let db = observation.cluster.as_ref();
     let recorded = observation.recorded_primary();
     let pods = observation.pods();
@@ -92,7 +99,7 @@ pub fn decide(observation: &Observation, now: Timestamp, suspended: bool) -> Pri
         observation,
         now,
         high_availability: lease::failover_timeout(db).and(db.spec.high_availability.as_ref()),
-        requested: switchover::requested(db),
+        requested: switchover::requested(db).or(upgrade_switchover),
     };
     let step = failover::plan(&failover::Inputs {
         cluster: &observation.names.name,
