@@ -281,6 +281,7 @@ fn outcome(pending: &Pending, result: &str, message: &str, old_intact: bool) -> 
         result: result.to_string(),
         message: message.to_string(),
         old_intact,
+        at: Some(k8s_openapi::jiff::Timestamp::now().to_string()),
     }
 }
 

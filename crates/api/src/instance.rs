@@ -180,6 +180,9 @@ pub struct UpgradeResult {
     /// The old data directory is whole and starts on the old major.
     #[serde(default)]
     pub old_intact: bool,
+    /// When the step ended (RFC 3339, the pod's clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
 }
 
 /// Suffix of the Secret with the cluster's own store credentials (`accessKeyId`,

@@ -43,6 +43,10 @@ pub const MAJOR_UPGRADE: &str = "MajorUpgrade";
 pub const MAJOR_UPGRADE_REFUSED: &str = "MajorUpgradeRefused";
 pub const MAJOR_UPGRADE_FAILED: &str = "MajorUpgradeFailed";
 
+/// How long an upgraded primary may take to serve on the new major before the upgrade counts
+/// as failed (the data needs no recovery after `pg_upgrade`: a start takes seconds).
+pub const START_DEADLINE: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// The name of the backup taken before upgrading `cluster` from major `from` to `to`.
 pub fn backup_name(cluster: &str, from: u32, to: u32) -> String {
     format!("{cluster}-pre-upgrade-{from}-{to}")
@@ -439,6 +443,7 @@ fn upgrading(
             result: "AlreadyDone".into(),
             message: String::new(),
             old_intact: true,
+            at: None,
         })
     });
     let Some(result) = result else {
@@ -456,6 +461,20 @@ fn upgrading(
                 p.to
             ));
         }
+        "Upgraded" | "AlreadyDone" if past_start_deadline(&result, inputs.now) => {
+            // Copy mode: the old data is kept beside the new; the step puts it back.
+            let stuck = UpgradeResult {
+                result: "Failed".into(),
+                message: format!(
+                    "PostgreSQL {} did not serve within {} s of the upgrade step (see the pod's log)",
+                    p.to,
+                    START_DEADLINE.as_secs()
+                ),
+                old_intact: p.method == UpgradeMethod::Copy,
+                ..result
+            };
+            failed(p, decision, &primary, &stuck);
+        }
         "Upgraded" | "AlreadyDone" => {
             p.message = Some(format!(
                 "upgraded {primary}'s data; starting it on {}",
@@ -466,6 +485,18 @@ fn upgrading(
         _ => failed(p, decision, &primary, &result),
     }
     None
+}
+
+/// Whether the step's result is older than [`START_DEADLINE`] (on the pod's clock, as it
+/// wrote it; a result without a time never is).
+fn past_start_deadline(result: &UpgradeResult, now: Timestamp) -> bool {
+    result
+        .at
+        .as_deref()
+        .and_then(|at| at.parse::<Timestamp>().ok())
+        .is_some_and(|at| {
+            now.as_second().saturating_sub(at.as_second()) > START_DEADLINE.as_secs() as i64
+        })
 }
 
 /// The step failed after it started: the old version again when the old data is whole.

@@ -485,3 +485,24 @@ fn the_ordinary_rollout_and_failover_return_once_every_replica_is_cloned() {
     pods[2] = pod("db-2", "new", false, None);
     assert!(decide_on(&db, &pods, &sts, true, None).hold);
 }
+
+#[test]
+fn an_upgraded_primary_that_never_serves_fails_and_copy_mode_goes_back() {
+    let db = cluster("17.2", Some(upgrade("Upgrading", Some("db-1"), None)));
+    let sts = stateful_set("postgres:17.2", "new");
+    let result =
+        |at: &str| json!({ "to": "17.2", "result": "Upgraded", "oldIntact": true, "at": at });
+    let mut pods = all_old(true);
+    // Within the deadline: it is starting.
+    pods[1] = pod("db-1", "new", false, Some(result("2026-12-07T11:55:00Z")));
+    let d = decide_on(&db, &pods, &sts, true, None);
+    assert_eq!(step_of(&d), Some(MajorUpgradeStep::Upgrading));
+    // Past it: failed, and (copy mode) back on 15, where the step puts the kept data back.
+    pods[1] = pod("db-1", "new", false, Some(result("2026-12-07T11:40:00Z")));
+    let d = decide_on(&db, &pods, &sts, true, None);
+    assert_eq!(step_of(&d), Some(MajorUpgradeStep::Failed));
+    assert_eq!(d.target_version.as_deref(), Some("15.8"));
+    let (reason, message) = d.problem.unwrap();
+    assert_eq!(reason, MAJOR_UPGRADE_FAILED);
+    assert!(message.contains("did not serve within 600 s"), "{message}");
+}
