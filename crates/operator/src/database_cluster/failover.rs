@@ -167,6 +167,11 @@ pub fn most_advanced<'a>(candidates: &[(&'a str, &InstanceStatus)]) -> Option<&'
         .map(|(name, _)| *name)
 }
 
+/// How long into a failover every replica with a report counts as live (see
+/// [`super::failover_liveness`]): a live agent's report changes within a probe or two of the
+/// failover's start, and one that acknowledged at once must not win before the others could.
+pub const LIVENESS_GRACE: Duration = Duration::from_secs(3);
+
 /// Whether the election may happen with `acknowledged` of `live` replicas reporting final
 /// positions, `since_start` into the failover.
 ///
@@ -495,10 +500,16 @@ fn carry_on(inputs: &Inputs<'_>, failed: &str) -> Step {
                 .filter(|(_, r)| r.failover_epoch == Some(epoch))
                 .collect();
             // Live: acknowledged, or showed life since the start (`ready` cannot say it: a
-            // replica is ready only while it streams, and nothing streams from a lost primary).
+            // replica is ready only while it streams, and nothing streams from a lost primary);
+            // within the first [`LIVENESS_GRACE`], every replica with a report — one that
+            // acknowledges at once must not be elected before a live one had the time to show
+            // life.
+            let in_grace = inputs.since_start < LIVENESS_GRACE;
             let live = replicas
                 .iter()
-                .filter(|(name, r)| r.failover_epoch == Some(epoch) || inputs.live.contains(*name))
+                .filter(|(name, r)| {
+                    in_grace || r.failover_epoch == Some(epoch) || inputs.live.contains(*name)
+                })
                 .count();
             let timeout = inputs
                 .high_availability
@@ -516,7 +527,10 @@ fn carry_on(inputs: &Inputs<'_>, failed: &str) -> Step {
                 Some(best) if enough => Step::Elect(best.to_string()),
                 // Asynchronous with some positions in: the further timeout elects alone.
                 Some(_) if inputs.synchronous.is_none() => Step::Pending {
-                    recheck_in: timeout.checked_sub(inputs.since_start),
+                    recheck_in: [LIVENESS_GRACE, timeout]
+                        .into_iter()
+                        .filter_map(|at| at.checked_sub(inputs.since_start))
+                        .find(|left| !left.is_zero()),
                 },
                 _ => Step::Pending { recheck_in: None },
             }

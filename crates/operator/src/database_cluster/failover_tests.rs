@@ -475,12 +475,22 @@ fn the_election_waits_for_final_positions_of_this_epoch() {
     case.reports = reports(Some(2));
     assert_eq!(case.plan(), Step::Elect("db-2".into()));
     // A replica whose report did not change since the start (its agent is dead) does not
-    // hold up an asynchronous election.
+    // hold up an asynchronous election — past the first LIVENESS_GRACE, within which a live
+    // one that is merely slower to show life than another is to acknowledge (the race this
+    // grace closes: db-1 elected with db-2 further ahead) is waited for.
     case.live.remove("db-2");
     case.reports[2].1 = Some(InstanceStatus {
         ready: false,
         ..replica(1, "0/3000100", "0/3000000", None)
     });
+    case.since_start = Duration::from_secs(1);
+    assert_eq!(
+        case.plan(),
+        Step::Pending {
+            recheck_in: Some(LIVENESS_GRACE - Duration::from_secs(1))
+        }
+    );
+    case.since_start = LIVENESS_GRACE;
     assert_eq!(case.plan(), Step::Elect("db-1".into()));
     // Synchronous ANY 1 of 2: both positions, however long it takes.
     case.synchronous = Some(SynchronousSpec {
