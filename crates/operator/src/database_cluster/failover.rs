@@ -499,18 +499,7 @@ fn carry_on(inputs: &Inputs<'_>, failed: &str) -> Step {
                 .copied()
                 .filter(|(_, r)| r.failover_epoch == Some(epoch))
                 .collect();
-            // Live: acknowledged, or showed life since the start (`ready` cannot say it: a
-            // replica is ready only while it streams, and nothing streams from a lost primary);
-            // within the first [`LIVENESS_GRACE`], every replica with a report — one that
-            // acknowledges at once must not be elected before a live one had the time to show
-            // life.
-            let in_grace = inputs.since_start < LIVENESS_GRACE;
-            let live = replicas
-                .iter()
-                .filter(|(name, r)| {
-                    in_grace || r.failover_epoch == Some(epoch) || inputs.live.contains(*name)
-                })
-                .count();
+            let live = live_count(inputs, &replicas, epoch);
             let timeout = inputs
                 .high_availability
                 .and_then(HighAvailabilitySpec::failover_timeout)
@@ -536,6 +525,20 @@ fn carry_on(inputs: &Inputs<'_>, failed: &str) -> Step {
             }
         }
     }
+}
+
+/// The live replicas: acknowledged, or showed life since the start (`ready` cannot say it: a
+/// replica is ready only while it streams, and nothing streams from a lost primary); within
+/// the first [`LIVENESS_GRACE`], every replica with a report — one that acknowledges at once
+/// must not be elected before a live one had the time to show life.
+fn live_count(inputs: &Inputs<'_>, replicas: &[(&str, &InstanceStatus)], epoch: i64) -> usize {
+    let in_grace = inputs.since_start < LIVENESS_GRACE;
+    replicas
+        .iter()
+        .filter(|(name, r)| {
+            in_grace || r.failover_epoch == Some(epoch) || inputs.live.contains(*name)
+        })
+        .count()
 }
 
 fn is_instance(inputs: &Inputs<'_>, pod: &str) -> bool {
