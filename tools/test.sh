@@ -53,7 +53,7 @@ phase "build image" build_image
 # timers, backups) run in two side lanes, one binary after another, beside all the others,
 # whose cargo test skips their tests. The machine idles through most of the suite
 # (docs/performance.md), so this cuts its wall time to about the longest lane.
-side_lanes=("backup_schedule replication databases major_upgrade" "failover backup campaign")
+side_lanes=("backup_schedule replication databases" "failover backup campaign")
 test_executable() { # test_executable <test target name>
   grep '"kind":\["test"\]' target/test-artifacts.json | grep "\"name\":\"$1\"" \
     | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1 || true

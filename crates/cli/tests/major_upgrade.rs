@@ -91,6 +91,12 @@ fn server_major(version: &str) -> &str {
     version.split('.').next().unwrap_or_default()
 }
 
+/// `server_version_num` of `pod`'s engine (e.g. `170011`).
+async fn server_version(env: &Env, name: &str, pod: &str) -> String {
+    env.instance_sql_ok(name, pod, "select current_setting('server_version_num')")
+        .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_upgrade_from_15_to_17_with_every_row_and_a_backup_first() {
     let s3 = devctl_testenv::shared_s3().await.unwrap();
@@ -145,9 +151,7 @@ async fn three_instances_upgrade_from_15_to_17_with_every_row_and_a_backup_first
 
     // Every row, on every instance, each running 17; the replicas stream from the primary.
     for pod in ["up-0", "up-1", "up-2"] {
-        let version = env
-            .instance_sql_ok("up", pod, "select current_setting('server_version_num')")
-            .await;
+        let version = server_version(&env, "up", pod).await;
         assert!(version.starts_with("17"), "{pod} runs {version}");
         assert_eq!(env.instance_sql_ok("up", pod, COUNT).await, before, "{pod}");
     }
@@ -261,13 +265,7 @@ async fn a_refused_check_and_a_failed_upgrade_keep_15_and_link_mode_reaches_18()
         db.status.as_ref().unwrap().current_version.as_deref(),
         Some("15.8")
     );
-    let version = env
-        .instance_sql_ok(
-            "one",
-            "one-0",
-            "select current_setting('server_version_num')",
-        )
-        .await;
+    let version = server_version(&env, "one", "one-0").await;
     assert!(version.starts_with("15"), "{version}");
     assert_eq!(env.instance_sql_ok("one", "one-0", COUNT).await, before);
     assert!(!env.events("MajorUpgradeFailed").await.is_empty());
@@ -299,13 +297,7 @@ async fn a_refused_check_and_a_failed_upgrade_keep_15_and_link_mode_reaches_18()
         (status.as_str(), reason.as_str()),
         ("True", "MajorUpgradeFailed")
     );
-    let version = env
-        .instance_sql_ok(
-            "one",
-            "one-0",
-            "select current_setting('server_version_num')",
-        )
-        .await;
+    let version = server_version(&env, "one", "one-0").await;
     assert!(version.starts_with("15"), "{version}");
     assert_eq!(env.instance_sql_ok("one", "one-0", COUNT).await, before);
 
@@ -321,13 +313,7 @@ async fn a_refused_check_and_a_failed_upgrade_keep_15_and_link_mode_reaches_18()
         running(db, "18.1")
     })
     .await;
-    let version = env
-        .instance_sql_ok(
-            "one",
-            "one-0",
-            "select current_setting('server_version_num')",
-        )
-        .await;
+    let version = server_version(&env, "one", "one-0").await;
     assert!(version.starts_with("18"), "{version}");
     assert_eq!(env.instance_sql_ok("one", "one-0", COUNT).await, before);
     env.shell_ok("one", "insert into t values (-1)").await;
