@@ -106,9 +106,15 @@ pub fn decide(me: &str, pending: Option<&Pending>, data: Option<u32>, binaries: 
 /// no upgrade was interrupted mid-swap.
 fn nothing_to_do(data: &Path, binaries: u32) -> Option<String> {
     match data_major(data) {
-        Some(major) if major == binaries => Some(format!(
-            "the data directory is PostgreSQL {major}'s, as the binaries: nothing to upgrade"
-        )),
+        // Until the upgrade is confirmed the kept old directory stays: a step run again after
+        // it could not record its result asks the cluster and records it.
+        Some(major)
+            if major == binaries && !crate::major_upgrade::upgrade_started(data, binaries) =>
+        {
+            Some(format!(
+                "the data directory is PostgreSQL {major}'s, as the binaries: nothing to upgrade"
+            ))
+        }
         None if !crate::major_upgrade::upgrade_started(data, binaries) => {
             Some("no data directory yet: nothing to upgrade".into())
         }

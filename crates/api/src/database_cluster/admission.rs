@@ -155,6 +155,18 @@ pub fn validate(
             });
         }
     }
+    // A major upgrade under way: its image stays (both versions would render a new one).
+    if let Some(old) = old
+        && request.upgrading
+        && old.image != spec.image
+    {
+        errors.push(FieldError {
+            field: "spec.image",
+            message:
+                "cannot change while a major version upgrade is under way (status.majorUpgrade)"
+                    .into(),
+        });
+    }
     // A major upgrade under way: its target stays until it completes (or is refused).
     if let Some(old) = old
         && old.version != spec.version

@@ -268,10 +268,7 @@ fn step(inputs: &Inputs<'_>, mut p: MajorUpgradeStatus) -> Decision {
         ..Decision::default()
     };
     let refused = match p.step {
-        MajorUpgradeStep::Pending => {
-            pending(inputs, &mut p, &mut decision);
-            None
-        }
+        MajorUpgradeStep::Pending => pending(inputs, &mut p, &mut decision),
         MajorUpgradeStep::BackingUp => backing_up(inputs, &mut p, &mut decision),
         MajorUpgradeStep::Upgrading => upgrading(inputs, &mut p, &mut decision),
         MajorUpgradeStep::Recloning => {
@@ -305,8 +302,13 @@ fn refuse(mut p: MajorUpgradeStatus, reason: String) -> Decision {
     }
 }
 
-/// `Pending`: every instance ready, then the backup (or, without backups, the stop).
-fn pending(inputs: &Inputs<'_>, p: &mut MajorUpgradeStatus, decision: &mut Decision) {
+/// `Pending`: every instance ready, then the backup (or, without backups, the stop); why it
+/// is refused, if it is.
+fn pending(
+    inputs: &Inputs<'_>,
+    p: &mut MajorUpgradeStatus,
+    decision: &mut Decision,
+) -> Option<String> {
     let name = inputs.db.name_any();
     let first = format!("{name}-0");
     let moving = inputs
@@ -314,14 +316,38 @@ fn pending(inputs: &Inputs<'_>, p: &mut MajorUpgradeStatus, decision: &mut Decis
         .status
         .as_ref()
         .and_then(|s| s.target_primary.as_deref());
-    if inputs.primary != first && moving.is_none_or(|t| t == first) {
+    if inputs.primary != first {
         // The StatefulSet is `OrderedReady`: it makes a deleted pod again only once every
         // lower ordinal is ready, and replicas stop being ready when their primary stops. The
-        // primary at ordinal 0 comes back whatever the replicas do.
+        // primary at ordinal 0 comes back whatever the replicas do. Asked once every instance
+        // is ready (a switchover to a replica that is not would be refused, again and again),
+        // and not while one is under way.
         p.message = Some(format!(
             "switching the primary over to {first} first (an OrderedReady StatefulSet makes the primary's pod again only once the lower ordinals are ready)"
         ));
-        decision.switch_to = Some(first);
+        let status = inputs.db.status.as_ref();
+        let switched_since_start = status
+            .and_then(|s| s.last_switchover_time.as_deref())
+            .and_then(|t| t.parse::<Timestamp>().ok())
+            .zip(
+                p.started_at
+                    .as_deref()
+                    .and_then(|t| t.parse::<Timestamp>().ok()),
+            )
+            .is_some_and(|(switched, started)| switched >= started);
+        if moving.is_none() && switched_since_start {
+            // Tried once and it did not end on the first instance: not again and again.
+            return Some(format!(
+                "the switchover of the primary to {first} before the upgrade did not complete (see the SwitchoverAborted event); promote {first} (`devctl db promote {name} {first}`), then change spec.version to try again"
+            ));
+        }
+        if moving.is_none() && all_ready(inputs) {
+            decision.switch_to = Some(first);
+        } else if moving.is_none() {
+            p.message = Some(format!(
+                "waiting for every instance to be ready, then switching the primary over to {first}"
+            ));
+        }
         decision.hold = false;
     } else if !all_ready(inputs) {
         p.message = Some("waiting for every instance to be ready".into());
@@ -334,7 +360,13 @@ fn pending(inputs: &Inputs<'_>, p: &mut MajorUpgradeStatus, decision: &mut Decis
         let standard = backup_name(&name, from, to);
         let backup = match &inputs.backup {
             Some(seen) if seen.name == standard => {
-                format!("{standard}-{}", inputs.now.as_second())
+                // The attempt's time: the same name however often this is decided.
+                let started = p
+                    .started_at
+                    .as_deref()
+                    .and_then(|t| t.parse::<Timestamp>().ok())
+                    .unwrap_or(inputs.now);
+                format!("{standard}-{}", started.as_second())
             }
             _ => standard,
         };
@@ -346,6 +378,7 @@ fn pending(inputs: &Inputs<'_>, p: &mut MajorUpgradeStatus, decision: &mut Decis
     } else {
         stop_primary(inputs, p, decision);
     }
+    None
 }
 
 /// On to `Upgrading`: the new version's template, the primary named.

@@ -428,11 +428,29 @@ fn the_primary_moves_to_the_first_instance_before_anything_stops() {
     assert_eq!(step_of(&d), Some(MajorUpgradeStep::Pending));
     assert_eq!(d.switch_to.as_deref(), Some("db-0"));
     assert!(!d.hold && d.create_backup.is_none() && d.replace.is_empty());
+    // Asked only while every instance is ready (else it would be refused again and again).
+    let mut pods = all_old(true);
+    pods[0] = pod("db-0", "old", false, None);
+    let d = decide_on(&db, &pods, &sts, true, None);
+    assert_eq!(d.switch_to, None);
+    assert_eq!(step_of(&d), Some(MajorUpgradeStep::Pending));
     // While it runs, nothing else starts.
     db.status.as_mut().unwrap().target_primary = Some("db-0".into());
     let d = decide_on(&db, &all_old(true), &sts, true, None);
     assert_eq!(step_of(&d), Some(MajorUpgradeStep::Pending));
     assert!(d.create_backup.is_none());
+    // A switchover that ended elsewhere since the upgrade began is not asked again.
+    let mut aborted = db.clone();
+    let status = aborted.status.as_mut().unwrap();
+    status.target_primary = None;
+    status.last_switchover_time = Some("2026-12-07T12:00:30Z".into());
+    let mut pending = upgrade("Pending", None, None);
+    pending["startedAt"] = json!(NOW);
+    status.major_upgrade = Some(serde_json::from_value(pending).unwrap());
+    let d = decide_on(&aborted, &all_old(true), &sts, true, None);
+    assert_eq!(step_of(&d), Some(MajorUpgradeStep::Refused));
+    assert_eq!(d.switch_to, None);
+    assert!(d.problem.unwrap().1.contains("did not complete"));
     // Done: on with the backup.
     let status = db.status.as_mut().unwrap();
     status.target_primary = None;

@@ -59,7 +59,14 @@ fn pre_upgrade_backup(
 ) -> Option<super::major_upgrade::BackupSeen> {
     let db = observation.cluster.as_ref();
     let status = db.status.as_ref()?;
-    let name = match status.major_upgrade.as_ref().and_then(|u| u.backup.clone()) {
+    // A new attempt (none under way) looks for the standard name, not a backup an ended one
+    // named.
+    let under_way = status
+        .major_upgrade
+        .as_ref()
+        .filter(|u| !u.step.is_final())
+        .and_then(|u| u.backup.clone());
+    let name = match under_way {
         Some(name) => name,
         None => {
             let running = status.current_version.as_deref()?;

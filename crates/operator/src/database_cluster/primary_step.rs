@@ -99,7 +99,11 @@ pub fn decide(
         observation,
         now,
         high_availability: lease::failover_timeout(db).and(db.spec.high_availability.as_ref()),
-        requested: switchover::requested(db).or(upgrade_switchover),
+        // An upgrade's switchover only while the primary serves: never a failover request.
+        requested: switchover::requested(db).or(upgrade_switchover.filter(|_| {
+            pods.iter()
+                .any(|p| p.name_any() == recorded.current && instances::serves(p))
+        })),
     };
     let step = failover::plan(&failover::Inputs {
         cluster: &observation.names.name,
