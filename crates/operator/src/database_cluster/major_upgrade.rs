@@ -138,17 +138,38 @@ fn announcement(warning: bool, reason: &'static str, note: String) -> Announceme
     }
 }
 
-/// The image of the upgrade's target version (what the StatefulSet renders while upgrading).
-fn renders(sts: Option<&StatefulSet>, image: &str) -> bool {
-    sts.and_then(super::resources::stateful_set::image_of) == Some(image)
+/// Whether the StatefulSet renders `version`'s image and its status describes that spec: its
+/// update revision is then the one a pod made for `version` carries.
+fn applied(inputs: &Inputs<'_>, version: &str) -> bool {
+    let image = super::resources::stateful_set::image(inputs.db, version);
+    inputs
+        .stateful_set
+        .and_then(super::resources::stateful_set::image_of)
+        == Some(image.as_str())
+        && pods::revision_current(inputs.stateful_set)
 }
 
-/// The upgrade step's result on `pod` for the upgrade to `to`.
+/// The longest message of a step's result kept (it is the pod's word: untrusted, and it goes
+/// into the status, conditions and events).
+const RESULT_MESSAGE_LIMIT: usize = 2048;
+
+/// The upgrade step's result on `pod` for the upgrade to `to`: one of the results the step
+/// writes, its message bounded; anything else is no result.
 fn result_on(pod: &Pod, to: &str) -> Option<UpgradeResult> {
     let raw = pod.annotations().get(MAJOR_UPGRADE_RESULT_ANNOTATION)?;
-    serde_json::from_str::<UpgradeResult>(raw)
+    let mut result = serde_json::from_str::<UpgradeResult>(raw)
         .ok()
         .filter(|r| r.to == to)
+        .filter(|r| {
+            matches!(
+                r.result.as_str(),
+                "Upgraded" | "AlreadyDone" | "Refused" | "Failed"
+            )
+        })?;
+    if let Some((cut, _)) = result.message.char_indices().nth(RESULT_MESSAGE_LIMIT) {
+        result.message.truncate(cut);
+    }
+    Some(result)
 }
 
 /// The decision (pure).
@@ -440,7 +461,6 @@ fn upgrading(
     decision: &mut Decision,
 ) -> Option<String> {
     decision.target_version = Some(p.to.clone());
-    let target_image = super::resources::stateful_set::image(inputs.db, &p.to);
     let primary = p
         .primary
         .clone()
@@ -454,9 +474,7 @@ fn upgrading(
         return None;
     }
     if !current(inputs, pod) {
-        if renders(inputs.stateful_set, &target_image)
-            && pods::revision_current(inputs.stateful_set)
-        {
+        if applied(inputs, &p.to) {
             decision
                 .replace
                 .push((primary.clone(), pod.uid().unwrap_or_default()));
@@ -568,10 +586,8 @@ fn failed(
 /// `Recloning`: every replica still on the old template replaced.
 fn recloning(inputs: &Inputs<'_>, p: &mut MajorUpgradeStatus, decision: &mut Decision) {
     decision.target_version = Some(p.to.clone());
-    let target_image = super::resources::stateful_set::image(inputs.db, &p.to);
     let primary = p.primary.clone().unwrap_or_default();
-    let ready_to_replace =
-        renders(inputs.stateful_set, &target_image) && pods::revision_current(inputs.stateful_set);
+    let ready_to_replace = applied(inputs, &p.to);
     for pod in inputs.pods {
         let pod_name = pod.name_any();
         if ready_to_replace
@@ -605,14 +621,8 @@ fn reverted(inputs: &Inputs<'_>, p: &MajorUpgradeStatus) -> bool {
     if failed_for_good(p) {
         return true;
     }
-    pod(inputs, primary).is_some_and(|pod| {
-        current(inputs, pod)
-            && serves(pod)
-            && renders(
-                inputs.stateful_set,
-                &super::resources::stateful_set::image(inputs.db, &p.from),
-            )
-    })
+    pod(inputs, primary)
+        .is_some_and(|pod| current(inputs, pod) && serves(pod) && applied(inputs, &p.from))
 }
 
 /// A link-mode failure that disabled the old data directory: it is not started again.
@@ -644,18 +654,13 @@ fn settled(inputs: &Inputs<'_>, p: MajorUpgradeStatus) -> Decision {
         }),
         ..Decision::default()
     };
-    let old_image = super::resources::stateful_set::image(inputs.db, &p.from);
     if !failed_for_good
         && let Some(primary) = p.primary.as_deref()
         && let Some(pod) = pod(inputs, primary)
     {
         let back = current(inputs, pod);
         decision.hold = !back || !serves(pod);
-        if !back
-            && pod.metadata.deletion_timestamp.is_none()
-            && renders(inputs.stateful_set, &old_image)
-            && pods::revision_current(inputs.stateful_set)
-        {
+        if !back && pod.metadata.deletion_timestamp.is_none() && applied(inputs, &p.from) {
             decision
                 .replace
                 .push((primary.to_string(), pod.uid().unwrap_or_default()));

@@ -431,6 +431,32 @@ mod tests {
     }
 
     #[test]
+    fn the_upgrade_step_runs_in_spec_upgrade_image_else_the_engines() {
+        let mut db = sample();
+        let names = Names::of(&db).unwrap();
+        let step = |db: &DatabaseCluster| {
+            let sts = desired(db, &names, &inputs()).unwrap().body;
+            sts["spec"]["template"]["spec"]["initContainers"][1].clone()
+        };
+        let default = step(&db);
+        assert_eq!(default["name"], "major-upgrade");
+        assert_eq!(default["args"][0], "major-upgrade");
+        assert_eq!(
+            default["image"],
+            sts_image(&desired(&db, &names, &inputs()).unwrap().body)
+        );
+        db.spec.upgrade = Some(devctl_api::database_cluster::UpgradeSpec {
+            image: Some("registry.example/postgres:17-with-15".into()),
+            ..Default::default()
+        });
+        assert_eq!(step(&db)["image"], "registry.example/postgres:17-with-15");
+    }
+
+    fn sts_image(sts: &Value) -> Value {
+        sts["spec"]["template"]["spec"]["containers"][0]["image"].clone()
+    }
+
+    #[test]
     fn claim_template_keeps_the_existing_size() {
         let mut db = sample();
         db.spec.storage.size = "20Gi".into();
