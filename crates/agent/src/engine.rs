@@ -67,6 +67,14 @@ pub struct Probe {
     pub streaming_replicas: Option<Vec<String>>,
     /// PostgreSQL: the agent's physical replication slots on this instance (`devctl_*`).
     pub slots: Vec<Slot>,
+    /// MariaDB: `gtid_current_pos`.
+    pub gtid_position: Option<String>,
+    /// MariaDB replicas: `Seconds_Behind_Master`.
+    pub lag_seconds: Option<i64>,
+    /// A MariaDB primary with semi-synchronous replication enabled: whether it is active.
+    pub semi_sync_active: Option<bool>,
+    /// MariaDB: everything its probe found ([`crate::mariadb`]).
+    pub mariadb: Option<crate::mariadb::MariadbProbe>,
 }
 
 /// One of the agent's physical replication slots as `pg_replication_slots` shows it.
@@ -367,7 +375,7 @@ impl Engine {
                     dir: find_postgres_bin_dir(config.engine_bin_dir.as_deref())?,
                 }
             }
-            EngineKind::Mysql => {
+            EngineKind::Mysql | EngineKind::Mariadb => {
                 let dirs =
                     search_dirs(config.engine_bin_dir.as_deref(), &["/usr/sbin", "/usr/bin"]);
                 let (server, mariadb) = match find(&dirs, "mariadbd") {
@@ -442,7 +450,7 @@ impl Engine {
                 .iter()
                 .map(|f| self.config.config_file(f))
                 .collect(),
-            EngineKind::Mysql => vec![self.config.config_file(MY_CNF)],
+            EngineKind::Mysql | EngineKind::Mariadb => vec![self.config.config_file(MY_CNF)],
         }
     }
 
@@ -451,7 +459,7 @@ impl Engine {
         let data = &self.config.data_dir;
         match self.config.engine {
             EngineKind::Postgres => data.join("PG_VERSION").is_file(),
-            EngineKind::Mysql => data.join("mysql").is_dir(),
+            EngineKind::Mysql | EngineKind::Mariadb => data.join("mysql").is_dir(),
         }
     }
 
@@ -574,6 +582,15 @@ impl Engine {
                 if process::is_root() {
                     args.push("--user=root".into());
                 }
+                if c.engine == EngineKind::Mariadb {
+                    // What differs per instance: its replication identity.
+                    args.push(format!(
+                        "--server-id={}",
+                        crate::mariadb::server_id(&c.pod_name)
+                    ));
+                    args.push(format!("--report-host={}", c.pod_name));
+                    args.push(format!("--report-port={}", c.port));
+                }
                 (server.clone(), args)
             }
         };
@@ -588,7 +605,7 @@ impl Engine {
         match self.config.engine {
             // SIGINT: "fast shutdown" (SIGTERM would wait for clients to disconnect).
             EngineKind::Postgres => libc::SIGINT,
-            EngineKind::Mysql => libc::SIGTERM,
+            EngineKind::Mysql | EngineKind::Mariadb => libc::SIGTERM,
         }
     }
 
@@ -708,6 +725,17 @@ impl Engine {
         replication: &ReplicationCredentials,
         app: &Credentials,
     ) -> Result<(), String> {
+        if self.config.engine == EngineKind::Mariadb {
+            if replication.username == app.username {
+                return Err(format!(
+                    "the replication Secret names the app user {}; refusing to make it a replication user",
+                    app.username
+                ));
+            }
+            let hash = mysql_native_hash(&replication.password);
+            let sql = crate::mariadb::replication_user_sql(&replication.username, &hash);
+            return self.admin_sql(&sql).await.map(|_| ());
+        }
         let Binaries::Postgres { .. } = &self.bins else {
             return Ok(());
         };
@@ -735,9 +763,14 @@ impl Engine {
         self.admin_sql(&sql).await.map(|_| ())
     }
 
-    /// Whether the data directory is a standby's (`standby.signal`).
+    /// Whether the data directory is a standby's (`standby.signal`; MariaDB:
+    /// [`crate::mariadb::REPLICA_MARKER`]).
     pub fn is_standby(&self) -> bool {
-        self.config.data_dir.join(STANDBY_SIGNAL).is_file()
+        let marker = match self.config.engine {
+            EngineKind::Mariadb => crate::mariadb::REPLICA_MARKER,
+            _ => STANDBY_SIGNAL,
+        };
+        self.config.data_dir.join(marker).is_file()
     }
 
     /// Before starting a replica: `standby.signal`, and `primary_conninfo` (when known) and
@@ -776,6 +809,9 @@ impl Engine {
     /// Planned switchover, target: whether this standby has received and replayed the old
     /// primary's shutdown checkpoint at `final_lsn` (`Ok(None)`), or why not yet.
     pub async fn switchover_progress(&self, final_lsn: &str) -> Result<Option<String>, String> {
+        if self.config.engine == EngineKind::Mariadb {
+            return crate::mariadb::ops::caught_up(self, final_lsn).await;
+        }
         if !is_lsn(final_lsn) {
             return Err(format!("malformed finalLSN {final_lsn:?}"));
         }
@@ -815,6 +851,9 @@ impl Engine {
     /// once the server has left recovery, whatever the function answered. The CHECKPOINT
     /// that used to follow here is [`Self::checkpoint_after_promotion`], off the critical path.
     pub async fn promote(&self) -> Result<(), String> {
+        if self.config.engine == EngineKind::Mariadb {
+            return crate::mariadb::ops::promote(self).await;
+        }
         let asked = self
             .admin_sql_timeout("SELECT pg_promote(true, 60);\n", Duration::from_secs(75))
             .await;
@@ -1051,6 +1090,59 @@ impl Engine {
 
     pub fn data_dir(&self) -> &Path {
         &self.config.data_dir
+    }
+
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The OS user the engine runs as (MariaDB's socket-authenticated administrator).
+    pub(crate) fn os_user(&self) -> &str {
+        &self.os_user
+    }
+
+    /// MySQL family: the server's socket.
+    pub(crate) fn mysql_socket(&self) -> PathBuf {
+        self.config.run_dir.join(MYSQL_SOCKET)
+    }
+
+    /// One of the MySQL family's tools (`mariadb-backup`, `mbstream`, `mariadb-binlog`), looked
+    /// for where the server is.
+    pub(crate) fn mysql_tool(&self, name: &str) -> Result<PathBuf, String> {
+        let dirs = search_dirs(
+            self.config.engine_bin_dir.as_deref(),
+            &["/usr/sbin", "/usr/bin"],
+        );
+        find(&dirs, name).ok_or_else(|| format!("{name} not found in {}", describe(&dirs)))
+    }
+
+    /// MySQL family: [`Engine::admin_sql`] with each result set's column names first.
+    pub(crate) async fn admin_sql_named(&self, sql: &str) -> Result<String, String> {
+        let Binaries::Mysql { client, .. } = &self.bins else {
+            return Err("named results are for the MySQL family".into());
+        };
+        let args = vec![
+            "--no-defaults".to_string(),
+            "--protocol=socket".into(),
+            format!("--socket={}", self.mysql_socket().display()),
+            format!("--user={}", self.os_user),
+            "--batch".into(),
+            "--connect-timeout=5".into(),
+        ];
+        let output = process::run(
+            client,
+            &args,
+            &[],
+            &self.config.run_dir,
+            sql.as_bytes(),
+            CLIENT_TIMEOUT,
+        )
+        .await?;
+        if output.status.success() {
+            Ok(output.stdout)
+        } else {
+            Err(output.error_line())
+        }
     }
 
     /// PostgreSQL: the directory of its binaries.
@@ -1316,6 +1408,9 @@ impl Engine {
 
     /// One query over the socket: succeeds only when the engine accepts connections.
     pub async fn probe(&self) -> Result<Probe, String> {
+        if self.config.engine == EngineKind::Mariadb {
+            return crate::mariadb::ops::probe(self).await;
+        }
         match &self.bins {
             Binaries::Postgres { .. } => {
                 let out = self
@@ -1418,6 +1513,7 @@ fn parse_postgres_probe(out: &str) -> Result<Probe, String> {
                 Some(Slot { name, active, lost })
             })
             .collect(),
+        ..Probe::default()
     })
 }
 

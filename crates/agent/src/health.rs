@@ -44,8 +44,9 @@ async fn readyz(State(health): State<Arc<Health>>) -> (StatusCode, &'static str)
     }
 }
 
-/// Binds `0.0.0.0:port` and serves the probes in the background.
-pub async fn serve(port: u16, health: Arc<Health>) -> Result<()> {
+/// Binds `0.0.0.0:port` and serves the probes in the background, and `extra` beside them
+/// (MariaDB's clone endpoint).
+pub async fn serve(port: u16, health: Arc<Health>, extra: Option<Router>) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(("0.0.0.0", port))
         .await
         .map_err(|e| {
@@ -54,10 +55,13 @@ pub async fn serve(port: u16, health: Arc<Health>) -> Result<()> {
                 devctl_api::instance::env::HEALTH_PORT
             ))
         })?;
-    let app = Router::new()
+    let mut app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(health);
+    if let Some(extra) = extra {
+        app = app.merge(extra);
+    }
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!("health server stopped: {e}");

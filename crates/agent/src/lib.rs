@@ -187,6 +187,7 @@ pub mod error;
 pub mod health;
 pub mod lease;
 pub mod major_upgrade;
+pub mod mariadb;
 pub mod process;
 pub mod report;
 pub mod store;

@@ -90,6 +90,26 @@ pub struct InstanceStatus {
     pub replayed_lsn: Option<String>,
     #[serde(default)]
     pub lag_bytes: Option<i64>,
+    /// MariaDB: the GTIDs applied (`gtid_current_pos`); a failover elects the replica with
+    /// the highest ([`crate::gtid::Position`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gtid_position: Option<String>,
+    /// A MariaDB primary that was promoted: its `gtid_current_pos` then. A returning former
+    /// primary's transactions past it are errant (the new primary never had them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promotion_position: Option<String>,
+    /// MariaDB replicas: `Seconds_Behind_Master` (null while the replication threads stop).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_seconds: Option<i64>,
+    /// A MariaDB primary: `host:port` where its agent streams a copy of its data
+    /// (`mariadb-backup`) to a replica that clones it, authenticated with the replication
+    /// password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_address: Option<String>,
+    /// A MariaDB primary with semi-synchronous replication on: `false` once the engine fell
+    /// back to asynchronous (`Rpl_semi_sync_master_status` OFF).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub semi_sync_active: Option<bool>,
     /// The running engine's version (`server_version`), e.g. `15.18`.
     #[serde(default)]
     pub engine_version: Option<String>,
@@ -352,6 +372,11 @@ mod tests {
             restarts: Some(1),
             last_restart_time: Some("2026-11-30T16:59:00Z".into()),
             last_exit: Some("postgres exited (signal: 9 (SIGKILL))".into()),
+            gtid_position: Some("0-1-5".into()),
+            lag_seconds: Some(0),
+            clone_address: Some("127.0.0.1:8008".into()),
+            promotion_position: Some("0-1-3".into()),
+            semi_sync_active: Some(true),
         };
         let json = serde_json::to_value(&status).unwrap();
         let mut keys: Vec<&str> = json
@@ -365,22 +390,27 @@ mod tests {
             keys,
             [
                 "address",
+                "cloneAddress",
                 "credentialsVersion",
                 "engineVersion",
                 "failoverEpoch",
                 "finalLSN",
+                "gtidPosition",
                 "heartbeat",
                 "lagBytes",
+                "lagSeconds",
                 "lastError",
                 "lastExit",
                 "lastRestartTime",
                 "movedAside",
+                "promotionPosition",
                 "ready",
                 "receivedLSN",
                 "replayedLSN",
                 "replicationSlots",
                 "restarts",
                 "role",
+                "semiSyncActive",
                 "streamingReplicas",
                 "systemIdentifier",
                 "timeline"

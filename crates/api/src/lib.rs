@@ -5,6 +5,7 @@ pub mod conditions;
 pub mod database_backup;
 pub mod database_cluster;
 pub mod duration;
+pub mod gtid;
 pub mod instance;
 pub mod labels;
 pub mod quantity;

@@ -15,6 +15,7 @@
 //! the current phase), `devctl_cluster_created_timestamp_seconds`,
 //! `devctl_cluster_desired_replicas`, `devctl_cluster_replicas`,
 //! `devctl_cluster_ready_replicas`, `devctl_cluster_replication_lag_bytes{...,pod}`,
+//! `devctl_cluster_replication_lag_seconds{...,pod}` (MariaDB),
 //! `devctl_cluster_engine_restarts{...,pod}`,
 //! `devctl_cluster_last_backup_timestamp_seconds`,
 //! `devctl_cluster_next_scheduled_backup_timestamp_seconds`,
@@ -136,6 +137,7 @@ struct ClusterFamilies {
     replicas: Family<ClusterLabels, Gauge>,
     ready_replicas: Family<ClusterLabels, Gauge>,
     lag_bytes: Family<InstanceLabels, Gauge>,
+    lag_seconds: Family<InstanceLabels, Gauge>,
     engine_restarts: Family<InstanceLabels, Gauge>,
     last_backup: Family<ClusterLabels, FloatGauge>,
     next_backup: Family<ClusterLabels, FloatGauge>,
@@ -151,6 +153,7 @@ struct ClusterFamilies {
 struct ExportedCluster {
     phase: Option<&'static str>,
     lag_pods: Vec<String>,
+    lag_seconds_pods: Vec<String>,
     restart_pods: Vec<String>,
     /// The schedule the interval was computed for, and the interval: scanning a cron
     /// expression's runs is the one costly step, and the schedule rarely changes.
@@ -168,6 +171,8 @@ pub struct ClusterSnapshot {
     pub ready_replicas: i64,
     /// Reported lag per pod; instances that report none (the primary) have no series.
     pub lag_bytes: Vec<(String, i64)>,
+    /// Reported lag in seconds per pod (MariaDB replicas).
+    pub lag_seconds: Vec<(String, i64)>,
     /// Engine restarts per pod since its agent started; pods without any have no series.
     pub engine_restarts: Vec<(String, i64)>,
     pub last_backup: Option<f64>,
@@ -242,6 +247,11 @@ impl ClusterSnapshot {
                 .instances
                 .iter()
                 .filter_map(|i| Some((i.name.clone(), i.lag_bytes?)))
+                .collect(),
+            lag_seconds: status
+                .instances
+                .iter()
+                .filter_map(|i| Some((i.name.clone(), i.lag_seconds?)))
                 .collect(),
             engine_restarts: status
                 .instances
@@ -656,6 +666,12 @@ impl Metrics {
             instance,
         );
         export_per_pod(
+            &f.lag_seconds,
+            &mut state.lag_seconds_pods,
+            &snapshot.lag_seconds,
+            instance,
+        );
+        export_per_pod(
             &f.engine_restarts,
             &mut state.restart_pods,
             &snapshot.engine_restarts,
@@ -741,6 +757,7 @@ impl Metrics {
         }
         for (family, pods) in [
             (&f.lag_bytes, &state.lag_pods),
+            (&f.lag_seconds, &state.lag_seconds_pods),
             (&f.engine_restarts, &state.restart_pods),
         ] {
             for pod in pods {
@@ -878,8 +895,13 @@ fn register_cluster_families(registry: &mut Registry, f: &ClusterFamilies) {
     );
     registry.register(
         "devctl_cluster_replication_lag_bytes",
-        "Bytes of WAL/binlog a replica has not replayed yet, as its agent reports (status.instances[].lagBytes)",
+        "Bytes of WAL a replica has not replayed yet, as its agent reports (status.instances[].lagBytes; PostgreSQL)",
         f.lag_bytes.clone(),
+    );
+    registry.register(
+        "devctl_cluster_replication_lag_seconds",
+        "Seconds a replica's applied transactions are behind the primary's, as its agent reports (status.instances[].lagSeconds; MariaDB Seconds_Behind_Master)",
+        f.lag_seconds.clone(),
     );
     registry.register(
         "devctl_cluster_engine_restarts",

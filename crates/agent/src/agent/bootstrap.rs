@@ -164,7 +164,9 @@ impl Agent {
         } else {
             let handing_over = view.current_primary.as_deref() == Some(me)
                 && view.target_primary.as_deref().is_some_and(|t| t != me);
-            let clean_stop = if handing_over {
+            let clean_stop = if handing_over && self.mariadb() {
+                self.mariadb_clean_stop()
+            } else if handing_over {
                 match self.engine.control_data().await {
                     Ok(control) if control.is_clean_primary_shutdown() => {
                         Some(Ok(control.checkpoint))
@@ -227,6 +229,19 @@ impl Agent {
                     self.engine.bootstrap().await?;
                     fresh = true;
                 }
+                // MariaDB: a logical backup is replayed into a new, running primary
+                // (`tick_restore`).
+                Step::Restore if self.mariadb() => {
+                    tracing::info!("restoring a backup: bootstrapping to replay it into");
+                    self.engine.bootstrap().await?;
+                    write_private(
+                        &self.config.data_dir.join(crate::mariadb::RESTORE_PENDING),
+                        b"",
+                    )
+                    .map_err(Error::DataDir)?;
+                    self.mysql_restore_pending = true;
+                    return Ok(StartStep::Again);
+                }
                 Step::Restore => match self.restore().await? {
                     Ok(Ok(())) => {
                         *backoff = Duration::from_secs(1);
@@ -257,6 +272,11 @@ impl Agent {
                         )));
                     }
                 },
+                Step::Rewind(primary) if self.mariadb() => {
+                    if let Err(why) = self.prepare_rejoin_mariadb(&primary) {
+                        return Ok(StartStep::Wait(why));
+                    }
+                }
                 Step::Rewind(primary) => {
                     if let Err(why) = self.prepare_rejoin(&primary).await {
                         if matches!(self.rejoining, Some(Rejoin::Recloned(_))) {
@@ -508,6 +528,9 @@ impl Agent {
                 extra_env::REPLICATION_SECRET
             )));
         };
+        if self.mariadb() {
+            return self.try_clone_mariadb(primary).await;
+        }
         if self.replication_desired.is_none() {
             return Ok(CloneStep::Wait(
                 self.replication_problem

@@ -7,6 +7,7 @@
 //! each role needs; [`secrets`] follows the Secrets; [`status`] writes the report.
 
 mod bootstrap;
+mod mariadb_upkeep;
 mod primary;
 mod promotion;
 mod replica;
@@ -115,6 +116,8 @@ pub const REJOIN_TIMEOUT: Duration = Duration::from_secs(30);
 enum Rejoin {
     /// `pg_rewind` to the fork point.
     Rewound,
+    /// MariaDB: no errant transactions; it replicates on from its own GTID position.
+    Followed,
     /// Its data could not follow the new primary (the rewind failed, or it did not stream
     /// in time): moved aside to this path and the primary cloned anew.
     Recloned(String),
@@ -301,6 +304,13 @@ struct Agent {
     /// After a major upgrade: `vacuumdb --analyze-in-stages`, then the old data directory
     /// removed once the cluster records the new version ([`upgrade_followup`]).
     upgrade_followup: Option<tokio::task::JoinHandle<()>>,
+    /// MariaDB: what the agent serves clones of its data from (while the primary).
+    clone_source: Option<Arc<crate::mariadb::clone::CloneSource>>,
+    /// MariaDB: errant transactions found on this former primary (the GTID range), until
+    /// the event naming them is published after its data was moved aside.
+    errant: Option<String>,
+    /// MariaDB: the current primary's promotion position, as its report last said.
+    primary_promotion_position: Option<String>,
 }
 
 /// Runs the instance described by `config` until SIGTERM/SIGINT, a replaced pod, or an
@@ -319,16 +329,23 @@ pub async fn run(config: Config) -> Result<Outcome> {
         // Before the engine starts: its archive_command talks to this socket.
         crate::archive::serve(shared.clone())?;
     }
+    let clone_source = (config.engine == EngineKind::Mariadb)
+        .then(|| crate::mariadb::clone::CloneSource::new(engine.clone()));
     let health = Arc::new(Health::default());
-    health::serve(config.health_port, health.clone()).await?;
+    health::serve(
+        config.health_port,
+        health.clone(),
+        clone_source.clone().map(crate::mariadb::clone::router),
+    )
+    .await?;
     let pod = PodRef {
         name: config.pod_name.clone(),
         namespace: config.pod_namespace.clone(),
         uid: Some(config.pod_uid.clone()),
     };
-    let postgres = config.engine == EngineKind::Postgres;
-    let cluster = postgres.then(|| watch_cluster(client.clone(), &config));
-    let replication = match (&config.replication_secret, postgres) {
+    let replicated = config.engine.replicated();
+    let cluster = replicated.then(|| watch_cluster(client.clone(), &config));
+    let replication = match (&config.replication_secret, replicated) {
         (Some(name), true) => Some(watch_secret(
             client.clone(),
             &config.pod_namespace,
@@ -337,7 +354,7 @@ pub async fn run(config: Config) -> Result<Outcome> {
         )),
         _ => None,
     };
-    let lock = postgres.then(|| {
+    let lock = replicated.then(|| {
         PrimaryLock::new(
             Api::namespaced(client.clone(), &config.pod_namespace),
             &devctl_api::instance::primary_lease_name(&config.cluster),
@@ -364,6 +381,9 @@ pub async fn run(config: Config) -> Result<Outcome> {
         restore_problem: None,
         binaries_major: None,
         upgrade_followup: None,
+        clone_source,
+        errant: None,
+        primary_promotion_position: None,
         lock,
         lock_problem: None,
         failover_ack: None,
@@ -478,6 +498,12 @@ impl Agent {
                 self.config.recovery && !self.config.data_dir.join(MYSQL_RESTORED).exists();
             fresh
         };
+        if self.mariadb() {
+            // A restore that an earlier run of the agent began.
+            let data = &self.config.data_dir;
+            self.mysql_restore_pending |= data.join(crate::mariadb::RESTORE_PENDING).exists()
+                && !data.join(MYSQL_RESTORED).exists();
+        }
         if self.cluster.is_some() && self.mode == Mode::Primary && self.engine.is_recovering() {
             // A restored data directory not promoted yet (also after an agent restart).
             self.recovering = true;

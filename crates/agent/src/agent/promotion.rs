@@ -95,12 +95,24 @@ impl Agent {
         let epoch = view.failover_epoch;
         // Stopped for the failover: no WAL receiver, and neither streaming nor the archive
         // configured (nothing more is replayed, so the position is final).
-        let receiver_down = self.conninfo_applied.as_deref() == Some("")
-            && self
-                .extras_applied
-                .as_ref()
-                .is_none_or(|e| e.restore_command.is_empty())
-            && probe.wal_receiver.is_none();
+        let receiver_down = match probe.mariadb.as_ref() {
+            // MariaDB: the IO thread stopped (by the agent) and the relay log applied.
+            Some(found) => {
+                self.conninfo_applied.as_deref() == Some("")
+                    && found
+                        .replication
+                        .as_ref()
+                        .is_none_or(|r| r.io_running == "No" && r.relay_applied)
+            }
+            None => {
+                self.conninfo_applied.as_deref() == Some("")
+                    && self
+                        .extras_applied
+                        .as_ref()
+                        .is_none_or(|e| e.restore_command.is_empty())
+                    && probe.wal_receiver.is_none()
+            }
+        };
         let engine = if probe.role == devctl_api::instance::ROLE_PRIMARY {
             role::EngineState::AcceptsWrites
         } else {
@@ -395,6 +407,10 @@ impl Agent {
     /// moment it accepts writes — and run as the primary.
     pub(super) async fn promoted(&mut self) {
         tracing::info!("promoted: running as the primary");
+        if self.mariadb() {
+            self.running_as_primary();
+            return;
+        }
         let (engine, hooks) = (self.engine.clone(), self.hooks.clone());
         tokio::spawn(async move {
             // Retried while it fails (for at most [`CHECKPOINT_RETRIES`] tries): a former
@@ -418,6 +434,11 @@ impl Agent {
             tracing::warn!("removing the standby's slot name and restore_command: {e}");
         }
         self.fill_archive_gap();
+        self.running_as_primary();
+    }
+
+    /// What a promotion resets, whatever the engine.
+    fn running_as_primary(&mut self) {
         self.mode = Mode::Primary;
         self.switchover_problem = None;
         self.replica_problem = None;

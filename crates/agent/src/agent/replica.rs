@@ -357,6 +357,9 @@ impl Agent {
                 Rejoin::Rewound => format!(
                     "{pod} rejoined as a standby of {primary} (rewound from its former primary's data)"
                 ),
+                Rejoin::Followed => format!(
+                    "{pod} rejoined as a replica of {primary} (its former primary's data has no transactions {primary} lacks)"
+                ),
                 Rejoin::Recloned(aside) => format!(
                     "{pod} rejoined as a standby of {primary} (re-cloned: its former primary's data could not follow and was moved aside to {aside})"
                 ),

@@ -84,6 +84,12 @@ impl Agent {
     pub(super) fn start_engine(&mut self) -> Result<Child> {
         // Before it runs: a standby's engine that leaves recovery on its own archives nothing.
         self.shared.set_standby_engine(self.mode == Mode::Replica);
+        if self.mariadb() {
+            // A switchover's final position is the news only while stopped.
+            crate::mariadb::ops::clear_handover(&self.engine);
+            // Replication is pointed at the primary anew once the engine runs.
+            self.conninfo_applied = None;
+        }
         let mut command = self.engine.server_command();
         if let Some(seconds) = self.hooks.archive_timeout() {
             // The last `-c` of a setting wins.
@@ -150,7 +156,15 @@ impl Agent {
                             self.ready = false;
                             self.health.set_ready(false);
                             let _ = self.report().await;
-                            if let Err(e) = self
+                            if self.mariadb() {
+                                match crate::mariadb::ops::prepare_handover(&self.engine).await {
+                                    Ok(position) => tracing::info!(
+                                        %position,
+                                        "switchover: read-only, sessions ended, every transaction sent; stopping"
+                                    ),
+                                    Err(e) => tracing::warn!("preparing the switchover: {e}"),
+                                }
+                            } else if let Err(e) = self
                                 .engine
                                 .admin_sql_for("CHECKPOINT;\n", STOP_TIMEOUT)
                                 .await
@@ -174,6 +188,9 @@ impl Agent {
                     }
                     let clean = match &action {
                         Action::Fence(_) => {
+                            if self.mariadb() {
+                                crate::mariadb::ops::fence(&self.engine).await;
+                            }
                             let timeout = self
                                 .lock_duration()
                                 .map(fence_stop_timeout)
@@ -196,6 +213,7 @@ impl Agent {
                     self.health.set_ready(false);
                     if action == Action::Reclone {
                         self.move_data_aside()?;
+                        self.publish_errant().await;
                     }
                     if let Action::CloneAfresh(reason) = &action {
                         self.remove_data()?;

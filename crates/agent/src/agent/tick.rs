@@ -54,6 +54,9 @@ impl Agent {
                     // anything else runs on it.
                     probe = self.drive_role(probe).await;
                 }
+                if self.mariadb() {
+                    self.mariadb_primary_upkeep(&mut probe).await;
+                }
                 if !self.tick_restore(&probe).await {
                     // Restoring: not ready, no credentials, no backups yet.
                     self.ready = false;
@@ -63,6 +66,11 @@ impl Agent {
                 }
                 self.tend_backup(&probe);
                 self.tend_upgrade_followup(&probe);
+                if self.mode == Mode::Replica && self.mariadb() {
+                    self.tick_replica_mariadb(probe, resolve_problem).await;
+                    self.health.set_ready(self.ready);
+                    return;
+                }
                 if self.mode == Mode::Replica {
                     self.tick_replica(probe, resolve_problem).await;
                     self.health.set_ready(self.ready);
@@ -93,9 +101,13 @@ impl Agent {
                 }
                 if primary && self.applied.is_some() {
                     self.apply_replication_role().await;
-                    self.apply_synchronous_standbys().await;
+                    if self.mariadb() {
+                        self.apply_semi_sync().await;
+                    } else {
+                        self.apply_synchronous_standbys().await;
+                    }
                 }
-                if self.cluster.is_some() {
+                if self.cluster.is_some() && !self.mariadb() {
                     self.apply_slots(&probe, primary).await;
                 }
                 self.ready = self.applied.is_some() || !primary;
@@ -122,7 +134,7 @@ impl Agent {
     /// cleared, also leftovers of an agent that stopped in between). MySQL family: replays
     /// the dump (retried with backoff) before anything else touches the server.
     pub(super) async fn tick_restore(&mut self, probe: &Probe) -> bool {
-        if self.cluster.is_some() {
+        if self.config.engine == EngineKind::Postgres {
             if self.mode != Mode::Primary {
                 return true;
             }

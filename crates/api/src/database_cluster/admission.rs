@@ -46,7 +46,7 @@ impl std::fmt::Display for FieldError {
 pub fn default_requests(engine: Engine) -> [(&'static str, &'static str); 2] {
     match engine {
         Engine::Postgres => [("cpu", "250m"), ("memory", "512Mi")],
-        Engine::Mysql => [("cpu", "250m"), ("memory", "512Mi")],
+        Engine::Mysql | Engine::Mariadb => [("cpu", "250m"), ("memory", "512Mi")],
     }
 }
 
@@ -183,6 +183,7 @@ pub fn validate(
             ),
         });
     }
+    errors.extend(mariadb_errors(spec, old));
     let high_availability = spec.high_availability.as_ref().is_some_and(|h| h.enabled);
     let was_highly_available = old
         .and_then(|o| o.high_availability.as_ref())
@@ -226,6 +227,43 @@ pub fn validate(
             ),
         }),
         _ => {}
+    }
+    errors
+}
+
+/// MariaDB's own limits: the release series devctl runs (10.11 and 11.x), and semi-synchronous
+/// replication, which waits for one replica's acknowledgement (MariaDB has no count).
+fn mariadb_errors(
+    spec: &DatabaseClusterSpec,
+    old: Option<&DatabaseClusterSpec>,
+) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    if spec.engine != Engine::Mariadb {
+        return errors;
+    }
+    let version_changed = old.is_none_or(|o| o.version != spec.version);
+    if version_changed
+        && let Ok(version) = spec.version.parse::<super::Version>()
+        && !(version.major == 11 || (version.major == 10 && version.minor == 11))
+    {
+        errors.push(FieldError {
+            field: "spec.version",
+            message: format!("MariaDB {version} is not supported: use 10.11 or 11.x (e.g. 11.4)"),
+        });
+    }
+    if let Some(sync) = spec
+        .replication
+        .as_ref()
+        .and_then(|r| r.synchronous.as_ref())
+        && sync.number != 1
+    {
+        errors.push(FieldError {
+            field: "spec.replication.synchronous.number",
+            message: format!(
+                "must be 1 for MariaDB (got {}): semi-synchronous replication waits for one replica's acknowledgement",
+                sync.number
+            ),
+        });
     }
     errors
 }

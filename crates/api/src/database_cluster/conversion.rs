@@ -489,7 +489,8 @@ mod tests {
     fn engine() -> impl Strategy<Value = v1beta1::Engine> {
         prop_oneof![
             Just(v1beta1::Engine::Postgres),
-            Just(v1beta1::Engine::Mysql)
+            Just(v1beta1::Engine::Mysql),
+            Just(v1beta1::Engine::Mariadb)
         ]
     }
 

@@ -130,6 +130,9 @@ pub fn check_version_change(
         Err(VersionChangeError::Downgrade { from, to })
     } else if to.major != from.major && engine != Engine::Postgres {
         Err(VersionChangeError::MajorUpgrade { from, to })
+    } else if engine == Engine::Mariadb && to != from {
+        // MariaDB's release series (10.11, 11.4) are its major versions.
+        Err(VersionChangeError::MajorUpgrade { from, to })
     } else {
         Ok(())
     }
@@ -155,7 +158,7 @@ impl DatabaseClusterSpec {
     pub fn port(&self) -> i32 {
         match self.engine {
             Engine::Postgres => 5432,
-            Engine::Mysql => 3306,
+            Engine::Mysql | Engine::Mariadb => 3306,
         }
     }
 }

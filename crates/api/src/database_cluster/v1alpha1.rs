@@ -49,7 +49,7 @@ pub const DEPRECATION_WARNING: &str = "db.devctl.io/v1alpha1 DatabaseCluster is 
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DatabaseClusterSpec {
-    /// Database engine: `postgres` or `mysql`. Cannot be changed after creation.
+    /// Database engine: `postgres`, `mariadb` or `mysql`. Cannot be changed after creation.
     #[serde(default)]
     #[x_kube(validation = Rule::new("self == oldSelf").message("engine is immutable: create a new cluster to change engines"))]
     pub engine: Engine,

@@ -27,8 +27,8 @@ use serde::{Deserialize, Serialize};
     category = "devctl",
     validation = Rule::new("size(self.metadata.name) <= 50").message("metadata.name must be at most 50 characters: the names devctl derives from it (pods, claims, Services) must stay within 63"),
     validation = Rule::new("!has(self.spec.replication) || !has(self.spec.replication.synchronous) || self.spec.replication.synchronous.number < self.spec.replicas").message("spec.replication.synchronous.number must be less than spec.replicas: the primary waits for that many standbys").field_path(".spec.replication.synchronous.number"),
-    validation = Rule::new("!has(self.spec.replication) || !has(self.spec.replication.synchronous) || self.spec.engine == 'postgres'").message("spec.replication.synchronous is supported for PostgreSQL only").field_path(".spec.replication.synchronous"),
-    validation = Rule::new("!has(self.spec.highAvailability) || !self.spec.highAvailability.enabled || self.spec.engine == 'postgres'").message("spec.highAvailability.enabled: failover is supported for PostgreSQL only").field_path(".spec.highAvailability.enabled"),
+    validation = Rule::new("!has(self.spec.replication) || !has(self.spec.replication.synchronous) || self.spec.engine != 'mysql'").message("spec.replication.synchronous is supported for PostgreSQL and MariaDB only").field_path(".spec.replication.synchronous"),
+    validation = Rule::new("!has(self.spec.highAvailability) || !self.spec.highAvailability.enabled || self.spec.engine != 'mysql'").message("spec.highAvailability.enabled: failover is supported for PostgreSQL and MariaDB only (engine mysql runs one instance)").field_path(".spec.highAvailability.enabled"),
     validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("metadata.name must be a DNS-1035 label: lowercase letters, digits and '-', starting with a letter and ending with a letter or digit (no dots)"),
     doc = "A replicated PostgreSQL or MySQL database managed by the devctl operator.",
     printcolumn(name = "Engine", type_ = "string", json_path = ".spec.engine"),
@@ -55,13 +55,14 @@ use serde::{Deserialize, Serialize};
     validation = Rule::new("!has(self.highAvailability) || !self.highAvailability.enabled || (self.replicas >= 3 && self.replicas % 2 == 1)").message("spec.replicas must be odd and at least 3 when spec.highAvailability.enabled is true: a majority of the instances must survive a failure").field_path(".replicas"),
     // On create only (`oldSelf` is empty then): a cluster admitted before the rule existed
     // must stay editable, and spec.bootstrap cannot change afterwards anyway.
-    validation = Rule::new("oldSelf.hasValue() || !has(self.bootstrap) || !has(self.bootstrap.recovery) || !has(self.bootstrap.recovery.targetTime) || self.engine == 'postgres'").optional_old_self(true).message("spec.bootstrap.recovery.targetTime: point-in-time recovery is supported for PostgreSQL only (a MySQL restore brings back the whole backup)").field_path(".bootstrap.recovery.targetTime"),
+    validation = Rule::new("oldSelf.hasValue() || !has(self.bootstrap) || !has(self.bootstrap.recovery) || !has(self.bootstrap.recovery.targetTime) || self.engine == 'postgres'").optional_old_self(true).message("spec.bootstrap.recovery.targetTime: point-in-time recovery is supported for PostgreSQL only (a MySQL or MariaDB restore brings back the whole backup)").field_path(".bootstrap.recovery.targetTime"),
     // The rule on the field itself runs only when the old object had one: adding one later
     // is caught here.
     validation = Rule::new("has(self.bootstrap) == has(oldSelf.bootstrap)").message("spec.bootstrap is immutable: it cannot be added to or removed from an existing cluster; restore into a new cluster").field_path(".bootstrap"),
 )]
 pub struct DatabaseClusterSpec {
-    /// Database engine: `postgres` or `mysql`. Cannot be changed after creation.
+    /// Database engine: `postgres`, `mariadb` or `mysql` (one instance). Cannot be changed
+    /// after creation.
     #[serde(default)]
     #[x_kube(validation = Rule::new("self == oldSelf").message("engine is immutable: create a new cluster to change engines"))]
     pub engine: Engine,
@@ -71,7 +72,8 @@ pub struct DatabaseClusterSpec {
     #[schemars(regex(pattern = r"^\d+\.\d+$"))]
     pub version: String,
 
-    /// Container image; defaults to `postgres:<version>` or `mysql:<version>`. Set it to use a
+    /// Container image; defaults to `postgres:<version>`, `mariadb:<version>` or
+    /// `mysql:<version>`. Set it to use a
     /// private registry or mirror.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
@@ -95,11 +97,11 @@ pub struct DatabaseClusterSpec {
     pub backup: Option<BackupSpec>,
 
     /// High availability: a primary lock (a Lease), self-fencing and automatic failover to
-    /// the most advanced replica (PostgreSQL).
+    /// the most advanced replica (PostgreSQL, MariaDB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub high_availability: Option<HighAvailabilitySpec>,
 
-    /// Streaming replication settings (PostgreSQL).
+    /// Replication settings (PostgreSQL streaming, MariaDB GTID).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replication: Option<ReplicationSpec>,
 
@@ -265,8 +267,10 @@ pub enum Engine {
     /// PostgreSQL.
     #[default]
     Postgres,
-    /// MySQL.
+    /// MySQL: one instance, logical backups (docs/mariadb.md says why).
     Mysql,
+    /// MariaDB: replicated (GTID), failover, physical backups (docs/mariadb.md).
+    Mariadb,
 }
 
 impl Engine {
@@ -274,7 +278,18 @@ impl Engine {
         match self {
             Engine::Postgres => "postgres",
             Engine::Mysql => "mysql",
+            Engine::Mariadb => "mariadb",
         }
+    }
+
+    /// Whether the engine runs replicas, a primary lock and failover (PostgreSQL, MariaDB).
+    pub fn replicated(self) -> bool {
+        matches!(self, Engine::Postgres | Engine::Mariadb)
+    }
+
+    /// MySQL or MariaDB: the same files, ports and clients.
+    pub fn mysql_family(self) -> bool {
+        matches!(self, Engine::Mysql | Engine::Mariadb)
     }
 }
 
@@ -732,9 +747,15 @@ pub struct InstanceSummary {
     /// The engine's timeline (PostgreSQL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<i64>,
-    /// Replication lag in bytes (replicas).
+    /// Replication lag in bytes (PostgreSQL replicas).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lag_bytes: Option<i64>,
+    /// Replication lag in seconds (MariaDB replicas: `Seconds_Behind_Master`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_seconds: Option<i64>,
+    /// The GTIDs the instance has applied (MariaDB `gtid_current_pos`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gtid_position: Option<String>,
     /// Why the instance is not ready, or the agent's last error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

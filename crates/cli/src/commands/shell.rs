@@ -106,7 +106,7 @@ pub async fn shell(
     let dir = tempfile_dir()?;
     let status = match db.spec.engine {
         Engine::Postgres => run_psql(&target, dir.path(), args).await?,
-        Engine::Mysql => run_mysql(&target, dir.path(), args).await?,
+        Engine::Mysql | Engine::Mariadb => run_mysql(&target, dir.path(), args).await?,
     };
     Ok(status.code().unwrap_or(1))
 }

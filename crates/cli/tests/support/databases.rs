@@ -386,7 +386,7 @@ impl Env {
     }
 
     /// `devctl ARGS` against this cluster, off the runtime's threads.
-    async fn devctl(&self, args: &[&str]) -> std::process::Output {
+    pub async fn devctl(&self, args: &[&str]) -> std::process::Output {
         let kubeconfig = self.kubeconfig.clone();
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         tokio::task::spawn_blocking(move || {

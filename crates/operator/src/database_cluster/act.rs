@@ -213,6 +213,14 @@ fn status_after(
             .filter(|u| !u.step.is_final())
             .map(|u| format!("{:?}: {}", u.step, u.message.clone().unwrap_or_default())),
         upgrade_problem: plan.upgrade.problem.clone(),
+        synchronous_degraded: instances::synchronous_degraded(
+            &pods,
+            &plan.primary.primary.current,
+            db.spec
+                .replication
+                .as_ref()
+                .is_some_and(|r| r.synchronous.is_some()),
+        ),
         next_scheduled_backup: scheduled.next.clone(),
     };
     let status = status::compute(db, &observed, &now());

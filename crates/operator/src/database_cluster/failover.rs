@@ -131,10 +131,12 @@ pub fn parse_lsn(lsn: &str) -> Option<u64> {
     Some((u64::from(high) << 32) | u64::from(low))
 }
 
-/// How a candidate ranks: highest timeline, then received LSN, then replayed LSN, then the
-/// lowest ordinal (name). What a report lacks ranks lowest.
+/// How a candidate ranks: highest timeline, then received LSN, then replayed LSN (MariaDB:
+/// the GTID position, [`devctl_api::gtid::Position::rank`]), then the lowest ordinal (name).
+/// What a report lacks ranks lowest.
 type Rank<'a> = (
     Option<i64>,
+    Option<u64>,
     Option<u64>,
     Option<u64>,
     Reverse<i32>,
@@ -150,10 +152,16 @@ fn rank<'a>(name: &'a str, report: &InstanceStatus) -> Rank<'a> {
         .as_deref()
         .and_then(parse_lsn)
         .max(replayed);
+    let gtid = report
+        .gtid_position
+        .as_deref()
+        .and_then(|p| p.parse::<devctl_api::gtid::Position>().ok())
+        .map(|p| p.rank());
     (
         report.timeline,
         received,
         replayed,
+        gtid,
         Reverse(ordinal(name).unwrap_or(i32::MAX)),
         Reverse(name),
     )

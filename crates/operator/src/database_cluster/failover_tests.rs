@@ -185,6 +185,30 @@ fn election_order_is_timeline_then_received_then_replayed_then_lowest_name() {
 }
 
 #[test]
+fn mariadb_replicas_are_elected_by_their_gtid_position() {
+    let at = |position: &str| InstanceStatus {
+        role: Some("replica".into()),
+        ready: true,
+        gtid_position: Some(position.into()),
+        ..InstanceStatus::default()
+    };
+    // Sequence numbers, not text ("0-1-9" > "0-1-10" as text).
+    assert_eq!(
+        most_advanced(&[("db-1", &at("0-1-9")), ("db-2", &at("0-1-10"))]),
+        Some("db-2")
+    );
+    // Equal positions: the lowest ordinal; none at all ranks last.
+    assert_eq!(
+        most_advanced(&[("db-2", &at("0-1-10")), ("db-1", &at("0-1-10"))]),
+        Some("db-1")
+    );
+    assert_eq!(
+        most_advanced(&[("db-1", &InstanceStatus::default()), ("db-2", &at("0-1-1"))]),
+        Some("db-2")
+    );
+}
+
+#[test]
 fn quorum_rule() {
     let any = |number| SynchronousSpec {
         method: SynchronousMethod::Any,

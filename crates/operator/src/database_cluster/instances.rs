@@ -234,6 +234,23 @@ pub fn serves(pod: &Pod) -> bool {
             .is_some_and(|r| r.ready)
 }
 
+/// Why synchronous replication is not in force although the spec asks for it: a MariaDB
+/// primary reports that semi-synchronous replication fell back to asynchronous (pure).
+pub fn synchronous_degraded(pods: &[&Pod], primary: &str, synchronous: bool) -> Option<String> {
+    if !synchronous {
+        return None;
+    }
+    let pod = pods
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some(primary))?;
+    let report = InstanceStatus::from_annotations(pod.metadata.annotations.as_ref())?;
+    (report.ready && report.semi_sync_active == Some(false)).then(|| {
+        format!(
+            "the primary {primary} replicates asynchronously: MariaDB switched semi-synchronous replication off (no replica acknowledged within rpl_semi_sync_master_timeout); a failover now may lose acknowledged commits"
+        )
+    })
+}
+
 fn pod_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
@@ -339,6 +356,8 @@ pub fn observe(pods: &[&Pod], replicas: i32, credentials_version: Option<&str>) 
             ready,
             timeline: report.as_ref().and_then(|r| r.timeline),
             lag_bytes: report.as_ref().and_then(|r| r.lag_bytes),
+            lag_seconds: report.as_ref().and_then(|r| r.lag_seconds),
+            gtid_position: report.as_ref().and_then(|r| r.gtid_position.clone()),
             message,
             restarts: report.as_ref().and_then(|r| r.restarts),
             last_restart_time: report.as_ref().and_then(|r| r.last_restart_time.clone()),

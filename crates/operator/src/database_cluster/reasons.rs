@@ -30,6 +30,10 @@ pub const FAILING_OVER: &str = "FailingOver";
 /// Reason of `Degraded`/`Stalled` while a scale-down would remove the primary.
 pub const SCALE_DOWN_REFUSED: &str = "ScaleDownRefused";
 
+/// Reason of `Degraded` while synchronous replication is asked for but a MariaDB primary
+/// fell back to asynchronous (docs/mariadb.md).
+pub const SYNCHRONOUS_REPLICATION_DEGRADED: &str = "SynchronousReplicationDegraded";
+
 /// Reason of `Degraded`/`Stalled` while a MySQL cluster asks for more than one instance.
 pub const REPLICATION_UNSUPPORTED: &str = "ReplicationUnsupported";
 

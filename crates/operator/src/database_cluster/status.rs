@@ -65,6 +65,9 @@ pub struct Observed<'a> {
     pub upgrade_progress: Option<String>,
     /// A major upgrade refused or failed: (`MajorUpgradeRefused`/`MajorUpgradeFailed`, why).
     pub upgrade_problem: Option<(&'static str, String)>,
+    /// Synchronous replication is asked for but not in force (MariaDB fell back to
+    /// asynchronous).
+    pub synchronous_degraded: Option<String>,
 }
 
 pub use super::reasons::*;
@@ -350,6 +353,12 @@ impl Degraded<'_, '_> {
                     observed.primary.current,
                     failover_hint(db)
                 ),
+            ),
+            (None, None, None) if let Some(why) = &observed.synchronous_degraded => Desired::new(
+                DEGRADED,
+                TRUE,
+                SYNCHRONOUS_REPLICATION_DEGRADED,
+                why.clone(),
             ),
             (None, None, None) if backup_problem.is_some() && !primary_unavailable => {
                 let (reason, message) = backup_problem.clone().unwrap_or_default();

@@ -57,6 +57,7 @@ fn observed<'a>(sts: Option<&'a StatefulSet>) -> Observed<'a> {
         major_upgrade: None,
         upgrade_progress: None,
         upgrade_problem: None,
+        synchronous_degraded: None,
         instances: Instances {
             ready: sts
                 .and_then(|s| s.status.as_ref())

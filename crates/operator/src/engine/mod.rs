@@ -5,6 +5,7 @@
 //! buffer pool (the rest covers per-connection buffers and the OS). Memory is the container's
 //! limit when set (that is what the kernel enforces), else its request.
 
+pub mod mariadb;
 pub mod mysql;
 pub mod postgres;
 
@@ -56,5 +57,6 @@ pub fn render(spec: &DatabaseClusterSpec) -> std::collections::BTreeMap<String, 
             postgres::render(memory, storage / (1024 * 1024))
         }
         devctl_api::database_cluster::Engine::Mysql => mysql::render(memory),
+        devctl_api::database_cluster::Engine::Mariadb => mariadb::render(memory),
     }
 }

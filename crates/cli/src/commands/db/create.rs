@@ -26,6 +26,7 @@ pub(super) async fn create(
     let engine = match engine {
         EngineArg::Postgres => Engine::Postgres,
         EngineArg::Mysql => Engine::Mysql,
+        EngineArg::Mariadb => Engine::Mariadb,
     };
     let mut storage_spec = json!({ "size": storage });
     if let Some(class) = storage_class {

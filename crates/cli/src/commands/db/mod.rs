@@ -26,7 +26,7 @@ pub enum DbCommand {
     /// Create a database cluster.
     Create {
         name: String,
-        /// Database engine.
+        /// Database engine: postgres, mariadb (replicated), or mysql (one instance).
         #[arg(long, value_enum, default_value_t = EngineArg::Postgres)]
         engine: EngineArg,
         /// Engine version as major.minor, e.g. 16.2.
@@ -152,6 +152,7 @@ pub enum TargetArg {
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum EngineArg {
     Postgres,
+    Mariadb,
     Mysql,
 }
 

@@ -9,7 +9,7 @@
 
 use std::hash::{Hash, Hasher};
 
-use devctl_api::database_cluster::{DatabaseCluster, Engine};
+use devctl_api::database_cluster::DatabaseCluster;
 use devctl_api::instance::primary_lease_name;
 use k8s_openapi::api::coordination::v1::Lease;
 use serde_json::json;
@@ -22,7 +22,7 @@ use crate::error::Result;
 /// for MySQL, and a cluster that slipped through gets no lock rather than a useless one).
 pub fn failover_timeout(db: &DatabaseCluster) -> Option<std::time::Duration> {
     let ha = db.spec.high_availability.as_ref()?;
-    (ha.enabled && db.spec.engine == Engine::Postgres)
+    (ha.enabled && db.spec.engine.replicated())
         .then(|| ha.failover_timeout())
         .flatten()
 }

@@ -69,7 +69,7 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
     let port = db.spec.port();
     let scheme = match engine {
         Engine::Postgres => "postgresql",
-        Engine::Mysql => "mysql",
+        Engine::Mysql | Engine::Mariadb => "mysql",
     };
     let uri = |password: &str| format!("{scheme}://{user}:{password}@{host}:{port}/{DATABASE}");
     // `data` (base64), not `stringData`: the server stores `data`, and comparing like with
@@ -99,17 +99,21 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
 
 /// The replication role's name (PostgreSQL).
 pub const REPLICATION_USER: &str = "streaming_replica";
+/// The replication user's name (MariaDB).
+pub const MARIADB_REPLICATION_USER: &str = "devctl_replication";
 
-/// `<name>-replication`: the password replicas stream with (PostgreSQL only). Generated once
-/// like the credentials; the primary's agent keeps the role in line with it.
+/// `<name>-replication`: the password replicas replicate with (PostgreSQL, MariaDB). Generated
+/// once like the credentials; the primary's agent keeps the role in line with it.
 pub fn replication_desired(
     db: &DatabaseCluster,
     names: &Names,
     inputs: &Inputs<'_>,
 ) -> Result<Option<Child>> {
-    if db.spec.engine != Engine::Postgres {
-        return Ok(None);
-    }
+    let user = match db.spec.engine {
+        Engine::Postgres => REPLICATION_USER,
+        Engine::Mariadb => MARIADB_REPLICATION_USER,
+        Engine::Mysql => return Ok(None),
+    };
     let name = names.replication_secret();
     let encode = |s: &str| STANDARD.encode(s);
     let child = Child::new::<Secret>(json!({
@@ -118,7 +122,7 @@ pub fn replication_desired(
         "metadata": metadata(db, names, &name, "replication-credentials", inputs.version)?,
         "type": "Opaque",
         "data": {
-            "username": encode(REPLICATION_USER),
+            "username": encode(user),
             "password": encode(PLACEHOLDER),
         }
     }))?;

@@ -66,7 +66,7 @@ fn agent_env(
     use devctl_api::instance::env;
     let listen = match db.spec.engine {
         Engine::Postgres => "*",
-        Engine::Mysql => "0.0.0.0",
+        Engine::Mysql | Engine::Mariadb => "0.0.0.0",
     };
     let mut vars = json!([
         value_env(env::ENGINE, db.spec.engine.as_str()),
@@ -115,13 +115,12 @@ fn token_volume() -> Value {
     })
 }
 
-/// Why `spec.replicas` cannot be honoured, if it cannot: MySQL-family clusters run one
-/// instance until their replication lands (MariaDB's, the only one here, differs from MySQL
-/// 8's).
+/// Why `spec.replicas` cannot be honoured, if it cannot: `engine: mysql` runs one instance
+/// (no MySQL server can be tested here; MariaDB replicates: docs/mariadb.md).
 pub fn replication_refused(db: &DatabaseCluster) -> Option<String> {
     (db.spec.engine == Engine::Mysql && db.spec.replicas > 1).then(|| {
         format!(
-            "spec.replicas {}: replication is not supported for engine mysql yet; running 1 instance",
+            "spec.replicas {}: engine mysql runs one instance (no replication); use engine mariadb for replicas and failover; running 1 instance",
             db.spec.replicas
         )
     })
@@ -231,7 +230,7 @@ pub fn desired(db: &DatabaseCluster, names: &Names, inputs: &Inputs<'_>) -> Resu
             postgres::DATA_DIR,
             "/var/run/postgresql",
         ),
-        Engine::Mysql => (mysql::CONFIG_DIR, mysql::DATA_DIR, "/var/run/mysqld"),
+        Engine::Mysql | Engine::Mariadb => (mysql::CONFIG_DIR, mysql::DATA_DIR, "/var/run/mysqld"),
     };
     // The agent answers for the engine: ready only once the engine accepts connections.
     let probe = |path: &str, initial_delay: i32, failure_threshold: i32| {

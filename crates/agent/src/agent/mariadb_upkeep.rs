@@ -1,0 +1,359 @@
+//! MariaDB's side of the shell (docs/mariadb.md): the primary made writable once it holds
+//! the lock, its clone endpoint and semi-synchronous acknowledgements; a replica pointed at
+//! the primary by GTID, stopped for a failover's election, and a returning former primary
+//! checked for errant transactions before it replicates.
+
+use super::bootstrap::CloneStep;
+use super::*;
+use crate::mariadb::{self as maria, Marker, ops};
+
+impl Agent {
+    pub(super) fn mariadb(&self) -> bool {
+        self.config.engine == EngineKind::Mariadb
+    }
+
+    /// A MariaDB primary: where its agent serves clones.
+    pub(super) fn clone_address(&self) -> Option<String> {
+        (self.mariadb() && self.mode == Mode::Primary && self.role == Role::Primary).then(|| {
+            let host = &self.config.pod_ip;
+            if host.contains(':') {
+                format!("[{host}]:{}", self.config.health_port)
+            } else {
+                format!("{host}:{}", self.config.health_port)
+            }
+        })
+    }
+
+    /// A MariaDB primary that was promoted: the position it was promoted at.
+    pub(super) fn promotion_position(&self) -> Option<String> {
+        (self.mariadb() && self.mode == Mode::Primary)
+            .then(|| ops::promoted_at(&self.engine))
+            .flatten()
+    }
+
+    /// A MariaDB primary holding the lock (role `Primary`): writable (every instance starts
+    /// read-only), serving clones, semi-synchronous as the spec says. `probe` is brought up
+    /// to date when it changed the engine.
+    pub(super) async fn mariadb_primary_upkeep(&mut self, probe: &mut Probe) {
+        let primary = self.mode == Mode::Primary && self.role == Role::Primary;
+        if let Some(source) = &self.clone_source {
+            source.set_serving(primary);
+            if let Some(replication) = &self.replication_desired {
+                source.set_auth(&replication.username, replication.password.expose());
+            }
+        }
+        if !primary {
+            return;
+        }
+        if probe.role != devctl_api::instance::ROLE_PRIMARY {
+            match ops::make_writable(&self.engine).await {
+                Ok(()) => {
+                    tracing::info!("the primary holds the lock: read_only = OFF");
+                    if let Some(found) = probe.mariadb.as_mut() {
+                        found.read_only = false;
+                        *probe = found.to_probe(probe.system_identifier.clone());
+                    }
+                }
+                Err(e) => {
+                    self.apply_error = Some(format!("making the primary writable: {e}"));
+                }
+            }
+        }
+    }
+
+    /// Primary: semi-synchronous acknowledgements on while `spec.replication.synchronous` is
+    /// set (after the agent's own writes: they must not wait for a replica that has yet to
+    /// clone them).
+    pub(super) async fn apply_semi_sync(&mut self) {
+        let on = self.view().synchronous.is_some();
+        let desired = if on { "ON" } else { "OFF" };
+        if self.sync_applied.as_deref() == Some(desired) {
+            return;
+        }
+        match ops::set_semi_sync(&self.engine, on).await {
+            Ok(()) => {
+                tracing::info!(
+                    rpl_semi_sync_master_enabled = desired,
+                    "semi-synchronous replication set"
+                );
+                self.sync_applied = Some(desired.to_string());
+            }
+            Err(e) => {
+                let message = format!("setting rpl_semi_sync_master_enabled: {e}");
+                tracing::error!("{message}");
+                self.replication_apply_error = Some(message);
+            }
+        }
+    }
+
+    /// A MariaDB replica's probe: replication pointed at the primary (a former primary only
+    /// without errant transactions), stopped during a failover; ready only while both
+    /// replication threads run.
+    pub(super) async fn tick_replica_mariadb(
+        &mut self,
+        probe: Probe,
+        resolve_problem: Option<String>,
+    ) {
+        let failing_over = self.view().failed_primary.is_some();
+        let replication = probe.mariadb.as_ref().and_then(|m| m.replication.clone());
+        let mut problem = None;
+        if failing_over || self.hooks.wal_receiver_stopped() {
+            if self.conninfo_applied.as_deref() != Some("") {
+                match ops::stop_receiving(&self.engine).await {
+                    Ok(()) => {
+                        tracing::info!("failover: replication IO thread stopped");
+                        self.conninfo_applied = Some(String::new());
+                    }
+                    Err(e) => problem = Some(format!("stopping the replication IO thread: {e}")),
+                }
+            }
+        } else if let Some(address) = self.known_primary_address() {
+            let key = address.to_string();
+            // Stopped without an error (a failover that went elsewhere, a restart): again.
+            let idle = replication
+                .as_ref()
+                .is_none_or(|r| r.io_running == "No" && r.last_io_errno == 0);
+            if self.conninfo_applied.as_deref() != Some(key.as_str()) || idle {
+                problem = self.follow(&address).await.err();
+            }
+        }
+        if let Some(replication) = &replication
+            && self.action.is_none()
+        {
+            self.judge_io_error(replication).await;
+        }
+        self.ready = probe.is_streaming();
+        self.replica_problem = if self.ready {
+            None
+        } else if failing_over {
+            Some(format!(
+                "failover (epoch {}): replication stopped at {}",
+                self.view().failover_epoch,
+                probe.gtid_position.as_deref().unwrap_or("no transaction")
+            ))
+        } else {
+            let from = self
+                .known_primary_address()
+                .map(|a| format!(" at {a}"))
+                .unwrap_or_default();
+            let threads = replication.as_ref().map_or_else(
+                || "not configured".to_string(),
+                |r| {
+                    let error = [&r.last_io_error, &r.last_sql_error]
+                        .into_iter()
+                        .find(|e| !e.is_empty())
+                        .map(|e| format!(": {}", one_line(e)))
+                        .unwrap_or_default();
+                    format!(
+                        "IO {}, SQL {}{error}",
+                        r.io_running,
+                        if r.sql_running { "Yes" } else { "No" }
+                    )
+                },
+            );
+            let mut message = format!("not replicating from the primary{from} ({threads})");
+            if let Some(why) = resolve_problem {
+                message = format!("{message}; {why}");
+            }
+            Some(message)
+        }
+        .or(problem);
+        self.probe = Some(probe);
+    }
+
+    /// Points replication at `address`: a fresh clone from its copy's position, a former
+    /// primary once it has no errant transactions, any other replica from its own position.
+    async fn follow(&mut self, address: &PrimaryAddress) -> Result<(), String> {
+        let Some(replication) = self.replication_desired.clone() else {
+            return Err(self
+                .replication_problem
+                .clone()
+                .unwrap_or_else(|| "waiting for the replication Secret".into()));
+        };
+        let marker = maria::read_marker(self.engine.data_dir()).unwrap_or(Marker::Replica);
+        if marker == Marker::Rejoin {
+            match self.errant_transactions().await? {
+                Some(errant) => {
+                    self.errant_found(errant).await;
+                    return Ok(());
+                }
+                None => ops::slave_pos_from_binlog(&self.engine).await?,
+            }
+        }
+        let start = match &marker {
+            Marker::Cloned(position) => Some(position.as_str()),
+            _ => None,
+        };
+        ops::replicate(
+            &self.engine,
+            &address.host,
+            address.port,
+            &replication.username,
+            replication.password.expose(),
+            start,
+        )
+        .await?;
+        tracing::info!(%address, ?marker, "replicating from the primary (GTID)");
+        self.conninfo_applied = Some(address.to_string());
+        Ok(())
+    }
+
+    /// A returning former primary: its transactions past the new primary's promotion, if any
+    /// (`Err` while the primary's report cannot be read).
+    async fn errant_transactions(&mut self) -> Result<Option<String>, String> {
+        let primary = self
+            .view()
+            .current_primary
+            .ok_or("waiting for status.currentPrimary")?;
+        let (_, report) = resolve_primary_report(&self.pods, &self.config, &primary).await?;
+        let own = ops::binlog_position(&self.engine).await?;
+        self.primary_promotion_position = report.promotion_position.clone();
+        match report.promotion_position {
+            Some(fork) => maria::errant(&own, &fork),
+            // Never promoted (it bootstrapped): this instance's history is its own only if
+            // the divergence check of the replication connection says so.
+            None => Ok(None),
+        }
+    }
+
+    /// Errant transactions found (`errant`: the GTID range): dumped for the administrator
+    /// into the data directory, which is then moved aside and the primary cloned anew.
+    async fn errant_found(&mut self, errant: String) {
+        tracing::error!(%errant, "errant transactions: this former primary has GTIDs the new primary lacks; re-cloning");
+        let fork = self
+            .view()
+            .current_primary
+            .and_then(|_| self.primary_promotion_position.clone());
+        let dump = self.engine.data_dir().join(maria::ERRANT_DUMP);
+        if let Some(fork) = fork
+            && let Err(e) = ops::dump_errant(&self.engine, &fork, &dump).await
+        {
+            tracing::warn!(
+                "dumping the errant transactions: {e} (the moved-aside copy keeps its binary logs)"
+            );
+        }
+        self.errant = Some(errant);
+        self.action.get_or_insert(Action::Reclone);
+    }
+
+    /// A replication error only a new clone mends: divergence (errant transactions) or binary
+    /// logs the primary no longer has.
+    async fn judge_io_error(&mut self, replication: &maria::Replication) {
+        if maria::diverged(replication) {
+            let own = ops::binlog_position(&self.engine).await.unwrap_or_default();
+            let errant = self
+                .primary_promotion_position
+                .as_deref()
+                .and_then(|fork| maria::errant(&own, fork).ok().flatten())
+                .unwrap_or_else(|| {
+                    format!("transactions up to {own} not in the primary's binary log")
+                });
+            self.errant_found(errant).await;
+        } else if maria::binlog_gone(replication) {
+            let why = format!(
+                "the primary no longer has the binary logs this replica needs ({})",
+                one_line(&replication.last_io_error)
+            );
+            let action = if self.role == Role::Replica {
+                Action::CloneAfresh(why)
+            } else {
+                Action::Reclone
+            };
+            self.action.get_or_insert(action);
+        }
+    }
+
+    /// MariaDB, engine stopped: a former primary's data is started as a replica, checked for
+    /// errant transactions once it runs ([`Self::tick_replica_mariadb`]).
+    pub(super) fn prepare_rejoin_mariadb(&mut self, primary: &str) -> Result<(), String> {
+        ops::set_marker(&self.engine, &Marker::Rejoin)?;
+        ops::clear_handover(&self.engine);
+        self.rejoining = Some(Rejoin::Followed);
+        tracing::info!(%primary, "this instance holds a former primary's data: rejoining as a replica of the new primary");
+        self.conninfo_applied = None;
+        self.final_lsn = None;
+        self.rejoin_deadline = Some(Instant::now() + REJOIN_TIMEOUT);
+        Ok(())
+    }
+
+    /// MariaDB, engine stopped: the final position a switchover recorded, for the role
+    /// machine (PostgreSQL reads its control file).
+    pub(super) fn mariadb_clean_stop(&self) -> Option<Result<String, String>> {
+        ops::handed_over_at(&self.engine).map(Ok)
+    }
+
+    /// MariaDB: one attempt to clone `primary` through its agent's clone endpoint.
+    pub(super) async fn try_clone_mariadb(&mut self, primary: &str) -> Result<CloneStep> {
+        let Some(replication) = self.replication_desired.clone() else {
+            return Ok(CloneStep::Wait(
+                self.replication_problem
+                    .clone()
+                    .or_else(|| self.replication_invalid.clone())
+                    .unwrap_or_else(|| "waiting for the replication Secret".into()),
+            ));
+        };
+        let (address, report) =
+            match resolve_primary_report(&self.pods, &self.config, primary).await {
+                Ok(found) => found,
+                Err(why) => return Ok(CloneStep::Wait(why)),
+            };
+        let Some(source) = report.clone_address.as_deref().and_then(parse_address) else {
+            return Ok(CloneStep::Wait(format!(
+                "waiting for the primary {primary} to report where it serves clones"
+            )));
+        };
+        let message = format!("cloning the primary {primary} (mariadb-backup from {source})");
+        tracing::info!("{message}");
+        self.role_problem = Some(message);
+        if let Some(Outcome::Stale(why)) = self.report().await? {
+            return Ok(CloneStep::Stale(why));
+        }
+        let source = source.to_string();
+        let result = tokio::select! {
+            result = maria::clone::clone_from(
+                &self.engine,
+                &source,
+                &replication.username,
+                replication.password.expose(),
+            ) => result,
+            _ = self.sigterm.recv() => return Ok(CloneStep::Stopped),
+            _ = self.sigint.recv() => return Ok(CloneStep::Stopped),
+        };
+        match result {
+            Ok(position) => {
+                tracing::info!(%primary, %position, "cloned the primary");
+                self.primary_address = Some(address);
+                self.conninfo_applied = None;
+                Ok(CloneStep::Cloned)
+            }
+            Err(e) => {
+                tracing::error!("{e}");
+                Ok(CloneStep::Failed(e))
+            }
+        }
+    }
+
+    /// After an errant former primary's data was moved aside: the Warning event naming what
+    /// was discarded and where it is kept.
+    pub(super) async fn publish_errant(&mut self) {
+        let Some(errant) = self.errant.take() else {
+            return;
+        };
+        let kept = self
+            .moved_aside_copy()
+            .map(|aside| format!("{aside}/{} and its binary logs", maria::ERRANT_DUMP))
+            .unwrap_or_else(|| "nowhere (the copy could not be kept)".into());
+        let pod = &self.config.pod_name;
+        let primary = self.view().current_primary.unwrap_or_default();
+        let event = ClusterEvent {
+            type_: EventType::Warning,
+            reason: "ErrantTransactions".into(),
+            note: Some(format!(
+                "{pod} returned with transactions the primary {primary} never had ({errant}): they were discarded from the cluster and {pod} is cloned again; kept in {kept}"
+            )),
+            action: format!("Reclone {pod}"),
+            secondary: None,
+        };
+        super::replica::publish(&self.recorder, &self.cluster_reference(), &event).await;
+    }
+}
