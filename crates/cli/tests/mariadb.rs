@@ -6,8 +6,9 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use devctl_testenv::workload::{self, Access, Writer};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ListParams;
 use serde_json::json;
@@ -164,4 +165,370 @@ async fn three_instances_replicate_by_gtid_and_replicas_refuse_writes() {
         Some(vec!["m3-1".to_string(), "m3-2".to_string()])
     );
     assert_eq!(primary.semi_sync_active, Some(true), "{primary:?}");
+}
+
+/// The `reason` events, once there is at least one.
+async fn wait_events(env: &Env, reason: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
+    devctl_testenv::eventually(
+        &format!("a {reason} event"),
+        support::databases::READY_TIMEOUT,
+        || async {
+            let found = env.events(reason).await;
+            (!found.is_empty()).then_some(found)
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Every instance's reported address, for the prober.
+async fn addresses(env: &Env, name: &str) -> Vec<(String, (String, String))> {
+    let mut found = Vec::new();
+    for i in 0..3 {
+        let pod = format!("{name}-{i}");
+        if let Some(address) = workload::reported_address(&env.client, &env.namespace, &pod).await {
+            found.push((pod, address));
+        }
+    }
+    found
+}
+
+/// Asks every instance `SELECT @@read_only` every 200 ms until stopped; returns the moments
+/// two instances answered writable at once (never, for fenced failover).
+fn probe_writable(
+    env: &Env,
+    name: &str,
+    password: &str,
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<Vec<String>>,
+) {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let client = env.client.clone();
+    let namespace = env.namespace.clone();
+    let name = name.to_string();
+    let access = Access::Mariadb(password.to_string());
+    let task = tokio::spawn(async move {
+        let mut both = Vec::new();
+        while !*stopped.borrow() {
+            let mut writable = Vec::new();
+            for i in 0..3 {
+                let pod = format!("{name}-{i}");
+                if let Some(address) = workload::reported_address(&client, &namespace, &pod).await
+                    && workload::sql_at(&access, &address, "SELECT @@read_only")
+                        .await
+                        .as_deref()
+                        == Ok("0")
+                {
+                    writable.push(pod);
+                }
+            }
+            if writable.len() > 1 {
+                both.push(format!("{writable:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        both
+    });
+    (stop, task)
+}
+
+/// Runs a MariaDB server on the stopped instance `pod`'s data directory by hand (as an
+/// administrator might on an isolated host) and commits `sql` there: a transaction that only
+/// this instance has.
+async fn plant_errant_transaction(env: &Env, pod: &str, sql: &str) {
+    let runner = env.cluster.pod_runner().unwrap();
+    let claim = runner
+        .claim_dir(&env.namespace, &format!("data-{pod}"))
+        .expect("the pod's claim");
+    let data = claim.join("data");
+    let socket = format!("/tmp/devctl-errant-{}.sock", std::process::id());
+    let pid_file = format!("/tmp/devctl-errant-{}.pid", std::process::id());
+    let mut server = tokio::process::Command::new("/usr/sbin/mariadbd");
+    server.args([
+        "--no-defaults",
+        &format!("--datadir={}", data.display()),
+        &format!("--socket={socket}"),
+        &format!("--pid-file={pid_file}"),
+        "--skip-networking",
+        "--skip-grant-tables",
+        "--log-bin=mysql-bin",
+        "--relay-log=relay-bin",
+        "--server-id=1",
+        "--gtid-strict-mode=ON",
+        "--log-slave-updates",
+        "--binlog-format=ROW",
+    ]);
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        server.arg("--user=mysql");
+    }
+    let mut server = server
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let client = |sql: String| {
+        let socket = socket.clone();
+        async move {
+            tokio::process::Command::new("mariadb")
+                .args([
+                    "--no-defaults",
+                    &format!("--socket={socket}"),
+                    "-N",
+                    "-B",
+                    "-e",
+                    &sql,
+                ])
+                .output()
+                .await
+                .unwrap()
+        }
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = client(sql.to_string()).await;
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "planting on {pod}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let out = client("SHUTDOWN".into()).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = tokio::time::timeout(Duration::from_secs(60), server.wait())
+        .await
+        .expect("the hand-run server stops")
+        .unwrap();
+    assert!(status.success(), "the hand-run server exited {status}");
+}
+
+async fn values(env: &Env, name: &str, pod: &str) -> BTreeSet<i64> {
+    sql_ok(env, name, pod, "SELECT v FROM t")
+        .await
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_semi_synchronous_primary_fails_over_losing_nothing_and_an_errant_one_is_recloned()
+{
+    let env = Env::start("mariafo").await;
+    env.create_spec("mf", spec(3, true)).await;
+    env.wait_ready("mf").await;
+    sql_ok(
+        &env,
+        "mf",
+        "mf-0",
+        "CREATE TABLE t (v BIGINT PRIMARY KEY, pod VARCHAR(64))",
+    )
+    .await;
+    let password = env.password("mf").await;
+    let (stop_probe, prober) = probe_writable(&env, "mf", &password);
+    let writer = Writer::start_with(
+        env.client.clone(),
+        &env.namespace,
+        "mf",
+        Access::Mariadb(password.clone()),
+        1,
+        Duration::from_millis(50),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while writer.acks().len() < 20 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the writer got no acknowledgements"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let runner = env.cluster.pod_runner().unwrap();
+    let killed = SystemTime::now();
+    runner.kill_and_hold(&env.namespace, "mf-0").unwrap();
+    let db = env
+        .wait_db("mf", "a new primary", |db| {
+            db.status
+                .as_ref()
+                .and_then(|s| s.current_primary.as_deref())
+                .is_some_and(|p| p != "mf-0")
+        })
+        .await;
+    let new_primary = db.status.unwrap().current_primary.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let first = loop {
+        if let Some(ack) = writer
+            .acks()
+            .into_iter()
+            .find(|a| a.pod != "mf-0" && a.at > killed)
+        {
+            break ack;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no write acknowledged after the failover"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let unavailable = first.at.duration_since(killed).unwrap();
+    eprintln!(
+        "first write acknowledged by {} {unavailable:?} after the kill",
+        first.pod
+    );
+    // The bound is failoverTimeout + 5 s; the suite allows three times the slack.
+    assert!(
+        unavailable <= TIMEOUT + Duration::from_secs(15),
+        "the first write after the kill came {unavailable:?} later"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let acks = writer.finish().await;
+    let present = values(&env, "mf", &new_primary).await;
+    let lost: Vec<i64> = acks
+        .iter()
+        .map(|a| a.value)
+        .filter(|v| !present.contains(v))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "acknowledged rows lost in the failover: {lost:?}"
+    );
+
+    // While it is away, the old primary commits a transaction no one else has.
+    plant_errant_transaction(&env, "mf-0", "INSERT INTO app.t VALUES (1000000, 'errant')").await;
+    runner.release(&env.namespace, "mf-0").unwrap();
+    let events = wait_events(&env, "ErrantTransactions").await;
+    let note = events[0].note.clone().unwrap_or_default();
+    eprintln!("ErrantTransactions: {note}");
+    assert!(note.contains("mf-0") && note.contains("0-1-"), "{note}");
+    env.wait_db("mf", "three instances ready again", |db| {
+        ready(db) && db.status.as_ref().is_some_and(|s| s.ready_replicas == 3)
+    })
+    .await;
+    sql_ok(
+        &env,
+        "mf",
+        &new_primary,
+        "INSERT INTO t VALUES (2000000, 'after')",
+    )
+    .await;
+    wait_answer(
+        &env,
+        "mf",
+        "mf-0",
+        "SELECT COUNT(*) FROM t WHERE v IN (1000000, 2000000)",
+        "1",
+    )
+    .await;
+    assert!(!values(&env, "mf", &new_primary).await.contains(&1000000));
+    // The discarded transaction is kept for the administrator.
+    let aside = env
+        .report("mf-0")
+        .await
+        .moved_aside
+        .expect("a moved-aside copy");
+    let dump =
+        std::fs::read_to_string(std::path::Path::new(&aside).join("errant-transactions.sql"))
+            .unwrap_or_default();
+    assert!(
+        dump.contains("1000000") || dump.contains("BINLOG"),
+        "{aside}: {dump}"
+    );
+
+    let _ = stop_probe.send(true);
+    let both = prober.await.unwrap();
+    assert!(both.is_empty(), "two writable instances at once: {both:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switchover_with_db_promote_loses_nothing_and_the_old_primary_replicates() {
+    let env = Env::start("mariaso").await;
+    env.create_spec("ms", spec(3, true)).await;
+    env.wait_ready("ms").await;
+    sql_ok(
+        &env,
+        "ms",
+        "ms-0",
+        "CREATE TABLE t (v BIGINT PRIMARY KEY, pod VARCHAR(64))",
+    )
+    .await;
+    let password = env.password("ms").await;
+    let writer = Writer::start_with(
+        env.client.clone(),
+        &env.namespace,
+        "ms",
+        Access::Mariadb(password),
+        1,
+        Duration::from_millis(50),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while writer.acks().len() < 20 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the writer got no acknowledgements"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    env.devctl_ok(&["db", "promote", "ms", "ms-1", "--wait"])
+        .await;
+    let db = env
+        .wait_db("ms", "ms-1 the primary and Ready", |db| {
+            ready(db)
+                && db
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.current_primary.as_deref())
+                    == Some("ms-1")
+        })
+        .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !writer.acks().iter().any(|a| a.pod == "ms-1") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no write acknowledged by ms-1"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let acks = writer.finish().await;
+    let present = values(&env, "ms", "ms-1").await;
+    let lost: Vec<i64> = acks
+        .iter()
+        .map(|a| a.value)
+        .filter(|v| !present.contains(v))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "acknowledged rows lost in the switchover: {lost:?}"
+    );
+    assert!(db.status.unwrap().last_switchover_time.is_some());
+
+    // The old primary replicates from the new one.
+    wait_events(&env, "Rejoined").await;
+    sql_ok(
+        &env,
+        "ms",
+        "ms-1",
+        "INSERT INTO t VALUES (2000000, 'after')",
+    )
+    .await;
+    for pod in ["ms-0", "ms-2"] {
+        wait_answer(
+            &env,
+            "ms",
+            pod,
+            "SELECT pod FROM t WHERE v = 2000000",
+            "after",
+        )
+        .await;
+    }
+    wait_endpoints(&env, "ms-rw", set(&["ms-1"])).await;
+    wait_endpoints(&env, "ms-ro", set(&["ms-0", "ms-2"])).await;
 }

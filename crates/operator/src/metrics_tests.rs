@@ -65,7 +65,10 @@ fn snapshot(phase: &'static str, lag: &[(&str, i64)]) -> ClusterSnapshot {
         replicas: 2,
         ready_replicas: 1,
         lag_bytes: lag.iter().map(|(p, l)| (p.to_string(), *l)).collect(),
-        lag_seconds: lag.iter().map(|(p, l)| (p.to_string(), *l / 1000)).collect(),
+        lag_seconds: lag
+            .iter()
+            .map(|(p, l)| (p.to_string(), *l / 1000))
+            .collect(),
         engine_restarts: lag.iter().map(|(p, _)| (p.to_string(), 1)).collect(),
         last_backup: Some(1_700_000_100.5),
         next_scheduled_backup: Some(1_700_086_400.0),

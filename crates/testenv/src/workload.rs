@@ -106,6 +106,48 @@ pub async fn psql_at(
     }
 }
 
+/// How a client logs in as `app` to database `app`: PostgreSQL with a password file
+/// ([`app_passfile`]), MariaDB with the password (passed to the client in `MYSQL_PWD`).
+#[derive(Clone, Debug)]
+pub enum Access {
+    Postgres(PathBuf),
+    Mariadb(String),
+}
+
+/// [`psql_at`] for either engine: one statement as `app` at `address`, batch output.
+pub async fn sql_at(
+    access: &Access,
+    address: &(String, String),
+    sql: &str,
+) -> Result<String, String> {
+    let password = match access {
+        Access::Postgres(passfile) => return psql_at(passfile, address, sql).await,
+        Access::Mariadb(password) => password,
+    };
+    let mut command = tokio::process::Command::new("mariadb");
+    command
+        .args([
+            "--no-defaults",
+            "--protocol=TCP",
+            "-N",
+            "-B",
+            "--connect-timeout=2",
+        ])
+        .args([
+            "-h", &address.0, "-P", &address.1, "-u", "app", "-D", "app", "-e", sql,
+        ])
+        .env("MYSQL_PWD", password)
+        .kill_on_drop(true);
+    match tokio::time::timeout(STATEMENT_LIMIT, command.output()).await {
+        Ok(Ok(out)) if out.status.success() => {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        }
+        Ok(Ok(out)) => Err(String::from_utf8_lossy(&out.stderr).trim().to_string()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {STATEMENT_LIMIT:?}")),
+    }
+}
+
 /// Whether the instance at `address` accepts writes now (asked directly, not through the
 /// API server).
 pub async fn writable(passfile: &Path, address: &(String, String)) -> bool {
@@ -223,12 +265,31 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Starts writing (values from `first`) into the cluster `cluster`'s table `t`.
+    /// Starts writing (values from `first`) into the PostgreSQL cluster `cluster`'s table `t`.
     pub fn start(
         client: kube::Client,
         namespace: &str,
         cluster: &str,
         passfile: PathBuf,
+        first: i64,
+        pause: Duration,
+    ) -> Self {
+        Self::start_with(
+            client,
+            namespace,
+            cluster,
+            Access::Postgres(passfile),
+            first,
+            pause,
+        )
+    }
+
+    /// Starts writing (values from `first`) into the cluster `cluster`'s table `t`.
+    pub fn start_with(
+        client: kube::Client,
+        namespace: &str,
+        cluster: &str,
+        access: Access,
         first: i64,
         pause: Duration,
     ) -> Self {
@@ -256,7 +317,7 @@ impl Writer {
                     }
                 {
                     let sql = format!("insert into t (v, pod) values ({value}, '{pod}')");
-                    if psql_at(&passfile, &address, &sql).await.is_ok()
+                    if sql_at(&access, &address, &sql).await.is_ok()
                         && let Ok(mut acks) = recorded.lock()
                     {
                         acks.push(Ack {
