@@ -181,18 +181,6 @@ async fn wait_events(env: &Env, reason: &str) -> Vec<k8s_openapi::api::events::v
     .unwrap()
 }
 
-/// Every instance's reported address, for the prober.
-async fn addresses(env: &Env, name: &str) -> Vec<(String, (String, String))> {
-    let mut found = Vec::new();
-    for i in 0..3 {
-        let pod = format!("{name}-{i}");
-        if let Some(address) = workload::reported_address(&env.client, &env.namespace, &pod).await {
-            found.push((pod, address));
-        }
-    }
-    found
-}
-
 /// Asks every instance `SELECT @@read_only` every 200 ms until stopped; returns the moments
 /// two instances answered writable at once (never, for fenced failover).
 fn probe_writable(
