@@ -55,7 +55,7 @@ const WAL_POLL: Duration = Duration::from_secs(2);
 /// Marker of a MySQL-family data directory into which the restore's dump was replayed.
 pub const MYSQL_RESTORED: &str = ".devctl-restored";
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -661,8 +661,9 @@ pub async fn run_backup(shared: Arc<Shared>, request: BackupRequest, context: Ba
     } else {
         match shared.config.engine {
             EngineKind::Postgres => take_postgres(&shared, &request, &context, &mut report).await,
-            EngineKind::Mysql | EngineKind::Mariadb => {
-                take_mysql(&shared, &request, &mut report).await
+            EngineKind::Mysql => take_mysql(&shared, &request, &mut report).await,
+            EngineKind::Mariadb => {
+                crate::mariadb::backup::take(&shared, &request, &mut report).await
             }
         }
     };
@@ -684,7 +685,7 @@ pub async fn run_backup(shared: Arc<Shared>, request: BackupRequest, context: Ba
 }
 
 /// The store, system identifier and prefixes of a backup; fills in `report`.
-async fn backup_target(
+pub(crate) async fn backup_target(
     shared: &Shared,
     request: &BackupRequest,
     report: &mut BackupReport,
@@ -707,24 +708,24 @@ async fn backup_target(
 
 /// The last lines of a child's stderr, for error messages.
 #[derive(Default)]
-struct Tail(VecDeque<String>);
+pub(crate) struct Tail(VecDeque<String>);
 
 impl Tail {
-    fn push(&mut self, line: &str) {
+    pub(crate) fn push(&mut self, line: &str) {
         if self.0.len() == 4 {
             self.0.pop_front();
         }
         self.0.push_back(line.trim().to_string());
     }
 
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         self.0.iter().cloned().collect::<Vec<_>>().join(" / ")
     }
 }
 
 /// Spawns `command` with piped stdout/stderr (dying with the agent); stderr lines go to
 /// the log and to `on_line`.
-fn spawn_streaming(
+pub(crate) fn spawn_streaming(
     mut command: tokio::process::Command,
     what: &'static str,
     stdin: bool,
@@ -751,7 +752,10 @@ fn spawn_streaming(
     Ok((child, task))
 }
 
-async fn finish(child: &mut tokio::process::Child, kill: bool) -> Option<std::process::ExitStatus> {
+pub(crate) async fn finish(
+    child: &mut tokio::process::Child,
+    kill: bool,
+) -> Option<std::process::ExitStatus> {
     let pid = child.id();
     if kill {
         let _ = child.start_kill();
@@ -1056,7 +1060,7 @@ pub async fn wait_for_wal(
     }
 }
 
-async fn write_manifest(
+pub(crate) async fn write_manifest(
     shared: &Shared,
     store: &Store,
     base: &str,
@@ -1130,7 +1134,7 @@ pub enum RestoreError {
 }
 
 /// Reads and checks the manifest of the requested backup.
-async fn read_manifest(
+pub(crate) async fn read_manifest(
     store: &Store,
     request: &RestoreRequest,
     engine: &str,
@@ -1258,7 +1262,7 @@ pub async fn restore_postgres(shared: &Shared) -> Result<String, RestoreError> {
     ))
 }
 
-fn create_private_dir(path: &Path) -> Result<(), String> {
+pub(crate) fn create_private_dir(path: &Path) -> Result<(), String> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     std::fs::DirBuilder::new()
         .recursive(true)

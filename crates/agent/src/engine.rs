@@ -157,7 +157,7 @@ const SOURCE_SETTINGS: [&str; 3] = [
 ];
 /// The MySQL family has no system identifier of its own for the store's layout: a random
 /// one is kept in this file of the data directory.
-const SYSTEM_ID_FILE: &str = ".devctl-system-identifier";
+pub const SYSTEM_ID_FILE: &str = ".devctl-system-identifier";
 
 /// `text` as one word for `/bin/sh`, with `%` doubled for PostgreSQL's `%p`/`%f`
 /// substitution in `archive_command`/`restore_command`.
@@ -1114,6 +1114,47 @@ impl Engine {
             &["/usr/sbin", "/usr/bin"],
         );
         find(&dirs, name).ok_or_else(|| format!("{name} not found in {}", describe(&dirs)))
+    }
+
+    /// MySQL family: runs the SQL read from `input` (a replay: no time limit) as the socket
+    /// administrator; `--binary-mode` keeps binary log events intact.
+    pub(crate) async fn admin_sql_from(
+        &self,
+        input: &mut (impl tokio::io::AsyncRead + Unpin),
+    ) -> Result<(), String> {
+        let Binaries::Mysql { client, .. } = &self.bins else {
+            return Err("replaying SQL is for the MySQL family".into());
+        };
+        let mut command = Command::new(client);
+        command
+            .arg("--no-defaults")
+            .arg("--protocol=socket")
+            .arg(format!("--socket={}", self.mysql_socket().display()))
+            .arg(format!("--user={}", self.os_user))
+            .arg("--binary-mode")
+            .arg("--batch")
+            .current_dir(&self.config.run_dir)
+            .env_remove("MYSQL_PWD")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        process::die_with_parent(&mut command);
+        let mut child =
+            process::spawn(&mut command).map_err(|e| format!("cannot run the client: {e}"))?;
+        let pid = child.id();
+        let mut stdin = child.stdin.take().ok_or("the client has no stdin")?;
+        let copied = tokio::io::copy(input, &mut stdin).await;
+        drop(stdin);
+        let output = child.wait_with_output().await;
+        process::release(pid);
+        let output = output.map_err(|e| format!("the client: {e}"))?;
+        if !output.status.success() {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            return Err(stderr.lines().last().unwrap_or("failed").trim().to_string());
+        }
+        copied.map_err(|e| format!("feeding the client: {e}"))?;
+        Ok(())
     }
 
     /// MySQL family: [`Engine::admin_sql`] with each result set's column names first.

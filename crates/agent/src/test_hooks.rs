@@ -27,7 +27,8 @@ pub const PROMOTION_LOCK: &str = "promotion-lock";
 /// behind its primary; removing the line lets it stream again.
 pub const WAL_RECEIVER: &str = "wal-receiver";
 /// Seconds: PostgreSQL's `archive_timeout` from the engine's next start (60 otherwise), so a
-/// test can have WAL a dead primary never archived.
+/// test can have WAL a dead primary never archived; MariaDB: how old the open binary log's
+/// transactions get before it is rotated and archived (read at each archiving round).
 pub const ARCHIVE_TIMEOUT_S: &str = "archive-timeout-s";
 
 /// `fail`: the upgrade step of a major upgrade fails after `pg_upgrade` finished and before

@@ -546,10 +546,10 @@ pub fn base_prefix(system_prefix: &str, backup_id: &str) -> String {
 
 /// The data object of a backup of `engine`.
 pub fn data_object(engine: &str) -> &'static str {
-    if engine == "postgres" {
-        "data.tar"
-    } else {
-        "dump.sql"
+    match engine {
+        "postgres" => "data.tar",
+        "mariadb" => "data.xbstream",
+        _ => "dump.sql",
     }
 }
 
@@ -899,6 +899,7 @@ mod tests {
                 timeline: Some(1),
                 begin_wal: Some("000000010000000000000002".into()),
                 end_wal: Some("000000010000000000000002".into()),
+                gtid_position: None,
                 error: None,
             },
             system_identifier: "74".into(),

@@ -273,6 +273,10 @@ pub struct BackupReport {
     /// The cluster prefix with the system identifier (`…/<systemIdentifier>/`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
+    /// MariaDB: the GTID position the backup holds (what a restore replays binary logs
+    /// after).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gtid_position: Option<String>,
     #[serde(default, rename = "beginLSN", skip_serializing_if = "Option::is_none")]
     pub begin_lsn: Option<String>,
     #[serde(default, rename = "endLSN", skip_serializing_if = "Option::is_none")]

@@ -520,3 +520,95 @@ async fn a_switchover_with_db_promote_loses_nothing_and_the_old_primary_replicat
     wait_endpoints(&env, "ms-rw", set(&["ms-1"])).await;
     wait_endpoints(&env, "ms-ro", set(&["ms-0", "ms-2"])).await;
 }
+
+const CHECKSUM: &str = "SELECT CONCAT(COUNT(*), ':', MD5(IFNULL(GROUP_CONCAT(v ORDER BY v SEPARATOR ','), ''))) FROM t";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_physical_backup_of_a_replica_restores_whole_and_to_a_point_in_time() {
+    use support::backups::{backup_ok, restore_ok, spec as backup_spec, store_secrets};
+    let s3 = devctl_testenv::shared_s3().await.unwrap();
+    let env = Env::start("mariabk").await;
+    store_secrets(&env, s3).await;
+    // The primary rotates its binary log after 3 s (60 s otherwise), so the restore to a
+    // point in time finds the transactions past it archived within seconds.
+    env.cluster
+        .pod_runner()
+        .unwrap()
+        .set_agent_hooks(&env.namespace, "mb-0", "archive-timeout-s=3")
+        .unwrap();
+    env.create_spec("mb", backup_spec("mariadb", "10.11", 3, s3))
+        .await;
+    env.wait_ready_with("mb", 3).await;
+    sql_ok(
+        &env,
+        "mb",
+        "mb-0",
+        "CREATE TABLE t (v INT PRIMARY KEY); INSERT INTO t SELECT seq FROM seq_1_to_1000",
+    )
+    .await;
+
+    let first = backup_ok(&env, "mb").await;
+    let status = first.status.clone().unwrap();
+    let instance = status.instance.clone().unwrap();
+    assert_ne!(instance, "mb-0", "the backup should run on a replica");
+    let prefix = status.prefix.clone().unwrap();
+    let names: Vec<String> = s3.objects(&prefix).into_iter().map(|(k, _)| k).collect();
+    let base = format!("{prefix}base/{}/", status.backup_id.clone().unwrap());
+    for object in ["data.xbstream", "backup.json"] {
+        assert!(names.contains(&format!("{base}{object}")), "{names:#?}");
+    }
+
+    // Batch A, a point in time T, batch B; the first backup replayed to T has A, not B.
+    sql_ok(
+        &env,
+        "mb",
+        "mb-0",
+        "INSERT INTO t SELECT seq FROM seq_1001_to_1500",
+    )
+    .await;
+    let after_a = sql_ok(&env, "mb", "mb-0", CHECKSUM).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t = k8s_openapi::jiff::Timestamp::now().to_string();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    sql_ok(
+        &env,
+        "mb",
+        "mb-0",
+        "INSERT INTO t SELECT seq FROM seq_1501_to_2000",
+    )
+    .await;
+    let after_b = sql_ok(&env, "mb", "mb-0", CHECKSUM).await;
+    restore_ok(
+        &env,
+        "mb-pitr",
+        &first.metadata.name.clone().unwrap(),
+        Some(&t),
+    )
+    .await;
+    assert_eq!(
+        sql_ok(&env, "mb-pitr", "mb-pitr-0", CHECKSUM).await,
+        after_a,
+        "point-in-time restore to {t}"
+    );
+    let names: Vec<String> = s3.objects(&prefix).into_iter().map(|(k, _)| k).collect();
+    assert!(
+        names
+            .iter()
+            .any(|n| n.starts_with(&format!("{prefix}binlog/")) && n.ends_with(".json")),
+        "{names:#?}"
+    );
+
+    // The whole of a second backup.
+    let second = backup_ok(&env, "mb").await;
+    restore_ok(
+        &env,
+        "mb-copy",
+        &second.metadata.name.clone().unwrap(),
+        None,
+    )
+    .await;
+    assert_eq!(
+        sql_ok(&env, "mb-copy", "mb-copy-0", CHECKSUM).await,
+        after_b
+    );
+}

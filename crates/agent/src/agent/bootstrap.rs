@@ -229,19 +229,6 @@ impl Agent {
                     self.engine.bootstrap().await?;
                     fresh = true;
                 }
-                // MariaDB: a logical backup is replayed into a new, running primary
-                // (`tick_restore`).
-                Step::Restore if self.mariadb() => {
-                    tracing::info!("restoring a backup: bootstrapping to replay it into");
-                    self.engine.bootstrap().await?;
-                    write_private(
-                        &self.config.data_dir.join(crate::mariadb::RESTORE_PENDING),
-                        b"",
-                    )
-                    .map_err(Error::DataDir)?;
-                    self.mysql_restore_pending = true;
-                    return Ok(StartStep::Again);
-                }
                 Step::Restore => match self.restore().await? {
                     Ok(Ok(())) => {
                         *backoff = Duration::from_secs(1);
@@ -338,15 +325,27 @@ impl Agent {
             }
         }
         let shared = self.shared.clone();
+        let mariadb = self.mariadb();
         let result = tokio::select! {
-            result = restore_postgres(&shared) => result,
+            result = async {
+                if mariadb {
+                    crate::mariadb::backup::restore(&shared).await
+                } else {
+                    restore_postgres(&shared).await
+                }
+            } => result,
             _ = self.sigterm.recv() => return Ok(Err(Outcome::Stopped)),
             _ = self.sigint.recv() => return Ok(Err(Outcome::Stopped)),
         };
         match &result {
             Ok(message) => {
                 tracing::info!("{message}");
-                self.recovering = true;
+                // MariaDB: the binary logs are replayed once the engine runs.
+                if mariadb {
+                    self.mysql_restore_pending = true;
+                } else {
+                    self.recovering = true;
+                }
                 self.role_problem = None;
             }
             Err(RestoreError::Failed(why)) => tracing::error!("restoring: {why}"),

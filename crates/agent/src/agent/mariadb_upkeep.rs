@@ -45,6 +45,11 @@ impl Agent {
         if !primary {
             return;
         }
+        self.tend_binlog_archive();
+        if self.mysql_restore_pending {
+            // Read-only to all but the agent until the restore's binary logs are replayed.
+            return;
+        }
         if probe.role != devctl_api::instance::ROLE_PRIMARY {
             match ops::make_writable(&self.engine).await {
                 Ok(()) => {
@@ -59,6 +64,28 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// Primary: one round of binary log archiving at a time, in the background
+    /// ([`crate::mariadb::archive`]); none while a backup destination is not set.
+    fn tend_binlog_archive(&mut self) {
+        if self.archive_task.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        if !matches!(self.pod_view.borrow().destination(), Ok(Some(_))) {
+            self.shared.clear_archive();
+            return;
+        }
+        let timeout = Duration::from_secs(u64::from(
+            self.hooks
+                .archive_timeout()
+                .unwrap_or(crate::engine::ARCHIVE_TIMEOUT_SECONDS),
+        ));
+        let (shared, archiver) = (self.shared.clone(), self.binlog_archiver.clone());
+        self.archive_task = Some(tokio::spawn(async move {
+            let mut state = archiver.lock().await;
+            crate::mariadb::archive::archive_round(&shared, &mut state, timeout).await;
+        }));
     }
 
     /// Primary: semi-synchronous acknowledgements on while `spec.replication.synchronous` is
@@ -322,6 +349,12 @@ impl Agent {
         match result {
             Ok(position) => {
                 tracing::info!(%primary, %position, "cloned the primary");
+                // Its backups and archive are the cluster's: the primary's identifier.
+                if let Some(id) = report.system_identifier.as_deref() {
+                    crate::mariadb::ops::adopt_system_identifier(&self.engine, id)
+                        .map_err(Error::DataDir)?;
+                    self.shared.set_system_identifier(id);
+                }
                 self.primary_address = Some(address);
                 self.conninfo_applied = None;
                 Ok(CloneStep::Cloned)

@@ -311,6 +311,9 @@ struct Agent {
     errant: Option<String>,
     /// MariaDB: the current primary's promotion position, as its report last said.
     primary_promotion_position: Option<String>,
+    /// MariaDB primary: the binary log archiver's state, and its round under way.
+    binlog_archiver: crate::mariadb::archive::SharedArchiver,
+    archive_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Runs the instance described by `config` until SIGTERM/SIGINT, a replaced pod, or an
@@ -384,6 +387,8 @@ pub async fn run(config: Config) -> Result<Outcome> {
         clone_source,
         errant: None,
         primary_promotion_position: None,
+        binlog_archiver: Default::default(),
+        archive_task: None,
         lock,
         lock_problem: None,
         failover_ack: None,
@@ -499,10 +504,10 @@ impl Agent {
             fresh
         };
         if self.mariadb() {
-            // A restore that an earlier run of the agent began.
-            let data = &self.config.data_dir;
-            self.mysql_restore_pending |= data.join(crate::mariadb::RESTORE_PENDING).exists()
-                && !data.join(MYSQL_RESTORED).exists();
+            // A restore whose binary logs are still to be replayed (also one an earlier run
+            // of the agent began).
+            self.mysql_restore_pending |=
+                crate::mariadb::backup::pending(&self.config.data_dir).is_some();
         }
         if self.cluster.is_some() && self.mode == Mode::Primary && self.engine.is_recovering() {
             // A restored data directory not promoted yet (also after an agent restart).

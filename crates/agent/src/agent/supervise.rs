@@ -91,7 +91,7 @@ impl Agent {
             self.conninfo_applied = None;
         }
         let mut command = self.engine.server_command();
-        if let Some(seconds) = self.hooks.archive_timeout() {
+        if let Some(seconds) = self.hooks.archive_timeout().filter(|_| !self.mariadb()) {
             // The last `-c` of a setting wins.
             command.args(["-c", &format!("archive_timeout={seconds}")]);
         }

@@ -178,7 +178,12 @@ impl Agent {
                 return false;
             }
             let shared = self.shared.clone();
-            match restore_mysql(&shared).await {
+            let result = if self.mariadb() {
+                crate::mariadb::backup::replay(&shared).await
+            } else {
+                restore_mysql(&shared).await
+            };
+            match result {
                 Ok(message) => {
                     tracing::info!("{message}");
                     self.mysql_restore_pending = false;

@@ -120,7 +120,7 @@ async fn serve_clone(State(source): State<Arc<CloneSource>>, headers: HeaderMap)
     let Ok(permit) = source.busy.clone().try_acquire_owned() else {
         return (StatusCode::SERVICE_UNAVAILABLE, "a copy is being taken\n").into_response();
     };
-    let mut command = match backup_command(&source.engine) {
+    let mut command = match backup_command(&source.engine, "clone") {
         Ok(command) => command,
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
     };
@@ -190,11 +190,12 @@ async fn serve_clone(State(source): State<Arc<CloneSource>>, headers: HeaderMap)
 }
 
 /// `mariadb-backup --backup --stream=xbstream` of the running server, as the socket
-/// administrator; its scratch files go beside the data directory.
-fn backup_command(engine: &Engine) -> Result<Command, String> {
+/// administrator; its scratch files go beside the data directory (one directory per
+/// `purpose`: a clone and a backup may run at once).
+pub(crate) fn backup_command(engine: &Engine, purpose: &str) -> Result<Command, String> {
     let program = engine.mysql_tool("mariadb-backup")?;
     let config = engine.config();
-    let scratch = scratch_dir(&config.data_dir);
+    let scratch = scratch_dir(&config.data_dir, purpose);
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&scratch)
         .map_err(|e| format!("cannot create {}: {e}", scratch.display()))?;
@@ -216,12 +217,12 @@ fn backup_command(engine: &Engine) -> Result<Command, String> {
 }
 
 /// Where `mariadb-backup` keeps its scratch files while streaming.
-fn scratch_dir(data: &Path) -> PathBuf {
+fn scratch_dir(data: &Path, purpose: &str) -> PathBuf {
     let name = data
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "data".into());
-    data.with_file_name(format!("{name}.clone-source"))
+    data.with_file_name(format!("{name}.{purpose}-source"))
 }
 
 /// Clones the primary whose agent serves at `address` into the empty data directory:

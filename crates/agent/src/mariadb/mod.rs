@@ -16,6 +16,9 @@
 //!
 //! This file holds the pure parts (SQL, parsing, markers); [`ops`] runs them.
 
+pub mod archive;
+pub mod backup;
+pub mod binlog;
 pub mod clone;
 pub mod ops;
 
@@ -39,8 +42,6 @@ pub const PROMOTED_MARKER: &str = ".devctl-promoted-at";
 /// The errant transactions of a former primary, dumped as SQL into its data directory
 /// before that is moved aside.
 pub const ERRANT_DUMP: &str = "errant-transactions.sql";
-/// A primary bootstrapped to restore a backup into, until the backup is replayed.
-pub const RESTORE_PENDING: &str = ".devctl-restore-pending";
 
 /// What [`REPLICA_MARKER`] says.
 #[derive(Debug, Clone, PartialEq, Eq)]

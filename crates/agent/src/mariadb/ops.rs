@@ -60,6 +60,12 @@ pub async fn promote(engine: &Engine) -> Result<(), String> {
         &engine.data_dir().join(PROMOTED_MARKER),
         position.as_bytes(),
     )?;
+    // A new term of the binary log archive begins here.
+    super::archive::begin_term(
+        engine.data_dir(),
+        super::server_id(&engine.config().pod_name),
+        &position,
+    )?;
     engine.admin_sql(PROMOTE_SQL).await?;
     remove_marker(engine, REPLICA_MARKER)
 }
@@ -164,6 +170,20 @@ pub async fn set_semi_sync(engine: &Engine, on: bool) -> Result<(), String> {
         ))
         .await
         .map(|_| ())
+}
+
+/// A clone takes its primary's system identifier (what backups and the archive are filed
+/// under: one per cluster, as PostgreSQL's).
+pub fn adopt_system_identifier(engine: &Engine, id: &str) -> Result<(), String> {
+    if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        return Err(format!(
+            "the primary reports an unusable system identifier {id:?}"
+        ));
+    }
+    write_private(
+        &engine.data_dir().join(crate::engine::SYSTEM_ID_FILE),
+        id.as_bytes(),
+    )
 }
 
 /// Writes the standby marker.

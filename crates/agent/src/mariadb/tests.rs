@@ -124,3 +124,28 @@ fn server_ids_follow_the_ordinal() {
     assert_eq!(server_id("my-db-12"), 13);
     assert!(server_id("standalone") > 1_000_000);
 }
+
+#[test]
+fn a_binary_log_summary_reads_its_gtid_list_last_gtid_and_transaction_times() {
+    // MariaDB 10.11's file: `Gtid list [0-1-7]`, then 0-1-8 at 06:16:28 and 0-1-9, 0-1-10
+    // at 06:16:30 (2026-12-07, UTC).
+    let bytes = include_bytes!("testdata/mysql-bin.000003");
+    let summary = binlog::summarize(std::io::Cursor::new(&bytes[..])).unwrap();
+    assert_eq!(summary.gtid_list, "0-1-7");
+    assert_eq!(summary.last_gtid, "0-1-10");
+    assert_eq!(summary.last_transaction - summary.first_transaction, 2);
+    assert!(binlog::summarize(std::io::Cursor::new(&b"nope"[..])).is_err());
+    // A file cut short in an event body (still being written) ends the summary there.
+    assert!(binlog::summarize(std::io::Cursor::new(&bytes[..400])).is_ok());
+}
+
+#[test]
+fn the_binary_log_index_names_files_in_order() {
+    assert_eq!(
+        binlog::indexed_files("./mysql-bin.000001\n./mysql-bin.000002\n../evil\n"),
+        vec![
+            "mysql-bin.000001".to_string(),
+            "mysql-bin.000002".to_string()
+        ]
+    );
+}

@@ -55,7 +55,7 @@ use serde::{Deserialize, Serialize};
     validation = Rule::new("!has(self.highAvailability) || !self.highAvailability.enabled || (self.replicas >= 3 && self.replicas % 2 == 1)").message("spec.replicas must be odd and at least 3 when spec.highAvailability.enabled is true: a majority of the instances must survive a failure").field_path(".replicas"),
     // On create only (`oldSelf` is empty then): a cluster admitted before the rule existed
     // must stay editable, and spec.bootstrap cannot change afterwards anyway.
-    validation = Rule::new("oldSelf.hasValue() || !has(self.bootstrap) || !has(self.bootstrap.recovery) || !has(self.bootstrap.recovery.targetTime) || self.engine == 'postgres'").optional_old_self(true).message("spec.bootstrap.recovery.targetTime: point-in-time recovery is supported for PostgreSQL only (a MySQL or MariaDB restore brings back the whole backup)").field_path(".bootstrap.recovery.targetTime"),
+    validation = Rule::new("oldSelf.hasValue() || !has(self.bootstrap) || !has(self.bootstrap.recovery) || !has(self.bootstrap.recovery.targetTime) || self.engine != 'mysql'").optional_old_self(true).message("spec.bootstrap.recovery.targetTime: point-in-time recovery is supported for PostgreSQL and MariaDB only (a MySQL restore brings back the whole backup)").field_path(".bootstrap.recovery.targetTime"),
     // The rule on the field itself runs only when the old object had one: adding one later
     // is caught here.
     validation = Rule::new("has(self.bootstrap) == has(oldSelf.bootstrap)").message("spec.bootstrap is immutable: it cannot be added to or removed from an existing cluster; restore into a new cluster").field_path(".bootstrap"),

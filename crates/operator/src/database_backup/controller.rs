@@ -158,7 +158,7 @@ pub fn choose_instance(
         p.name_any() == primary
             && report_of(p).is_some_and(|r| r.ready && r.role.as_deref() == Some(ROLE_PRIMARY))
     });
-    if target == Some(BackupTarget::Primary) || engine.mysql_family() {
+    if target == Some(BackupTarget::Primary) || engine == Engine::Mysql {
         return ready_primary.map(|p| p.name_any());
     }
     let replica = pods
