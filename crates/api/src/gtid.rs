@@ -60,6 +60,11 @@ impl Position {
         self.0.is_empty()
     }
 
+    /// The first domain's GTID.
+    pub fn first(&self) -> Option<Gtid> {
+        self.0.values().next().copied()
+    }
+
     /// The sequence number reached in `domain` (0 when the domain has none).
     pub fn sequence(&self, domain: u32) -> u64 {
         self.0.get(&domain).map_or(0, |g| g.sequence)

@@ -31,9 +31,11 @@ impl Agent {
             .flatten()
     }
 
-    /// A MariaDB primary holding the lock (role `Primary`): writable (every instance starts
-    /// read-only), serving clones, semi-synchronous as the spec says. `probe` is brought up
-    /// to date when it changed the engine.
+    /// A MariaDB primary holding the lock (role `Primary`), in this order: the app and
+    /// replication users applied (the agent writes while the engine is read-only to everyone
+    /// else, and before semi-synchronous acknowledgements: no replica has cloned them yet),
+    /// semi-synchronous replication as the spec says (from the probe: a restarted engine
+    /// has it off), then writable. Also serves clones. `probe` is brought up to date.
     pub(super) async fn mariadb_primary_upkeep(&mut self, probe: &mut Probe) {
         let primary = self.mode == Mode::Primary && self.role == Role::Primary;
         if let Some(source) = &self.clone_source {
@@ -50,19 +52,61 @@ impl Agent {
             // Read-only to all but the agent until the restore's binary logs are replayed.
             return;
         }
-        if probe.role != devctl_api::instance::ROLE_PRIMARY {
+        self.apply_credentials().await;
+        if self.applied.is_some() {
+            self.apply_replication_role().await;
+        }
+        let Some(mut found) = probe.mariadb.clone() else {
+            return;
+        };
+        let synchronous = self.view().synchronous.is_some();
+        if found.semi_sync_enabled != synchronous {
+            match ops::set_semi_sync(&self.engine, synchronous).await {
+                Ok(()) => {
+                    tracing::info!(
+                        rpl_semi_sync_master_enabled = synchronous,
+                        "semi-synchronous replication set"
+                    );
+                    found.semi_sync_enabled = synchronous;
+                    // Active from the first acknowledged transaction on.
+                    found.semi_sync_active = synchronous;
+                    self.replication_apply_error = None;
+                }
+                Err(e) => {
+                    let message = format!("setting rpl_semi_sync_master_enabled: {e}");
+                    tracing::error!("{message}");
+                    self.replication_apply_error = Some(message);
+                    // Never writable without the acknowledgements the spec asks for.
+                    return;
+                }
+            }
+        }
+        if found.read_only {
             match ops::make_writable(&self.engine).await {
                 Ok(()) => {
                     tracing::info!("the primary holds the lock: read_only = OFF");
-                    if let Some(found) = probe.mariadb.as_mut() {
-                        found.read_only = false;
-                        *probe = found.to_probe(probe.system_identifier.clone());
-                    }
+                    found.read_only = false;
                 }
                 Err(e) => {
                     self.apply_error = Some(format!("making the primary writable: {e}"));
                 }
             }
+        }
+        *probe = found.to_probe(probe.system_identifier.clone());
+    }
+
+    /// Why this instance's position must not count in a failover's election (MariaDB): its
+    /// data does not follow the primary yet.
+    pub(super) fn not_a_candidate(&self) -> Option<String> {
+        if !self.mariadb() {
+            return None;
+        }
+        match maria::read_marker(self.engine.data_dir()) {
+            Some(Marker::Replica) | None => None,
+            Some(Marker::Rejoin) => {
+                Some("a former primary's data, not yet checked for errant transactions".into())
+            }
+            Some(Marker::Cloned(_)) => Some("a clone that has not replicated yet".into()),
         }
     }
 
@@ -88,31 +132,6 @@ impl Agent {
         }));
     }
 
-    /// Primary: semi-synchronous acknowledgements on while `spec.replication.synchronous` is
-    /// set (after the agent's own writes: they must not wait for a replica that has yet to
-    /// clone them).
-    pub(super) async fn apply_semi_sync(&mut self) {
-        let on = self.view().synchronous.is_some();
-        let desired = if on { "ON" } else { "OFF" };
-        if self.sync_applied.as_deref() == Some(desired) {
-            return;
-        }
-        match ops::set_semi_sync(&self.engine, on).await {
-            Ok(()) => {
-                tracing::info!(
-                    rpl_semi_sync_master_enabled = desired,
-                    "semi-synchronous replication set"
-                );
-                self.sync_applied = Some(desired.to_string());
-            }
-            Err(e) => {
-                let message = format!("setting rpl_semi_sync_master_enabled: {e}");
-                tracing::error!("{message}");
-                self.replication_apply_error = Some(message);
-            }
-        }
-    }
-
     /// A MariaDB replica's probe: replication pointed at the primary (a former primary only
     /// without errant transactions), stopped during a failover; ready only while both
     /// replication threads run.
@@ -125,27 +144,41 @@ impl Agent {
         let replication = probe.mariadb.as_ref().and_then(|m| m.replication.clone());
         let mut problem = None;
         if failing_over || self.hooks.wal_receiver_stopped() {
-            if self.conninfo_applied.as_deref() != Some("") {
-                match ops::stop_receiving(&self.engine).await {
-                    Ok(()) => {
-                        tracing::info!("failover: replication IO thread stopped");
-                        self.conninfo_applied = Some(String::new());
-                    }
-                    Err(e) => problem = Some(format!("stopping the replication IO thread: {e}")),
-                }
-            }
+            problem = self.stop_receiving(replication.as_ref()).await.err();
         } else if let Some(address) = self.known_primary_address() {
-            let key = address.to_string();
+            // The Secret's version too: a new password is a new CHANGE MASTER.
+            let key = format!(
+                "{address}#{}",
+                self.replication_desired
+                    .as_ref()
+                    .map(|r| r.version.as_str())
+                    .unwrap_or_default()
+            );
             // Stopped without an error (a failover that went elsewhere, a restart): again.
             let idle = replication
                 .as_ref()
                 .is_none_or(|r| r.io_running == "No" && r.last_io_errno == 0);
             if self.conninfo_applied.as_deref() != Some(key.as_str()) || idle {
-                problem = self.follow(&address).await.err();
+                match self.follow(&address).await {
+                    Ok(true) => self.conninfo_applied = Some(key),
+                    Ok(false) => {}
+                    Err(e) => problem = Some(e),
+                }
+            }
+        }
+        if probe.is_streaming()
+            && !failing_over
+            && maria::read_marker(self.engine.data_dir()).is_some_and(|m| m != Marker::Replica)
+        {
+            // It follows the primary: its own replication position is the one to keep from
+            // now on (and it counts in an election).
+            if let Err(e) = ops::set_marker(&self.engine, &Marker::Replica) {
+                problem = Some(e);
             }
         }
         if let Some(replication) = &replication
             && self.action.is_none()
+            && !failing_over
         {
             self.judge_io_error(replication).await;
         }
@@ -159,38 +192,45 @@ impl Agent {
                 probe.gtid_position.as_deref().unwrap_or("no transaction")
             ))
         } else {
-            let from = self
-                .known_primary_address()
-                .map(|a| format!(" at {a}"))
-                .unwrap_or_default();
-            let threads = replication.as_ref().map_or_else(
-                || "not configured".to_string(),
-                |r| {
-                    let error = [&r.last_io_error, &r.last_sql_error]
-                        .into_iter()
-                        .find(|e| !e.is_empty())
-                        .map(|e| format!(": {}", one_line(e)))
-                        .unwrap_or_default();
-                    format!(
-                        "IO {}, SQL {}{error}",
-                        r.io_running,
-                        if r.sql_running { "Yes" } else { "No" }
-                    )
-                },
-            );
-            let mut message = format!("not replicating from the primary{from} ({threads})");
-            if let Some(why) = resolve_problem {
-                message = format!("{message}; {why}");
-            }
-            Some(message)
+            Some(not_replicating(
+                self.known_primary_address(),
+                replication.as_ref(),
+                resolve_problem,
+            ))
         }
         .or(problem);
         self.probe = Some(probe);
     }
 
+    /// A failover: the IO thread stopped so the position becomes final, and the SQL thread
+    /// running until the relay log is applied (an engine restarted meanwhile starts neither).
+    async fn stop_receiving(
+        &mut self,
+        replication: Option<&maria::Replication>,
+    ) -> Result<(), String> {
+        if self.conninfo_applied.as_deref() != Some("") {
+            ops::stop_receiving(&self.engine)
+                .await
+                .map_err(|e| format!("stopping the replication IO thread: {e}"))?;
+            tracing::info!("failover: replication IO thread stopped");
+            self.conninfo_applied = Some(String::new());
+        }
+        if let Some(replication) = replication
+            && !replication.sql_running
+            && !replication.relay_applied
+        {
+            ops::start_applying(&self.engine)
+                .await
+                .map_err(|e| format!("applying the relay log: {e}"))?;
+            tracing::info!("failover: applying the rest of the relay log");
+        }
+        Ok(())
+    }
+
     /// Points replication at `address`: a fresh clone from its copy's position, a former
     /// primary once it has no errant transactions, any other replica from its own position.
-    async fn follow(&mut self, address: &PrimaryAddress) -> Result<(), String> {
+    /// `Ok(false)`: not pointed (errant transactions found: the data goes aside).
+    async fn follow(&mut self, address: &PrimaryAddress) -> Result<bool, String> {
         let Some(replication) = self.replication_desired.clone() else {
             return Err(self
                 .replication_problem
@@ -198,62 +238,92 @@ impl Agent {
                 .unwrap_or_else(|| "waiting for the replication Secret".into()));
         };
         let marker = maria::read_marker(self.engine.data_dir()).unwrap_or(Marker::Replica);
-        if marker == Marker::Rejoin {
-            match self.errant_transactions().await? {
+        let mut start = None;
+        match &marker {
+            Marker::Rejoin => match self.errant_transactions(address).await? {
                 Some(errant) => {
                     self.errant_found(errant).await;
-                    return Ok(());
+                    return Ok(false);
                 }
                 None => ops::slave_pos_from_binlog(&self.engine).await?,
+            },
+            // Only while it has not replicated past its copy's position (an agent that
+            // stopped after START SLAVE must not send it back).
+            Marker::Cloned(position) => {
+                let applied: devctl_api::gtid::Position =
+                    ops::slave_position(&self.engine).await?.parse()?;
+                if !applied.contains(&position.parse()?) {
+                    start = Some(position.clone());
+                }
             }
+            Marker::Replica => {}
         }
-        let start = match &marker {
-            Marker::Cloned(position) => Some(position.as_str()),
-            _ => None,
-        };
         ops::replicate(
             &self.engine,
             &address.host,
             address.port,
             &replication.username,
             replication.password.expose(),
-            start,
+            start.as_deref(),
         )
         .await?;
         tracing::info!(%address, ?marker, "replicating from the primary (GTID)");
-        self.conninfo_applied = Some(address.to_string());
-        Ok(())
+        Ok(true)
     }
 
-    /// A returning former primary: its transactions past the new primary's promotion, if any
-    /// (`Err` while the primary's report cannot be read).
-    async fn errant_transactions(&mut self) -> Result<Option<String>, String> {
+    /// A returning former primary: its transactions the new primary never logged, if any —
+    /// exactly, from both binary log states ([`maria::errant_by_state`]); by the primary's
+    /// promotion position when its binary log does not reach back to this server.
+    async fn errant_transactions(
+        &mut self,
+        address: &PrimaryAddress,
+    ) -> Result<Option<String>, String> {
         let primary = self
             .view()
             .current_primary
             .ok_or("waiting for status.currentPrimary")?;
         let (_, report) = resolve_primary_report(&self.pods, &self.config, &primary).await?;
-        let own = ops::binlog_position(&self.engine).await?;
         self.primary_promotion_position = report.promotion_position.clone();
-        match report.promotion_position {
-            Some(fork) => maria::errant(&own, &fork),
-            // Never promoted (it bootstrapped): this instance's history is its own only if
-            // the divergence check of the replication connection says so.
-            None => Ok(None),
+        let replication = self
+            .replication_desired
+            .clone()
+            .ok_or("waiting for the replication Secret")?;
+        let theirs = ops::primary_binlog_state(
+            &self.engine,
+            &address.host,
+            address.port,
+            &replication.username,
+            replication.password.expose(),
+        )
+        .await?;
+        let own = ops::binlog_state(&self.engine).await?;
+        let me = maria::server_id(&self.config.pod_name);
+        if let Some(errant) = maria::errant_by_state(&own, me, &theirs)? {
+            self.errant_from = errant.as_ref().and_then(|_| {
+                maria::binlog_state(&theirs)
+                    .ok()?
+                    .into_iter()
+                    .find(|g| g.server == me)
+                    .map(|g| g.to_string())
+            });
+            return Ok(errant);
         }
+        let position = ops::binlog_position(&self.engine).await?;
+        let errant = match &report.promotion_position {
+            Some(fork) => maria::errant(&position, fork)?,
+            None => None,
+        };
+        self.errant_from = errant.as_ref().and(report.promotion_position);
+        Ok(errant)
     }
 
     /// Errant transactions found (`errant`: the GTID range): dumped for the administrator
     /// into the data directory, which is then moved aside and the primary cloned anew.
     async fn errant_found(&mut self, errant: String) {
         tracing::error!(%errant, "errant transactions: this former primary has GTIDs the new primary lacks; re-cloning");
-        let fork = self
-            .view()
-            .current_primary
-            .and_then(|_| self.primary_promotion_position.clone());
         let dump = self.engine.data_dir().join(maria::ERRANT_DUMP);
-        if let Some(fork) = fork
-            && let Err(e) = ops::dump_errant(&self.engine, &fork, &dump).await
+        if let Some(from) = self.errant_from.take()
+            && let Err(e) = ops::dump_errant(&self.engine, &from, &dump).await
         {
             tracing::warn!(
                 "dumping the errant transactions: {e} (the moved-aside copy keeps its binary logs)"
@@ -263,8 +333,9 @@ impl Agent {
         self.action.get_or_insert(Action::Reclone);
     }
 
-    /// A replication error only a new clone mends: divergence (errant transactions) or binary
-    /// logs the primary no longer has.
+    /// A replication error only a new clone mends: transactions the primary lacks (errant:
+    /// the data goes aside, kept) or binary logs it no longer has (a replica's data is
+    /// removed, a former primary's moved aside). Other errors are only reported.
     async fn judge_io_error(&mut self, replication: &maria::Replication) {
         if maria::diverged(replication) {
             let own = ops::binlog_position(&self.engine).await.unwrap_or_default();
@@ -275,6 +346,7 @@ impl Agent {
                 .unwrap_or_else(|| {
                     format!("transactions up to {own} not in the primary's binary log")
                 });
+            self.errant_from = self.primary_promotion_position.clone();
             self.errant_found(errant).await;
         } else if maria::binlog_gone(replication) {
             let why = format!(
@@ -389,4 +461,33 @@ impl Agent {
         };
         super::replica::publish(&self.recorder, &self.cluster_reference(), &event).await;
     }
+}
+
+/// Why a MariaDB replica does not replicate (one line).
+fn not_replicating(
+    primary: Option<PrimaryAddress>,
+    replication: Option<&maria::Replication>,
+    resolve_problem: Option<String>,
+) -> String {
+    let from = primary.map(|a| format!(" at {a}")).unwrap_or_default();
+    let threads = replication.map_or_else(
+        || "not configured".to_string(),
+        |r| {
+            let error = [&r.last_io_error, &r.last_sql_error]
+                .into_iter()
+                .find(|e| !e.is_empty())
+                .map(|e| format!(": {}", one_line(e)))
+                .unwrap_or_default();
+            format!(
+                "IO {}, SQL {}{error}",
+                r.io_running,
+                if r.sql_running { "Yes" } else { "No" }
+            )
+        },
+    );
+    let mut message = format!("not replicating from the primary{from} ({threads})");
+    if let Some(why) = resolve_problem {
+        message = format!("{message}; {why}");
+    }
+    message
 }

@@ -311,6 +311,8 @@ struct Agent {
     errant: Option<String>,
     /// MariaDB: the current primary's promotion position, as its report last said.
     primary_promotion_position: Option<String>,
+    /// MariaDB: the GTID the errant transactions follow (where their dump starts).
+    errant_from: Option<String>,
     /// MariaDB primary: the binary log archiver's state, and its round under way.
     binlog_archiver: crate::mariadb::archive::SharedArchiver,
     archive_task: Option<tokio::task::JoinHandle<()>>,
@@ -387,6 +389,7 @@ pub async fn run(config: Config) -> Result<Outcome> {
         clone_source,
         errant: None,
         primary_promotion_position: None,
+        errant_from: None,
         binlog_archiver: Default::default(),
         archive_task: None,
         lock,

@@ -80,6 +80,7 @@ impl Agent {
             lock_lost: None,
             acknowledged: false,
             acknowledgement_held: false,
+            not_a_candidate: None,
             handover: role::Handover::None,
             rejoin_failed: false,
             wal_gone: None,
@@ -155,6 +156,7 @@ impl Agent {
             engine,
             acknowledged: self.failover_ack == Some(epoch),
             acknowledgement_held,
+            not_a_candidate: self.not_a_candidate(),
             handover,
             rejoin_failed: self.rejoin_deadline.is_some_and(|d| Instant::now() >= d),
             wal_gone,
@@ -408,6 +410,9 @@ impl Agent {
     pub(super) async fn promoted(&mut self) {
         tracing::info!("promoted: running as the primary");
         if self.mariadb() {
+            if let Err(e) = crate::mariadb::ops::promoted(&self.engine) {
+                tracing::warn!("removing the replica marker after the promotion: {e}");
+            }
             self.running_as_primary();
             return;
         }

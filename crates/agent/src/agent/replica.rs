@@ -37,6 +37,10 @@ impl Agent {
 
     /// Before (re)starting a replica: the password file and the standby settings.
     pub(super) fn prepare_replica_start(&mut self) -> Result<()> {
+        if self.mariadb() {
+            // Pointed at the primary once the engine runs (`tick_replica_mariadb`).
+            return Ok(());
+        }
         if let Err(e) = self.write_passfile() {
             return Err(Error::DataDir(e));
         }

@@ -110,6 +110,10 @@ pub struct Observation {
     pub acknowledged: bool,
     /// A test hook holds the acknowledgement back ([`crate::test_hooks`]).
     pub acknowledgement_held: bool,
+    /// Why this standby's position must not count in an election: MariaDB data not yet
+    /// following the primary (a former primary not checked for errant transactions, a
+    /// clone that has not replicated) may hold another history than the primary's.
+    pub not_a_candidate: Option<String>,
     pub handover: Handover,
     /// A rejoining former primary did not stream in time, or its engine exited twice.
     pub rejoin_failed: bool,
@@ -519,7 +523,13 @@ fn failing_over(role: &Role, obs: &Observation, receiver_down: bool) -> Transiti
         return stay(&candidate);
     }
     if !obs.acknowledged {
-        return if !receiver_down {
+        return if let Some(why) = &obs.not_a_candidate {
+            // Neither counted nor elected: the operator waits for the others (or a human).
+            wait(
+                candidate,
+                format!("failover (epoch {epoch}): not acknowledging: {why}"),
+            )
+        } else if !receiver_down {
             wait(
                 candidate,
                 format!("failover (epoch {epoch}): stopping streaming"),

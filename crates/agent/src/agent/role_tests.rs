@@ -21,6 +21,7 @@ fn obs() -> Observation {
         lock_lost: None,
         acknowledged: false,
         acknowledgement_held: false,
+        not_a_candidate: None,
         handover: Handover::None,
         rejoin_failed: false,
         wal_gone: None,
@@ -469,6 +470,14 @@ fn a_failover_makes_a_replica_a_candidate_that_acknowledges_once_its_receiver_is
     };
     assert!(
         matches!(&next(candidate.clone(), &held).1[..], [Step::Wait(why)] if why.contains("test hook"))
+    );
+    // Data that may hold another history (MariaDB, not yet following): never acknowledged.
+    let unchecked = Observation {
+        not_a_candidate: Some("a former primary not yet checked".into()),
+        ..down.clone()
+    };
+    assert!(
+        matches!(&next(candidate.clone(), &unchecked).1[..], [Step::Wait(why)] if why.contains("not acknowledging"))
     );
     // Acknowledged, another is elected: a candidate still.
     let acked = Observation {

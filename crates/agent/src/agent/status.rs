@@ -6,6 +6,7 @@ impl Agent {
     pub(super) fn status(&self) -> InstanceStatus {
         let probe = self.probe.clone().unwrap_or_default();
         let stopped_for_switchover = self.final_lsn.is_some();
+        let writable = probe.role == devctl_api::instance::ROLE_PRIMARY;
         InstanceStatus {
             role: if stopped_for_switchover {
                 Some(devctl_api::instance::ROLE_PRIMARY.to_string())
@@ -25,7 +26,12 @@ impl Agent {
             lag_seconds: probe.lag_seconds,
             clone_address: self.clone_address(),
             promotion_position: self.promotion_position(),
-            semi_sync_active: probe.semi_sync_active,
+            // Asked for but switched off (a restarted engine, before the agent switches it
+            // on again): not in force.
+            semi_sync_active: probe.semi_sync_active.or((self.mariadb()
+                && writable
+                && self.view().synchronous.is_some())
+            .then_some(false)),
             engine_version: probe.engine_version,
             address: Some(self.config.address()),
             heartbeat: None,

@@ -145,6 +145,10 @@ impl Agent {
             };
             match exit {
                 Exit::Act(action) => {
+                    if let Some(source) = &self.clone_source {
+                        // Stopping: no copy is served from here any more.
+                        source.set_serving(false);
+                    }
                     match &action {
                         Action::Switchover(target) => {
                             tracing::info!(

@@ -77,33 +77,12 @@ impl Agent {
                     return;
                 }
                 let primary = probe.role == devctl_api::instance::ROLE_PRIMARY;
-                if primary
-                    && let Some(desired) = self.desired.clone()
-                    && self.applied.as_deref() != Some(desired.version.as_str())
-                {
-                    match self.engine.apply_credentials(&desired).await {
-                        Ok(()) => {
-                            tracing::info!(
-                                version = %desired.version,
-                                user = %desired.username,
-                                database = %desired.dbname,
-                                "applied the credentials Secret"
-                            );
-                            self.applied = Some(desired.version.clone());
-                            self.apply_error = None;
-                        }
-                        Err(e) => {
-                            let message = format!("applying credentials: {e}");
-                            tracing::error!("{message}");
-                            self.apply_error = Some(message);
-                        }
-                    }
+                if primary {
+                    self.apply_credentials().await;
                 }
                 if primary && self.applied.is_some() {
                     self.apply_replication_role().await;
-                    if self.mariadb() {
-                        self.apply_semi_sync().await;
-                    } else {
+                    if !self.mariadb() {
                         self.apply_synchronous_standbys().await;
                     }
                 }
@@ -127,6 +106,33 @@ impl Agent {
             }
         }
         self.health.set_ready(self.ready);
+    }
+
+    /// Primary: the app role and database in line with the credentials Secret.
+    pub(super) async fn apply_credentials(&mut self) {
+        let Some(desired) = self.desired.clone() else {
+            return;
+        };
+        if self.applied.as_deref() == Some(desired.version.as_str()) {
+            return;
+        }
+        match self.engine.apply_credentials(&desired).await {
+            Ok(()) => {
+                tracing::info!(
+                    version = %desired.version,
+                    user = %desired.username,
+                    database = %desired.dbname,
+                    "applied the credentials Secret"
+                );
+                self.applied = Some(desired.version.clone());
+                self.apply_error = None;
+            }
+            Err(e) => {
+                let message = format!("applying credentials: {e}");
+                tracing::error!("{message}");
+                self.apply_error = Some(message);
+            }
+        }
     }
 
     /// A restore's progress on the running engine; `false` while it is not done.

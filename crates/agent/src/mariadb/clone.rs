@@ -285,6 +285,8 @@ async fn fetch_and_prepare(
 ) -> Result<String, String> {
     let client = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
+        // A copy that stalls this long is broken off (and retried).
+        .read_timeout(Duration::from_secs(120))
         .build()
         .map_err(|e| format!("HTTP client: {e}"))?;
     let mut response = client
@@ -360,11 +362,12 @@ async fn fetch_and_prepare(
             output.error_line()
         ));
     }
+    // Without it the replica would not know where to start: never guessed.
     let gtid = BINLOG_INFO
         .iter()
         .find_map(|name| std::fs::read_to_string(target.join(name)).ok())
         .map(|text| binlog_info_gtid(&text))
-        .unwrap_or_default();
+        .ok_or("the copy has no binary log position (xtrabackup_binlog_info)")?;
     Ok(gtid)
 }
 

@@ -85,12 +85,15 @@ pub fn read_marker(data: &Path) -> Option<Marker> {
 /// The probe's one statement batch: the server's state, the replicas registered with it,
 /// and its own replication (each result set starts with its column names; an empty one
 /// prints nothing).
-pub const PROBE_SQL: &str = "SELECT VERSION() AS devctl_version, @@read_only AS read_only, \
+/// The replication threads are read first: a relay log found applied then is applied in the
+/// position read after (a failover candidate's acknowledged position must hold everything).
+pub const PROBE_SQL: &str = "SHOW SLAVE STATUS;\n\
+     SELECT VERSION() AS devctl_version, @@read_only AS read_only, \
      @@gtid_current_pos AS gtid_current, @@gtid_binlog_pos AS gtid_binlog, \
      @@rpl_semi_sync_master_enabled AS semi_sync_enabled, \
      (SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
        WHERE VARIABLE_NAME = 'RPL_SEMI_SYNC_MASTER_STATUS') AS semi_sync_status;\n\
-     SHOW SLAVE HOSTS;\nSHOW SLAVE STATUS;\n";
+     SHOW SLAVE HOSTS;\n";
 
 /// A replica's replication threads (`SHOW SLAVE STATUS`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -327,18 +330,73 @@ pub fn replication_user_sql(user: &str, password_hash: &str) -> String {
     )
 }
 
-/// Whether an IO thread error says the replica's history diverged from the primary's (its
-/// last GTID is not in the primary's binary log, which has later ones): errant transactions.
+/// Whether an IO thread error says this replica has transactions the primary's binary log
+/// lacks: its history diverged ("… diverged due to executing extra erroneous transactions"),
+/// or it is ahead of the primary ("… which is not in the master's binlog"): errant
+/// transactions either way.
 pub fn diverged(replication: &Replication) -> bool {
     replication.last_io_errno == 1236
         && (replication.last_io_error.contains("diverged")
-            || replication.last_io_error.contains("extra erroneous"))
+            || replication
+                .last_io_error
+                .contains("not in the master's binlog"))
 }
 
 /// Whether an IO thread error says the primary no longer has the binary logs this replica
-/// needs (purged, or the primary was cloned after them): only a new clone helps.
+/// needs (purged, or the primary was cloned after them): only a new clone helps. Other
+/// errors (a packet too large, a lost connection) are reported, never acted on.
 pub fn binlog_gone(replication: &Replication) -> bool {
-    replication.last_io_errno == 1236 && !diverged(replication)
+    replication.last_io_errno == 1236
+        && !diverged(replication)
+        && (replication.last_io_error.contains("purged")
+            || replication
+                .last_io_error
+                .contains("Could not find GTID state"))
+}
+
+/// The entries of a `gtid_binlog_state` (one per domain and server: the last sequence
+/// number each server logged in each domain).
+pub fn binlog_state(text: &str) -> Result<Vec<devctl_api::gtid::Gtid>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|part| {
+            let parsed: Position = part.parse()?;
+            Ok(parsed.first().ok_or("empty GTID")?)
+        })
+        .collect()
+}
+
+/// The errant transactions of a returning former primary, exactly: its own server's
+/// transactions (`own_state`, its `gtid_binlog_state`) past the last the new primary logged
+/// from that server (`primary_state`). `None` when the primary's state does not name this
+/// server (its binary log does not reach back to it: the caller falls back to the promotion
+/// position); `Some(None)` when there are none.
+pub fn errant_by_state(
+    own_state: &str,
+    own_server: u32,
+    primary_state: &str,
+) -> Result<Option<Option<String>>, String> {
+    let own = binlog_state(own_state)?;
+    let primary = binlog_state(primary_state)?;
+    let mut ranges = Vec::new();
+    for mine in own.iter().filter(|g| g.server == own_server) {
+        let Some(theirs) = primary
+            .iter()
+            .find(|g| g.domain == mine.domain && g.server == own_server)
+        else {
+            return Ok(None);
+        };
+        if theirs.sequence < mine.sequence {
+            let first = theirs.sequence + 1;
+            ranges.push(if first == mine.sequence {
+                mine.to_string()
+            } else {
+                format!("{}-{}-{first}..{mine}", mine.domain, mine.server)
+            });
+        }
+    }
+    Ok(Some((!ranges.is_empty()).then(|| ranges.join(", "))))
 }
 
 /// The errant transactions of a returning former primary (`own`: its `gtid_binlog_pos`)

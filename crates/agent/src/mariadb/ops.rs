@@ -38,9 +38,82 @@ pub async fn replicate(
         .admin_sql(&sql)
         .await
         .map(|_| ())
-        .map_err(|e| format!("CHANGE MASTER TO {host}:{port}: {e}"))?;
-    // From now on its own replication position is the one to keep.
-    set_marker(engine, &Marker::Replica)
+        .map_err(|e| format!("CHANGE MASTER TO {host}:{port}: {e}"))
+}
+
+/// A failover candidate restarted meanwhile (`skip_slave_start`): what its relay log holds
+/// is applied all the same.
+pub async fn start_applying(engine: &Engine) -> Result<(), String> {
+    engine
+        .admin_sql("START SLAVE SQL_THREAD;\n")
+        .await
+        .map(|_| ())
+}
+
+/// `@@gtid_slave_pos`: the replicated transactions applied.
+pub async fn slave_position(engine: &Engine) -> Result<String, String> {
+    Ok(engine
+        .admin_sql("SELECT @@gtid_slave_pos;\n")
+        .await?
+        .trim()
+        .to_string())
+}
+
+/// `@@gtid_binlog_state`: per domain and server the last transaction this server logged.
+pub async fn binlog_state(engine: &Engine) -> Result<String, String> {
+    Ok(engine
+        .admin_sql("SELECT @@gtid_binlog_state;\n")
+        .await?
+        .trim()
+        .to_string())
+}
+
+/// The primary's `@@gtid_binlog_state`, asked as the replication user over the network
+/// (the password in an option file of the run directory, never in argv).
+pub async fn primary_binlog_state(
+    engine: &Engine,
+    host: &str,
+    port: u16,
+    user: &str,
+    password: &str,
+) -> Result<String, String> {
+    let quote = |v: &str| format!("\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\""));
+    let options = engine.config().run_dir.join("replication-client.cnf");
+    write_private(
+        &options,
+        format!(
+            "[client]\nhost={}\nport={port}\nuser={}\npassword={}\nprotocol=TCP\n",
+            quote(host),
+            quote(user),
+            quote(password)
+        )
+        .as_bytes(),
+    )?;
+    let client = engine.mysql_tool("mariadb")?;
+    let args = vec![
+        format!("--defaults-file={}", options.display()),
+        "--batch".to_string(),
+        "--skip-column-names".into(),
+        "--connect-timeout=5".into(),
+    ];
+    let output = process::run(
+        &client,
+        &args,
+        &[],
+        &engine.config().run_dir,
+        b"SELECT @@global.gtid_binlog_state;\n",
+        Duration::from_secs(10),
+    )
+    .await;
+    let _ = std::fs::remove_file(&options);
+    let output = output?;
+    if !output.status.success() {
+        return Err(format!(
+            "asking the primary {host}:{port} for its binary log state: {}",
+            output.error_line()
+        ));
+    }
+    Ok(output.stdout.trim().to_string())
 }
 
 /// A failover candidate: stops receiving (what arrived is still applied).
@@ -67,6 +140,12 @@ pub async fn promote(engine: &Engine) -> Result<(), String> {
         &position,
     )?;
     engine.admin_sql(PROMOTE_SQL).await?;
+    promoted(engine)
+}
+
+/// The engine accepts writes as the primary: its data is no replica's any more (also when
+/// the promotion's call failed after `read_only = OFF` took effect).
+pub fn promoted(engine: &Engine) -> Result<(), String> {
     remove_marker(engine, REPLICA_MARKER)
 }
 

@@ -101,12 +101,22 @@ fn io_errors_tell_divergence_from_purged_binary_logs() {
         "Got fatal error 1236 from master when reading data from binary log: 'Error: connecting slave requested to start from GTID 0-1-101, which is not in the master's binlog. Since the master's binlog contains GTIDs with higher sequence numbers, it probably means that the slave has diverged due to executing extra erroneous transactions'",
     );
     assert!(diverged(&diverged_error) && !binlog_gone(&diverged_error));
+    let ahead = error(
+        1236,
+        "Error: connecting slave requested to start from GTID 0-1-120, which is not in the master's binlog",
+    );
+    assert!(diverged(&ahead));
     let purged = error(
         1236,
         "Could not find GTID state requested by slave in any binlog files. Probably the slave state is too old and required binlog files have been purged.",
     );
     assert!(!diverged(&purged) && binlog_gone(&purged));
     assert!(!binlog_gone(&error(2003, "Can't connect")));
+    // Another fatal error is reported, never answered with a new clone.
+    assert!(!binlog_gone(&error(
+        1236,
+        "log event entry exceeded max_allowed_packet"
+    )));
 }
 
 #[test]
@@ -148,4 +158,21 @@ fn the_binary_log_index_names_files_in_order() {
             "mysql-bin.000002".to_string()
         ]
     );
+}
+
+#[test]
+fn errant_transactions_by_binlog_state_name_what_the_primary_never_logged_from_this_server() {
+    // Two promotions since: sequence numbers alone would miss it (0-1-105 < 0-3-160).
+    assert_eq!(
+        errant_by_state("0-1-105,0-2-50", 1, "0-1-100,0-2-150,0-3-160").unwrap(),
+        Some(Some("0-1-101..0-1-105".to_string()))
+    );
+    assert_eq!(
+        errant_by_state("0-1-100", 1, "0-1-100,0-2-150").unwrap(),
+        Some(None)
+    );
+    // The primary's binary log does not reach back to this server: unknown.
+    assert_eq!(errant_by_state("0-1-100", 1, "0-3-160").unwrap(), None);
+    // Nothing of its own: nothing errant.
+    assert_eq!(errant_by_state("0-2-50", 1, "0-3-160").unwrap(), Some(None));
 }

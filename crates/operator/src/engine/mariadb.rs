@@ -45,7 +45,6 @@ log_slave_updates = ON
 gtid_domain_id = 0
 gtid_strict_mode = ON
 binlog_expire_logs_seconds = 259200
-relay_log_recovery = ON
 slave_net_timeout = 10
 
 # Every instance starts read-only and without replication: its agent makes the primary
