@@ -19,6 +19,9 @@ use devctl_testenv::campaign::{self, Config, OperatorProcess, Plant, World, stat
 /// restarts the API server during a scale 3 → 5 → 3.
 const SEED: u64 = 4606;
 const FAULTS: usize = 12;
+/// The MariaDB round's seed and faults.
+const MARIADB_SEED: u64 = 4606;
+const MARIADB_FAULTS: usize = 6;
 
 /// One campaign at a time in this binary: each restarts the API server or stops its store.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -80,6 +83,37 @@ async fn a_short_seeded_campaign_loses_no_row_never_has_two_writers_and_recovers
         "only {injected} faults injected:\n{}",
         outcome.verdict.report()
     );
+}
+
+/// The MariaDB round (docs/mariadb.md): the same checkers against a 3-instance
+/// semi-synchronous MariaDB cluster, fewer faults, a failover timeout short enough that the
+/// primary's kill and partition fail over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mariadb_round_loses_no_row_never_has_two_writers_and_recovers_from_every_fault() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let logs = tempfile::tempdir().unwrap();
+    let world = world("campaign-maria", logs.path()).await;
+    let mut config = Config::new(MARIADB_SEED, MARIADB_FAULTS);
+    config.engine = devctl_api::database_cluster::Engine::Mariadb;
+    config.name = "maria".into();
+    // Shorter than its faults on the primary: they fail over.
+    config.failover_timeout = Duration::from_secs(5);
+    config.limits.shortest = Duration::from_secs(3);
+    config.limits.longest = Duration::from_secs(9);
+    let outcome = campaign::run(&world, &config).await.unwrap();
+    println!("{}", stats::table(&stats::by_kind(&outcome.runs)));
+    for run in &outcome.runs {
+        println!("{run:?}");
+    }
+    println!("{}", outcome.verdict.report());
+    let keep = logs.keep();
+    assert!(
+        outcome.verdict.passed(),
+        "{}\noperator logs in {}",
+        outcome.verdict.report(),
+        keep.display()
+    );
+    assert!(outcome.acknowledged > 0);
 }
 
 /// A faultless run of cluster `name` in a namespace of `prefix` with `plant`, which must

@@ -165,11 +165,20 @@ pub const PROBE_LIMIT: Duration = Duration::from_secs(1);
 /// writes a commit record (and waits for synchronous standbys like any write). A standby
 /// refuses it; a fenced or stopped primary does not answer. A session that fails or does not
 /// answer within [`PROBE_LIMIT`] is dropped and the next probe opens a new one.
+///
+/// MariaDB has no transaction id to take: the probe replaces its own row of
+/// [`MARIADB_PROBE_TABLE`] (made beforehand), which a read-only replica refuses.
 pub struct WriteProbe {
-    passfile: PathBuf,
+    access: Access,
+    /// The row a MariaDB probe writes.
+    row: u32,
     address: (String, String),
     session: Option<ProbeSession>,
 }
+
+/// The table a MariaDB write probe writes its row to: `CREATE TABLE devctl_probe (id INT
+/// PRIMARY KEY, at BIGINT)` on the primary before probing.
+pub const MARIADB_PROBE_TABLE: &str = "devctl_probe";
 
 struct ProbeSession {
     child: tokio::process::Child,
@@ -179,8 +188,14 @@ struct ProbeSession {
 
 impl WriteProbe {
     pub fn new(passfile: &Path, address: &(String, String)) -> Self {
+        Self::with(Access::Postgres(passfile.to_path_buf()), 0, address)
+    }
+
+    /// A probe of either engine (`row`: the MariaDB probe's own row).
+    pub fn with(access: Access, row: u32, address: &(String, String)) -> Self {
         Self {
-            passfile: passfile.to_path_buf(),
+            access,
+            row,
             address: address.clone(),
             session: None,
         }
@@ -188,15 +203,31 @@ impl WriteProbe {
 
     fn open(&self) -> std::io::Result<ProbeSession> {
         use tokio::io::AsyncBufReadExt;
-        let mut child = tokio::process::Command::new("psql")
-            .args(["-X", "-A", "-t", "-q"])
-            .env("PGHOST", &self.address.0)
-            .env("PGPORT", &self.address.1)
-            .env("PGUSER", "app")
-            .env("PGDATABASE", "app")
-            .env("PGPASSFILE", &self.passfile)
-            .env("PGCONNECT_TIMEOUT", "1")
-            .env_remove("PGPASSWORD")
+        let mut command = match &self.access {
+            Access::Postgres(passfile) => {
+                let mut command = tokio::process::Command::new("psql");
+                command
+                    .args(["-X", "-A", "-t", "-q"])
+                    .env("PGHOST", &self.address.0)
+                    .env("PGPORT", &self.address.1)
+                    .env("PGUSER", "app")
+                    .env("PGDATABASE", "app")
+                    .env("PGPASSFILE", passfile)
+                    .env("PGCONNECT_TIMEOUT", "1")
+                    .env_remove("PGPASSWORD");
+                command
+            }
+            Access::Mariadb(password) => {
+                let mut command = tokio::process::Command::new("mariadb");
+                command
+                    .args(["--no-defaults", "--protocol=TCP", "-N", "-B", "--force"])
+                    .args(["--connect-timeout=1", "-u", "app", "-D", "app"])
+                    .args(["-h", &self.address.0, "-P", &self.address.1])
+                    .env("MYSQL_PWD", password);
+                command
+            }
+        };
+        let mut child = command
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
@@ -222,10 +253,16 @@ impl WriteProbe {
             return false;
         };
         let asked = async {
-            session
-                .stdin
-                .write_all(b"select txid_current();\n\\echo devctl-probe-done\n")
-                .await?;
+            let ask = match &self.access {
+                Access::Postgres(_) => {
+                    "select txid_current();\n\\echo devctl-probe-done\n".to_string()
+                }
+                Access::Mariadb(_) => format!(
+                    "REPLACE INTO {MARIADB_PROBE_TABLE} VALUES ({}, UNIX_TIMESTAMP(NOW(6)) * 1000000);\nSELECT ROW_COUNT();\nSELECT 'devctl-probe-done';\n",
+                    self.row
+                ),
+            };
+            session.stdin.write_all(ask.as_bytes()).await?;
             session.stdin.flush().await?;
             let mut committed = false;
             while let Some(line) = session.stdout.next_line().await? {
@@ -233,7 +270,8 @@ impl WriteProbe {
                 if line == "devctl-probe-done" {
                     return Ok::<_, std::io::Error>(committed);
                 }
-                committed |= !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit());
+                // A transaction id (PostgreSQL), or rows written (MariaDB; -1 when refused).
+                committed |= line.parse::<i64>().is_ok_and(|n| n >= 1);
             }
             Err(std::io::Error::other("the session ended"))
         };

@@ -41,6 +41,8 @@ pub struct Ctx<'w> {
     minor: AtomicU32,
     /// A scale-up waits this long for the new instances at most.
     pub scale_bound: Duration,
+    /// The cluster's engine (a MariaDB rolling update changes resources, not the version).
+    pub engine: devctl_api::database_cluster::Engine,
     /// Print the timeline as it goes (the long run).
     pub progress: bool,
 }
@@ -56,6 +58,7 @@ impl<'w> Ctx<'w> {
             store_down: tokio::sync::Mutex::new(0),
             minor: AtomicU32::new(FIRST_MINOR),
             scale_bound,
+            engine: devctl_api::database_cluster::Engine::Postgres,
             progress: false,
         }
     }
@@ -258,6 +261,13 @@ async fn inject(ctx: &Ctx<'_>, fault: &Fault, pod: &str) -> Result<(), Error> {
         }
         FaultKind::RollingUpdate => {
             let minor = ctx.minor.fetch_add(1, Ordering::SeqCst) + 1;
+            if ctx.engine == devctl_api::database_cluster::Engine::Mariadb {
+                // A new pod template without a version change (a MariaDB series is fixed).
+                let cpu = format!("{}m", 250 + minor);
+                return ctx
+                    .patch(json!({ "spec": { "resources": { "requests": { "cpu": cpu } } } }))
+                    .await;
+            }
             ctx.patch(json!({ "spec": { "version": format!("{MAJOR}.{minor}") } }))
                 .await
         }

@@ -2,13 +2,12 @@
 //! ([`WriteProbe`]), whether it acknowledges a commit. An instance's address is read from its
 //! agent's report once a second, and a new session opened when it moves (a replaced pod).
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
 use super::checks::ProbeSamples;
-use crate::workload::{WriteProbe, reported_address};
+use crate::workload::{Access, WriteProbe, reported_address};
 
 /// How often each instance is asked.
 pub const PROBE_EVERY: Duration = Duration::from_millis(100);
@@ -30,7 +29,7 @@ impl Prober {
         client: &kube::Client,
         namespace: &str,
         pods: &[String],
-        passfile: PathBuf,
+        access: Access,
         started: Instant,
     ) -> Self {
         let (stop, stopped) = watch::channel(false);
@@ -41,7 +40,7 @@ impl Prober {
                     client.clone(),
                     namespace.to_string(),
                     pod.clone(),
-                    passfile.clone(),
+                    access.clone(),
                     started,
                     stopped.clone(),
                 ));
@@ -69,7 +68,7 @@ async fn probe_one(
     client: kube::Client,
     namespace: String,
     pod: String,
-    passfile: PathBuf,
+    access: Access,
     started: Instant,
     stopped: watch::Receiver<bool>,
 ) -> Vec<(Duration, bool)> {
@@ -84,7 +83,12 @@ async fn probe_one(
             if let Some(address) = reported_address(&client, &namespace, &pod).await
                 && probe.as_ref().is_none_or(|(_, known)| *known != address)
             {
-                probe = Some((WriteProbe::new(&passfile, &address), address));
+                // Each instance's probe writes a row of its own (MariaDB).
+                let row = pod
+                    .rsplit_once('-')
+                    .and_then(|(_, n)| n.parse().ok())
+                    .unwrap_or(0);
+                probe = Some((WriteProbe::with(access.clone(), row, &address), address));
             }
         }
         // The time the probe is sent: a commit it saw acknowledged happened after it.

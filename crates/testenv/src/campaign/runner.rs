@@ -23,7 +23,7 @@ use super::plan::{self, Limits};
 use super::probe::Prober;
 use super::stats::{FaultRun, largest_gap};
 use super::world::World;
-use crate::workload::{self, Writer, psql_at, reported_address};
+use crate::workload::{self, Writer, reported_address};
 use crate::{Error, eventually};
 
 /// What a campaign runs.
@@ -48,6 +48,8 @@ pub struct Config {
     pub plant: Option<Plant>,
     /// Print the timeline on stderr as it goes.
     pub progress: bool,
+    /// The engine: PostgreSQL, or a MariaDB round.
+    pub engine: devctl_api::database_cluster::Engine,
     /// A quiet time after each episode recovered, before the next starts: faults further
     /// apart than the agent's crash-loop window (a minute) each meet a stable cluster.
     pub pause: Duration,
@@ -66,6 +68,27 @@ pub enum Plant {
 }
 
 impl Config {
+    /// The version the cluster starts at.
+    pub fn version(&self) -> String {
+        match self.engine {
+            devctl_api::database_cluster::Engine::Mariadb => "10.11".into(),
+            _ => format!("{MAJOR}.{FIRST_MINOR}"),
+        }
+    }
+
+    /// How the writer, the prober and the checks log in as `app` with `password`.
+    fn access(&self, dir: &Path, password: &str) -> Result<workload::Access, Error> {
+        Ok(match self.engine {
+            devctl_api::database_cluster::Engine::Mariadb => {
+                workload::Access::Mariadb(password.to_string())
+            }
+            _ => workload::Access::Postgres(
+                workload::app_passfile(dir, password)
+                    .map_err(|e| Error::io("write the password file", e))?,
+            ),
+        })
+    }
+
     pub fn new(seed: u64, faults: usize) -> Self {
         Self {
             seed,
@@ -78,6 +101,7 @@ impl Config {
             final_restore: true,
             plant: None,
             progress: false,
+            engine: devctl_api::database_cluster::Engine::Postgres,
             pause: Duration::ZERO,
         }
     }
@@ -118,14 +142,14 @@ pub async fn run(world: &World, config: &Config) -> Result<Outcome, Error> {
     let started_wall = SystemTime::now();
     let mut ctx = Ctx::new(world, name, started, config.recovery_bound);
     ctx.progress = config.progress;
+    ctx.engine = config.engine;
     ctx.note(format!(
         "campaign seed {} with {} faults",
         config.seed, config.faults
     ));
     wait_ready(&ctx, SETUP_BOUND).await?;
     let dir = tempfile::tempdir().map_err(|e| Error::io("a temporary directory", e))?;
-    let passfile = workload::app_passfile(dir.path(), &password(world, name).await?)
-        .map_err(|e| Error::io("write the password file", e))?;
+    let passfile = config.access(dir.path(), &password(world, name).await?)?;
     let primary = ctx
         .cluster()
         .await
@@ -138,7 +162,14 @@ pub async fn run(world: &World, config: &Config) -> Result<Outcome, Error> {
         "create table t (v bigint primary key, pod text)",
     )
     .await?;
-    let writer = Writer::start(
+    if config.engine == devctl_api::database_cluster::Engine::Mariadb {
+        let table = format!(
+            "create table {} (id int primary key, at bigint)",
+            workload::MARIADB_PROBE_TABLE
+        );
+        sql(world, &passfile, &primary, &table).await?;
+    }
+    let writer = Writer::start_with(
         world.client.clone(),
         &world.namespace,
         name,
@@ -476,7 +507,7 @@ async fn create_cluster(world: &World, config: &Config) -> Result<(), Error> {
         world,
         &config.name,
         json!({
-            "engine": "postgres", "version": format!("{MAJOR}.{FIRST_MINOR}"), "replicas": 3,
+            "engine": config.engine, "version": config.version(), "replicas": 3,
             "storage": { "size": "1Gi" },
             "backup": backup_spec(world),
             "replication": { "synchronous": { "method": "any", "number": 1 } },
@@ -508,11 +539,16 @@ async fn password(world: &World, name: &str) -> Result<String, Error> {
         .ok_or_else(|| Error::Process(format!("{name}-credentials has no password")))
 }
 
-async fn sql(world: &World, passfile: &Path, pod: &str, sql: &str) -> Result<String, Error> {
+async fn sql(
+    world: &World,
+    access: &workload::Access,
+    pod: &str,
+    sql: &str,
+) -> Result<String, Error> {
     let address = reported_address(&world.client, &world.namespace, pod)
         .await
         .ok_or_else(|| Error::Process(format!("{pod} reports no address")))?;
-    psql_at(passfile, &address, sql)
+    workload::sql_at(access, &address, sql)
         .await
         .map_err(|e| Error::Process(format!("on {pod}: {sql}: {e}")))
 }
@@ -564,7 +600,7 @@ async fn wait_recovered(ctx: &Ctx<'_>, bound: Duration) -> Option<Duration> {
 /// The rows of `t` on `pod`, and their checksum.
 async fn rows_on(
     world: &World,
-    passfile: &Path,
+    passfile: &workload::Access,
     pod: &str,
 ) -> Result<(BTreeSet<i64>, String), Error> {
     let out = sql(world, passfile, pod, "select v from t order by v").await?;
@@ -582,7 +618,11 @@ fn fingerprint(text: &str) -> u64 {
 
 /// The rows on the final primary and every instance's checksum once the replicas caught up
 /// (or [`CATCH_UP`] passed).
-async fn final_checks(ctx: &Ctx<'_>, passfile: &Path, records: &mut Records) -> Result<(), Error> {
+async fn final_checks(
+    ctx: &Ctx<'_>,
+    passfile: &workload::Access,
+    records: &mut Records,
+) -> Result<(), Error> {
     let world = ctx.world;
     let db = ctx
         .cluster()
@@ -653,12 +693,12 @@ async fn restore_check(
     let version = ctx
         .cluster()
         .await
-        .map_or_else(|| format!("{MAJOR}.{FIRST_MINOR}"), |d| d.spec.version);
+        .map_or_else(|| config.version(), |d| d.spec.version);
     create(
         world,
         &restored,
         json!({
-            "engine": "postgres", "version": version, "replicas": 1,
+            "engine": config.engine, "version": version, "replicas": 1,
             "storage": { "size": "1Gi" },
             "backup": { "enabled": false },
             "bootstrap": { "recovery": { "backup": backup_name } },
@@ -679,8 +719,7 @@ async fn restore_check(
     let restored_dir = dir.join("restored");
     std::fs::create_dir_all(&restored_dir)
         .map_err(|e| Error::io(format!("create {}", restored_dir.display()), e))?;
-    let passfile = workload::app_passfile(&restored_dir, &password(world, &restored).await?)
-        .map_err(|e| Error::io("write the password file", e))?;
+    let passfile = config.access(&restored_dir, &password(world, &restored).await?)?;
     let (rows, _) = rows_on(world, &passfile, &format!("{restored}-0")).await?;
     ctx.note(format!("restored {} rows", rows.len()));
     let lost = super::checks::lost_rows(acknowledged, &rows);
