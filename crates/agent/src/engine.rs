@@ -702,8 +702,17 @@ impl Engine {
                 } else {
                     format!("IDENTIFIED WITH mysql_native_password AS '{hash}'")
                 };
+                // Replicated MariaDB: every instance's agent applies them to its own engine,
+                // outside the binary log — never waiting for a semi-synchronous
+                // acknowledgement (a promoted replica must not wait for replicas that follow
+                // it only once it serves), and never a transaction of its own in the history.
+                let local = if self.config.engine == EngineKind::Mariadb {
+                    "SET SESSION sql_log_bin = 0;\n"
+                } else {
+                    ""
+                };
                 format!(
-                    "CREATE DATABASE IF NOT EXISTS `{db}`;\n\
+                    "{local}CREATE DATABASE IF NOT EXISTS `{db}`;\n\
                      CREATE USER IF NOT EXISTS '{user}'@'%' {identified};\n\
                      ALTER USER '{user}'@'%' {identified};\n\
                      GRANT ALL PRIVILEGES ON `{db}`.* TO '{user}'@'%';\n"

@@ -165,6 +165,24 @@ async fn three_instances_replicate_by_gtid_and_replicas_refuse_writes() {
         Some(vec!["m3-1".to_string(), "m3-2".to_string()])
     );
     assert_eq!(primary.semi_sync_active, Some(true), "{primary:?}");
+    let out = env.devctl_ok(&["db", "status", "m3"]).await;
+    assert!(out.contains("GTID") && out.contains("0-1-"), "{out}");
+
+    // As a user creates one: the CLI, another series (Debian's 10.11 runs it here).
+    env.devctl_ok(&[
+        "db",
+        "create",
+        "solo",
+        "--engine",
+        "mariadb",
+        "--version",
+        "11.4",
+        "--wait",
+    ])
+    .await;
+    let solo = env.wait_ready("solo").await;
+    assert_eq!(solo.spec.engine.as_str(), "mariadb");
+    sql_ok(&env, "solo", "solo-0", "CREATE TABLE t (v INT PRIMARY KEY)").await;
 }
 
 /// The `reason` events, once there is at least one.
@@ -375,7 +393,9 @@ async fn a_killed_semi_synchronous_primary_fails_over_losing_nothing_and_an_erra
     // The bound is failoverTimeout + 5 s; the suite allows three times the slack.
     assert!(
         unavailable <= TIMEOUT + Duration::from_secs(15),
-        "the first write after the kill came {unavailable:?} later"
+        "the first write after the kill came {unavailable:?} later\nmf-1:\n{}\nmf-2:\n{}",
+        env.agent_log("mf-1"),
+        env.agent_log("mf-2")
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
     let acks = writer.finish().await;

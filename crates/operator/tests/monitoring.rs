@@ -434,7 +434,7 @@ async fn every_metric_the_dashboard_and_alerts_use_is_exported() {
     report(
         &pods,
         "db-1",
-        json!({ "lagBytes": 4096, "restarts": 2, "lastRestartTime": now,
+        json!({ "lagBytes": 4096, "lagSeconds": 3, "restarts": 2, "lastRestartTime": now,
                 "lastExit": "postgres exited (signal: 9 (SIGKILL))" }),
     )
     .await;

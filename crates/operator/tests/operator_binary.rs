@@ -56,7 +56,7 @@ async fn binary_reconciles_the_examples_in_its_namespace() {
     });
 
     let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
-    for example in ["postgres.yaml", "mysql.yaml"] {
+    for example in ["postgres.yaml", "mysql.yaml", "mariadb.yaml"] {
         let out = cluster
             .kubectl()
             .args(["apply", "-n", &namespace, "-f"])
@@ -70,7 +70,7 @@ async fn binary_reconciles_the_examples_in_its_namespace() {
         );
     }
     let dbs: Api<DatabaseCluster> = Api::namespaced(cluster.client().await.unwrap(), &namespace);
-    for (name, replicas) in [("my-postgres", 3), ("my-mysql", 1)] {
+    for (name, replicas) in [("my-postgres", 3), ("my-mysql", 1), ("my-mariadb", 3)] {
         let ready = kube::runtime::wait::await_condition(
             dbs.clone(),
             name,

@@ -267,6 +267,18 @@ impl Agent {
                 Step::Promote => {
                     tracing::info!(role = ?self.role, "promoting");
                     self.shared.set_standby_engine(false);
+                    if self.mariadb()
+                        && self.view().synchronous.is_some()
+                        && let Err(e) = crate::mariadb::ops::set_semi_sync(&self.engine, true).await
+                    {
+                        // Never writable without the acknowledgements the spec asks for.
+                        return (
+                            Some(format!(
+                                "promoting this pod: semi-synchronous replication: {e}"
+                            )),
+                            false,
+                        );
+                    }
                     if let Err(e) = self.engine.promote().await {
                         // Not promoted (yet): should the promotion complete later while
                         // another is elected, its timeline must stay out of the archive. A

@@ -78,6 +78,8 @@ impl Agent {
                 .filter(|_| self.mode == Mode::Replica && self.view().failed_primary.is_some()),
             credentials_version: match self.mode {
                 Mode::Primary => self.applied.clone(),
+                // MariaDB: every instance applies them itself.
+                Mode::Replica if self.mariadb() => self.applied.clone(),
                 // Replicas do not apply credentials: the roles replicate from the primary
                 // within seconds, so a replica that runs reports the Secret version it has
                 // seen (simpler than waiting for its replay LSN to pass the primary's

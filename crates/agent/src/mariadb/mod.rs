@@ -321,10 +321,12 @@ pub const PROMOTE_SQL: &str = "STOP SLAVE;\nRESET SLAVE ALL;\nSET GLOBAL read_on
 /// A former primary about to rejoin: replication starts after everything it wrote itself.
 pub const SLAVE_POS_FROM_BINLOG_SQL: &str = "SET GLOBAL gtid_slave_pos = @@gtid_binlog_pos;\n";
 
-/// Creates (or updates) the replication user: it may replicate and nothing else.
+/// Creates (or updates) the replication user: it may replicate and nothing else. Outside the
+/// binary log, on every instance (as the app user: [`crate::engine::Engine::apply_credentials`]).
 pub fn replication_user_sql(user: &str, password_hash: &str) -> String {
     format!(
-        "CREATE USER IF NOT EXISTS '{user}'@'%' IDENTIFIED BY PASSWORD '{password_hash}';\n\
+        "SET SESSION sql_log_bin = 0;\n\
+         CREATE USER IF NOT EXISTS '{user}'@'%' IDENTIFIED BY PASSWORD '{password_hash}';\n\
          ALTER USER '{user}'@'%' IDENTIFIED BY PASSWORD '{password_hash}';\n\
          GRANT REPLICATION SLAVE ON *.* TO '{user}'@'%';\n"
     )

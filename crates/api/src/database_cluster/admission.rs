@@ -310,6 +310,10 @@ mod tests {
         }
     }
 
+    fn create() -> Request<'static> {
+        Request::default()
+    }
+
     #[test]
     fn the_running_version_is_the_baseline_and_going_back_to_it_is_allowed() {
         let mut old = spec(base());
@@ -513,6 +517,50 @@ mod tests {
         let mut value = base();
         value["version"] = json!("16.4");
         assert!(validate(&spec(value), update(&old), &AdmissionSettings::default()).is_empty());
+    }
+
+    #[test]
+    fn mariadb_runs_10_11_or_11_x_never_changes_series_and_acknowledges_with_one_replica() {
+        let mariadb = |version: &str| {
+            let mut value = base();
+            value["engine"] = json!("mariadb");
+            value["version"] = json!(version);
+            spec(value)
+        };
+        let settings = AdmissionSettings::default();
+        for ok in ["10.11", "11.4", "11.8"] {
+            assert!(
+                validate(&mariadb(ok), create(), &settings).is_empty(),
+                "{ok}"
+            );
+        }
+        let errors = validate(&mariadb("10.6"), create(), &settings);
+        assert_eq!(errors[0].field, "spec.version");
+        assert!(
+            errors[0].message.contains("use 10.11 or 11.x"),
+            "{}",
+            errors[0]
+        );
+        // A series is a major version: 10.11 -> 11.4 (and 11.4 -> 11.8) refused.
+        for (from, to) in [("10.11", "11.4"), ("11.4", "11.8")] {
+            let old = mariadb(from);
+            let errors = validate(&mariadb(to), update(&old), &settings);
+            assert!(
+                errors[0].message.starts_with("major version upgrade"),
+                "{from} -> {to}: {:?}",
+                errors
+            );
+        }
+        let mut sync = mariadb("10.11");
+        sync.replicas = 3;
+        sync.replication = Some(crate::database_cluster::ReplicationSpec {
+            synchronous: Some(crate::database_cluster::SynchronousSpec {
+                method: crate::database_cluster::SynchronousMethod::Any,
+                number: 2,
+            }),
+        });
+        let errors = validate(&sync, create(), &settings);
+        assert_eq!(errors[0].field, "spec.replication.synchronous.number");
     }
 
     #[test]

@@ -411,6 +411,34 @@ mod tests {
     }
 
     #[test]
+    fn synchronous_replication_is_degraded_only_when_the_primary_reports_it_off() {
+        let report = |active: Option<bool>| {
+            let mut r = json!({ "ready": true, "role": "primary" });
+            if let Some(active) = active {
+                r["semiSyncActive"] = json!(active);
+            }
+            r
+        };
+        let off = [pod("db-0", true, Some(report(Some(false))))];
+        let refs: Vec<&Pod> = off.iter().collect();
+        let why = synchronous_degraded(&refs, "db-0", true).unwrap();
+        assert!(
+            why.contains("db-0") && why.contains("asynchronously"),
+            "{why}"
+        );
+        // Not asked for, or another pod's report, or active: nothing to say.
+        assert_eq!(synchronous_degraded(&refs, "db-0", false), None);
+        assert_eq!(synchronous_degraded(&refs, "db-1", true), None);
+        let on = [pod("db-0", true, Some(report(Some(true))))];
+        let refs: Vec<&Pod> = on.iter().collect();
+        assert_eq!(synchronous_degraded(&refs, "db-0", true), None);
+        // PostgreSQL reports nothing of the kind.
+        let pg = [pod("db-0", true, Some(report(None)))];
+        let refs: Vec<&Pod> = pg.iter().collect();
+        assert_eq!(synchronous_degraded(&refs, "db-0", true), None);
+    }
+
+    #[test]
     fn only_agents_that_report_ready_count_and_pod_readiness_alone_does_not() {
         let pods = [
             pod("db-1", true, Some(json!({ "ready": false }))),

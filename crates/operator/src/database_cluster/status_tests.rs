@@ -577,3 +577,22 @@ fn fewer_ready_instances_than_declared_is_degraded_once_the_cluster_has_served()
     let status = compute(&served(&sts(3, 3, true)), &o, &now()).unwrap();
     assert_eq!(condition(&status, DEGRADED).status, FALSE);
 }
+
+#[test]
+fn a_mariadb_primary_that_fell_back_to_asynchronous_replication_degrades_the_cluster() {
+    let db = sample();
+    let mut seen = observed(None);
+    let status = compute(&db, &seen, &now()).unwrap();
+    assert_ne!(
+        condition(&status, DEGRADED).reason,
+        SYNCHRONOUS_REPLICATION_DEGRADED
+    );
+    seen.synchronous_degraded = Some("the primary my-postgres-0 replicates asynchronously".into());
+    let status = compute(&db, &seen, &now()).unwrap();
+    let c = condition(&status, DEGRADED);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        (TRUE, SYNCHRONOUS_REPLICATION_DEGRADED)
+    );
+    assert!(c.message.contains("asynchronously"), "{}", c.message);
+}

@@ -125,20 +125,40 @@ pub(super) async fn status(
     output::conditions(&status.conditions);
     if !status.instances.is_empty() {
         println!();
+        // MariaDB has GTID positions and lag in seconds where PostgreSQL has timelines and
+        // bytes.
+        let mariadb = db.spec.engine == devctl_api::database_cluster::Engine::Mariadb;
         table(
             &[
-                "INSTANCE", "ROLE", "READY", "TIMELINE", "LAG", "RESTARTS", "MESSAGE",
+                "INSTANCE",
+                "ROLE",
+                "READY",
+                if mariadb { "GTID" } else { "TIMELINE" },
+                "LAG",
+                "RESTARTS",
+                "MESSAGE",
             ],
             &status
                 .instances
                 .iter()
                 .map(|i| {
+                    let (position, lag) = if mariadb {
+                        (
+                            i.gtid_position.clone().unwrap_or_else(|| "-".into()),
+                            i.lag_seconds.map_or("-".into(), |l| format!("{l}s")),
+                        )
+                    } else {
+                        (
+                            i.timeline.map_or("-".into(), |t| t.to_string()),
+                            i.lag_bytes.map_or("-".into(), |l| format!("{l} B")),
+                        )
+                    };
                     vec![
                         i.name.clone(),
                         i.role.clone().unwrap_or_else(|| "-".into()),
                         i.ready.to_string(),
-                        i.timeline.map_or("-".into(), |t| t.to_string()),
-                        i.lag_bytes.map_or("-".into(), |l| format!("{l} B")),
+                        position,
+                        lag,
                         restarts(i.restarts, i.last_restart_time.as_deref()),
                         i.message.clone().unwrap_or_default(),
                     ]
