@@ -8,6 +8,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
+use devctl_api::database_cluster::DatabaseCluster;
 use devctl_testenv::workload::{self, Access, Writer};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ListParams;
@@ -630,5 +631,30 @@ async fn a_physical_backup_of_a_replica_restores_whole_and_to_a_point_in_time() 
     assert_eq!(
         sql_ok(&env, "mb-copy", "mb-copy-0", CHECKSUM).await,
         after_b
+    );
+
+    // The restored cluster grows: a replica clones it and replicates (its GTID state
+    // continues the copy's).
+    env.api::<DatabaseCluster>()
+        .patch(
+            "mb-copy",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({ "spec": { "replicas": 2 } })),
+        )
+        .await
+        .unwrap();
+    env.wait_ready_with("mb-copy", 2).await;
+    sql_ok(&env, "mb-copy", "mb-copy-0", "INSERT INTO t VALUES (5000)").await;
+    wait_answer(
+        &env,
+        "mb-copy",
+        "mb-copy-1",
+        "SELECT COUNT(*) FROM t WHERE v = 5000",
+        "1",
+    )
+    .await;
+    assert_eq!(
+        sql_ok(&env, "mb-copy", "mb-copy-1", "SELECT COUNT(*) FROM t").await,
+        "2001"
     );
 }

@@ -143,10 +143,13 @@ impl Agent {
         let failing_over = self.view().failed_primary.is_some();
         let replication = probe.mariadb.as_ref().and_then(|m| m.replication.clone());
         let mut problem = None;
-        // Each instance keeps its own users in line (outside the binary log).
-        self.apply_credentials().await;
-        if self.applied.is_some() {
-            self.apply_replication_role().await;
+        // Each instance keeps its own users in line (outside the binary log) — not during a
+        // failover, which must not wait for it.
+        if !failing_over {
+            self.apply_credentials().await;
+            if self.applied.is_some() {
+                self.apply_replication_role().await;
+            }
         }
         if failing_over || self.hooks.wal_receiver_stopped() {
             problem = self.stop_receiving(replication.as_ref()).await.err();

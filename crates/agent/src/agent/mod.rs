@@ -316,6 +316,8 @@ struct Agent {
     /// MariaDB primary: the binary log archiver's state, and its round under way.
     binlog_archiver: crate::mariadb::archive::SharedArchiver,
     archive_task: Option<tokio::task::JoinHandle<()>>,
+    /// MariaDB, restoring: the binary log replay under way.
+    replay_task: Option<tokio::task::JoinHandle<std::result::Result<String, RestoreError>>>,
 }
 
 /// Runs the instance described by `config` until SIGTERM/SIGINT, a replaced pod, or an
@@ -392,6 +394,7 @@ pub async fn run(config: Config) -> Result<Outcome> {
         errant_from: None,
         binlog_archiver: Default::default(),
         archive_task: None,
+        replay_task: None,
         lock,
         lock_problem: None,
         failover_ack: None,

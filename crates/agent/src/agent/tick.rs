@@ -185,7 +185,25 @@ impl Agent {
             }
             let shared = self.shared.clone();
             let result = if self.mariadb() {
-                crate::mariadb::backup::replay(&shared).await
+                // In the background: a long replay must not hold up the probe, the report
+                // and the primary lock's renewal.
+                match self.replay_task.take() {
+                    Some(task) if task.is_finished() => task.await.unwrap_or_else(|e| {
+                        Err(RestoreError::Failed(format!("the replay task ended: {e}")))
+                    }),
+                    Some(task) => {
+                        self.replay_task = Some(task);
+                        self.restore_problem =
+                            Some("restoring a backup: replaying the archived binary logs".into());
+                        return false;
+                    }
+                    None => {
+                        self.replay_task = Some(tokio::spawn(async move {
+                            crate::mariadb::backup::replay(&shared).await
+                        }));
+                        return false;
+                    }
+                }
             } else {
                 restore_mysql(&shared).await
             };

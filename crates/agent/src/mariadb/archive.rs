@@ -131,12 +131,23 @@ async fn round(
         }
         Some(_) => {}
     }
+    // The file being written, from the server (the index may be mid-rewrite by a purge):
+    // only files before it are closed.
+    let open = engine
+        .admin_sql("SHOW MASTER STATUS;\n")
+        .await?
+        .split('\t')
+        .next()
+        .map(|f| f.trim().to_string())
+        .filter(|f| super::binlog::is_binlog_name(f))
+        .ok_or("SHOW MASTER STATUS names no binary log file")?;
     let index =
         std::fs::read_to_string(data.join(INDEX)).map_err(|e| format!("reading {INDEX}: {e}"))?;
     let files = indexed_files(&index);
-    let closed = &files[..files.len().saturating_sub(1)];
     let mut last = None;
-    for name in closed {
+    // Numbered names (`mysql-bin.` and digits): shorter is older, then by text.
+    let before_open = |f: &&String| (f.len(), f.as_str()) < (open.len(), open.as_str());
+    for name in files.iter().filter(before_open) {
         let key = format!("{term_prefix}{name}");
         let summary_key = format!("{key}.json");
         if state.archived.contains(&summary_key) {
@@ -154,9 +165,18 @@ async fn round(
         let path = data.join(name);
         let summary = summarize(std::fs::File::open(&path).map_err(|e| format!("{name}: {e}"))?)
             .map_err(|e| format!("{name}: {e}"))?;
-        let mut file = tokio::fs::File::open(&path)
+        if !summary.closed {
+            tracing::warn!(
+                file = %name,
+                complete = summary.length,
+                "the binary log does not end with the server's closing event (a crash cut it short): archiving its complete events"
+            );
+        }
+        // Its complete events only (a crash may have left a partial one at the end).
+        let file = tokio::fs::File::open(&path)
             .await
             .map_err(|e| format!("{name}: {e}"))?;
+        let mut file = tokio::io::AsyncReadExt::take(file, summary.length);
         store
             .put_stream(&key, &mut file, |_| {})
             .await

@@ -40,6 +40,10 @@ pub struct Pending {
     /// When the replay began to wait for the archive (unix seconds).
     #[serde(default)]
     pub waiting_since: Option<u64>,
+    /// The restored server's binary log was reset to the copy's position (its GTID state
+    /// then starts where the copy ends, and a replay resumes from its own binary log).
+    #[serde(default)]
+    pub gtid_state_set: bool,
 }
 
 /// The GTID position in `mariadb-backup`'s closing lines (`… GTID of the last change
@@ -90,7 +94,15 @@ pub async fn take(
         return Err(format!("mariadb-backup failed: {}", lock(&tail).text()));
     }
     report.size = i64::try_from(size).ok();
-    report.gtid_position = Some(lock(&position).clone().unwrap_or_default());
+    // Without it a restore would not know where the binary logs continue: never guessed.
+    let Some(position) = lock(&position).clone() else {
+        let _ = store.delete(&key).await;
+        return Err(
+            "mariadb-backup did not say the copy's GTID position (\"GTID of the last change\")"
+                .into(),
+        );
+    };
+    report.gtid_position = Some(position);
     report.phase = COMPLETED.into();
     report.stopped_at = Some(now_rfc3339());
     write_manifest(shared, &store, &base, &sysid, report, None).await
@@ -124,6 +136,7 @@ pub async fn restore(shared: &Shared) -> Result<String, RestoreError> {
         position: manifest.report.gtid_position.clone().unwrap_or_default(),
         target_time: request.target_time.clone(),
         waiting_since: None,
+        gtid_state_set: false,
     };
     let settle = || -> Result<(), String> {
         let json = serde_json::to_vec(&pending).map_err(|e| e.to_string())?;
@@ -245,6 +258,18 @@ pub fn replay_plan(
     Ok(plan)
 }
 
+/// Whether a term's archived files reach back to `position` (pure): its first file starts at
+/// or before it. Otherwise transactions between the two are in no archived file — a gap a
+/// replay must not step over (mariadb-binlog's `--start-position` would only skip to the next
+/// transaction it finds).
+pub fn reaches_back(term: &ArchivedTerm, position: &str) -> Result<bool, String> {
+    let Some((_, first)) = term.files.first() else {
+        return Ok(false);
+    };
+    let position: devctl_api::gtid::Position = position.parse()?;
+    Ok(position.contains(&first.gtid_list.parse()?))
+}
+
 /// Replays the archived binary logs after a restore (the engine runs, read-only to
 /// everyone but the agent): `Ok(message)` once done, `Wait` while the archive has no
 /// transaction past the target time yet (up to [`TARGET_WAIT`], then what there is).
@@ -296,14 +321,52 @@ pub async fn replay(shared: &Shared) -> Result<String, RestoreError> {
             );
         }
     }
-    let plan = replay_plan(&terms, &pending.position).map_err(RestoreError::Failed)?;
+    let engine = &shared.engine;
+    if !pending.gtid_state_set {
+        // The copy has no binary log: its GTID state starts where the copy ends, so the
+        // replayed transactions follow it in order (strict mode) and a replay that stopped
+        // resumes from this server's own binary log.
+        let mut sql = String::from("RESET MASTER;\n");
+        if !pending.position.is_empty() {
+            sql.push_str(&format!(
+                "SET GLOBAL gtid_binlog_state = {};\n",
+                super::literal(&pending.position)
+            ));
+        }
+        engine
+            .admin_sql(&sql)
+            .await
+            .map_err(|e| RestoreError::Failed(format!("setting the copy's GTID state: {e}")))?;
+        pending.gtid_state_set = true;
+        crate::engine::write_private(
+            &data.join(PITR_PENDING),
+            &serde_json::to_vec(&pending).unwrap_or_default(),
+        )
+        .map_err(RestoreError::Failed)?;
+    }
+    let mut position = super::ops::binlog_position(engine)
+        .await
+        .map_err(RestoreError::Failed)?;
+    if position.is_empty() {
+        position = pending.position.clone();
+    }
+    let plan = replay_plan(&terms, &position).map_err(RestoreError::Failed)?;
     let scratch = restore_dir(&data).with_extension("binlogs");
     let _ = std::fs::remove_dir_all(&scratch);
     create_private_dir(&scratch).map_err(RestoreError::Failed)?;
-    let mut position = pending.position.clone();
     let mut replayed_terms = 0;
     for (index, stop) in plan {
         let term = &terms[index];
+        if !position.is_empty() && !reaches_back(term, &position).map_err(RestoreError::Failed)? {
+            return Err(RestoreError::Failed(format!(
+                "the binary log archive has a gap: term {} begins after {position}, where the replay stands (its first archived file starts after {}); the transactions between are in no archived file",
+                term.term.id,
+                term.files
+                    .first()
+                    .map(|(_, s)| s.gtid_list.as_str())
+                    .unwrap_or_default()
+            )));
+        }
         let mut files = Vec::new();
         for (key, _) in &term.files {
             let name = key.rsplit('/').next().unwrap_or("binlog");
@@ -337,6 +400,11 @@ pub async fn replay(shared: &Shared) -> Result<String, RestoreError> {
         replayed_terms += 1;
     }
     let _ = std::fs::remove_dir_all(&scratch);
+    // Replication from this server (its clones) starts from what it holds.
+    engine
+        .admin_sql("SET GLOBAL gtid_slave_pos = @@gtid_binlog_pos;\n")
+        .await
+        .map_err(RestoreError::Failed)?;
     let _ = std::fs::remove_file(data.join(PITR_PENDING));
     Ok(format!(
         "replayed the archived binary logs of {replayed_terms} term(s) after backup {} (GTID {}) to {}: at {position}",
@@ -358,7 +426,11 @@ async fn replay_files(
     stop_datetime: Option<&str>,
 ) -> Result<(), String> {
     let engine = &shared.engine;
-    let mut args = vec![format!("--start-position={from}")];
+    // An empty position (nothing ever written): from the first transaction.
+    let mut args: Vec<String> = (!from.is_empty())
+        .then(|| format!("--start-position={from}"))
+        .into_iter()
+        .collect();
     if let Some(stop) = stop {
         args.push(format!("--stop-position={stop}"));
     }

@@ -15,6 +15,9 @@ const MAGIC: &[u8; 4] = b"\xfebin";
 const HEADER: usize = 19;
 /// `GTID_EVENT`: the start of a transaction (payload: sequence number (8), domain (4)).
 const GTID_EVENT: u8 = 162;
+/// `STOP_EVENT` and `ROTATE_EVENT`: the last event of a file the server closed.
+const STOP_EVENT: u8 = 3;
+const ROTATE_EVENT: u8 = 4;
 /// `GTID_LIST_EVENT`: the position the file starts after (payload: count (4; low 28 bits),
 /// then per domain: domain (4), server (4), sequence (8)).
 const GTID_LIST_EVENT: u8 = 163;
@@ -30,6 +33,13 @@ pub struct Summary {
     /// Unix seconds of the first and last transaction (0: none).
     pub first_transaction: i64,
     pub last_transaction: i64,
+    /// The file ends with the server's closing event (a rotation or a shutdown) exactly at
+    /// its end. A file a crash cut short has neither; its complete events end at `length`.
+    #[serde(default)]
+    pub closed: bool,
+    /// Bytes up to the end of the last complete event (what is archived).
+    #[serde(default)]
+    pub length: u64,
 }
 
 fn u32_le(bytes: &[u8]) -> u32 {
@@ -53,6 +63,9 @@ pub fn summarize(mut file: impl Read + Seek) -> Result<Summary, String> {
     let mut summary = Summary::default();
     let mut position: u64 = 4;
     let mut header = [0u8; HEADER];
+    let length = file.seek(SeekFrom::End(0)).map_err(|e| e.to_string())?;
+    file.seek(SeekFrom::Start(4)).map_err(|e| e.to_string())?;
+    let mut last_kind = None;
     loop {
         match file.read_exact(&mut header) {
             Ok(()) => {}
@@ -66,7 +79,12 @@ pub fn summarize(mut file: impl Read + Seek) -> Result<Summary, String> {
         if size < HEADER as u64 {
             return Err(format!("an event of {size} bytes at {position}"));
         }
+        if position + size > length {
+            // Cut short (a crash while writing it): not part of the file's complete events.
+            break;
+        }
         let body = size - HEADER as u64;
+        last_kind = Some(kind);
         match kind {
             GTID_EVENT if body >= 12 => {
                 let mut payload = [0u8; 12];
@@ -108,6 +126,8 @@ pub fn summarize(mut file: impl Read + Seek) -> Result<Summary, String> {
         }
         position += size;
     }
+    summary.closed = position == length && matches!(last_kind, Some(STOP_EVENT | ROTATE_EVENT));
+    summary.length = position;
     Ok(summary)
 }
 

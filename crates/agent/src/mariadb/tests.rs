@@ -144,9 +144,13 @@ fn a_binary_log_summary_reads_its_gtid_list_last_gtid_and_transaction_times() {
     assert_eq!(summary.gtid_list, "0-1-7");
     assert_eq!(summary.last_gtid, "0-1-10");
     assert_eq!(summary.last_transaction - summary.first_transaction, 2);
+    assert!(summary.closed, "a rotated file ends with its Rotate event");
     assert!(binlog::summarize(std::io::Cursor::new(&b"nope"[..])).is_err());
-    // A file cut short in an event body (still being written) ends the summary there.
-    assert!(binlog::summarize(std::io::Cursor::new(&bytes[..400])).is_ok());
+    // A file cut short (still being written, or copied mid-write) is not closed.
+    let cut = binlog::summarize(std::io::Cursor::new(&bytes[..400])).unwrap();
+    assert!(!cut.closed);
+    assert!(cut.length <= 400 && cut.length > 4, "{cut:?}");
+    assert_eq!(summary.length, bytes.len() as u64);
 }
 
 #[test]
