@@ -1087,24 +1087,28 @@ pub(crate) async fn write_manifest(
         .map_err(|e| e.to_string())
 }
 
-async fn take_mysql(
-    shared: &Shared,
-    request: &BackupRequest,
-    report: &mut BackupReport,
-) -> Result<(), String> {
-    let (store, sysid, _sys_prefix, base) = backup_target(shared, request, report).await?;
-    let command = shared.engine.dump_command()?;
+/// Runs `command` and streams its stdout into the object `key`; its stderr lines go to the
+/// log and to `on_line`. `Err` (the object removed) when either fails. Returns the size.
+pub(crate) async fn stream_to_store(
+    store: &Store,
+    key: &str,
+    command: tokio::process::Command,
+    what: &'static str,
+    mut on_line: impl FnMut(&str) + Send + 'static,
+) -> Result<u64, String> {
     let tail = Arc::new(Mutex::new(Tail::default()));
     let (mut child, stderr_task) = {
         let tail = tail.clone();
-        spawn_streaming(command, "dump", false, move |line| lock(&tail).push(line))?
+        spawn_streaming(command, what, false, move |line| {
+            on_line(line);
+            lock(&tail).push(line);
+        })?
     };
     let Some(mut stdout) = child.stdout.take() else {
         finish(&mut child, true).await;
-        return Err("the dump has no stdout".into());
+        return Err(format!("{what} has no stdout"));
     };
-    let key = format!("{base}{}", data_object("mysql"));
-    let size = match store.put_stream(&key, &mut stdout, |_| {}).await {
+    let size = match store.put_stream(key, &mut stdout, |_| {}).await {
         Ok(size) => size,
         Err(e) => {
             finish(&mut child, true).await;
@@ -1116,8 +1120,21 @@ async fn take_mysql(
     let status = finish(&mut child, false).await;
     let _ = stderr_task.await;
     if !status.is_some_and(|s| s.success()) {
-        return Err(format!("the dump failed: {}", lock(&tail).text()));
+        let _ = store.delete(key).await;
+        return Err(format!("{what} failed: {}", lock(&tail).text()));
     }
+    Ok(size)
+}
+
+async fn take_mysql(
+    shared: &Shared,
+    request: &BackupRequest,
+    report: &mut BackupReport,
+) -> Result<(), String> {
+    let (store, sysid, _sys_prefix, base) = backup_target(shared, request, report).await?;
+    let command = shared.engine.dump_command()?;
+    let key = format!("{base}{}", data_object("mysql"));
+    let size = stream_to_store(&store, &key, command, "the dump", |_| {}).await?;
     report.size = i64::try_from(size).ok();
     report.phase = COMPLETED.into();
     report.stopped_at = Some(now_rfc3339());

@@ -10,8 +10,6 @@ use std::time::{Duration, SystemTime};
 
 use devctl_api::database_cluster::DatabaseCluster;
 use devctl_testenv::workload::{self, Access, Writer};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::ListParams;
 use serde_json::json;
 use support::databases::{Env, ready};
 
@@ -82,20 +80,26 @@ async fn wait_answer(env: &Env, name: &str, pod: &str, sql: &str, expected: &str
     }
 }
 
-/// The pods an EndpointSlice of `service` points at.
-async fn endpoints(env: &Env, service: &str) -> BTreeSet<String> {
-    let slices = env
-        .api::<EndpointSlice>()
-        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={service}")))
-        .await
-        .unwrap();
-    slices
-        .items
-        .iter()
-        .flat_map(|s| s.endpoints.iter().flatten())
-        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
-        .filter_map(|e| e.target_ref.as_ref()?.name.clone())
-        .collect()
+/// A writer committing a row every 50 ms through `-rw` of `name`, once it has 20
+/// acknowledgements.
+async fn writing(env: &Env, name: &str, password: &str) -> Writer {
+    let writer = Writer::start_with(
+        env.client.clone(),
+        &env.namespace,
+        name,
+        Access::Mariadb(password.to_string()),
+        1,
+        Duration::from_millis(50),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while writer.acks().len() < 20 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the writer got no acknowledgements"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    writer
 }
 
 fn set(names: &[&str]) -> BTreeSet<String> {
@@ -105,7 +109,7 @@ fn set(names: &[&str]) -> BTreeSet<String> {
 async fn wait_endpoints(env: &Env, service: &str, expected: BTreeSet<String>) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let found = endpoints(env, service).await;
+        let found = env.endpoints(service).await;
         if found == expected {
             return;
         }
@@ -342,22 +346,7 @@ async fn a_killed_semi_synchronous_primary_fails_over_losing_nothing_and_an_erra
     .await;
     let password = env.password("mf").await;
     let (stop_probe, prober) = probe_writable(&env, "mf", &password);
-    let writer = Writer::start_with(
-        env.client.clone(),
-        &env.namespace,
-        "mf",
-        Access::Mariadb(password.clone()),
-        1,
-        Duration::from_millis(50),
-    );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while writer.acks().len() < 20 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the writer got no acknowledgements"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let writer = writing(&env, "mf", &password).await;
 
     let runner = env.cluster.pod_runner().unwrap();
     let killed = SystemTime::now();
@@ -470,22 +459,7 @@ async fn a_switchover_with_db_promote_loses_nothing_and_the_old_primary_replicat
     )
     .await;
     let password = env.password("ms").await;
-    let writer = Writer::start_with(
-        env.client.clone(),
-        &env.namespace,
-        "ms",
-        Access::Mariadb(password),
-        1,
-        Duration::from_millis(50),
-    );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while writer.acks().len() < 20 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the writer got no acknowledgements"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let writer = writing(&env, "ms", &password).await;
     env.devctl_ok(&["db", "promote", "ms", "ms-1", "--wait"])
         .await;
     let db = env

@@ -10,7 +10,6 @@ use std::time::Duration;
 use devctl_api::database_cluster::DatabaseCluster;
 use devctl_api::instance::InstanceStatus;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
@@ -28,21 +27,6 @@ async fn pod_names(env: &Env, prefix: &str, terminating: bool) -> Option<BTreeSe
             .filter(|n| n.starts_with(prefix))
             .collect(),
     )
-}
-
-/// The pods an EndpointSlice of `service` points at.
-async fn endpoints(env: &Env, service: &str) -> BTreeSet<String> {
-    let slices = env
-        .api::<EndpointSlice>()
-        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={service}")))
-        .await
-        .unwrap();
-    slices
-        .items
-        .iter()
-        .flat_map(|s| s.endpoints.iter().flatten())
-        .filter_map(|e| e.target_ref.as_ref()?.name.clone())
-        .collect()
 }
 
 fn set(names: &[&str]) -> BTreeSet<String> {
@@ -165,8 +149,8 @@ async fn three_instances_stream_serve_the_right_services_scale_and_reclone() {
         "-rw to hold the primary, -ro the replicas",
         READY_TIMEOUT,
         || async {
-            (endpoints(&env, "ha-rw").await == set(&["ha-0"])
-                && endpoints(&env, "ha-ro").await == set(&["ha-1", "ha-2"]))
+            (env.endpoints("ha-rw").await == set(&["ha-0"])
+                && env.endpoints("ha-ro").await == set(&["ha-1", "ha-2"]))
             .then_some(())
         },
     )
@@ -356,7 +340,7 @@ async fn a_minor_version_change_replaces_the_replicas_before_the_primary() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql_replicas_are_refused_until_replication_lands() {
+async fn mysql_replicas_are_refused_and_the_message_points_to_mariadb() {
     let env = Env::start("myrepl").await;
     env.create_with("my3", "mysql", "8.0", 3).await;
     let db = env
@@ -368,6 +352,8 @@ async fn mysql_replicas_are_refused_until_replication_lands() {
     let (ready_status, _, message) = support::databases::condition(&db, "Ready").unwrap();
     assert_eq!(ready_status, "False");
     assert!(message.contains("spec.replicas"), "{message}");
+    let (_, _, degraded) = support::databases::condition(&db, "Degraded").unwrap();
+    assert!(degraded.contains("use engine mariadb"), "{degraded}");
     let sts = env
         .api::<k8s_openapi::api::apps::v1::StatefulSet>()
         .get("my3")
@@ -456,8 +442,8 @@ async fn a_switchover_loses_nothing_and_the_old_primary_streams_from_the_new_one
         "-rw to hold sw-1, -ro sw-0 and sw-2",
         READY_TIMEOUT,
         || async {
-            (endpoints(&env, "sw-rw").await == set(&["sw-1"])
-                && endpoints(&env, "sw-ro").await == set(&["sw-0", "sw-2"]))
+            (env.endpoints("sw-rw").await == set(&["sw-1"])
+                && env.endpoints("sw-ro").await == set(&["sw-0", "sw-2"]))
             .then_some(())
         },
     )

@@ -89,7 +89,13 @@ impl Agent {
                 if self.cluster.is_some() && !self.mariadb() {
                     self.apply_slots(&probe, primary).await;
                 }
-                self.ready = self.applied.is_some() || !primary;
+                self.ready = if self.mariadb() {
+                    // A MariaDB primary serves once writable with its users applied (read-only
+                    // it is no replica: the restore's first ticks would otherwise count).
+                    primary && self.applied.is_some()
+                } else {
+                    self.applied.is_some() || !primary
+                };
                 self.probe = Some(probe);
             }
             Err(e) => {

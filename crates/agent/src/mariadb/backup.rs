@@ -14,7 +14,7 @@ use tokio::io::AsyncWriteExt;
 use super::archive::{ArchivedTerm, binlog_prefix, list_terms};
 use crate::backup::{
     COMPLETED, RestoreError, Shared, Tail, backup_target, create_private_dir, finish, lock,
-    read_manifest, restore_dir, spawn_streaming, write_manifest,
+    read_manifest, restore_dir, spawn_streaming, stream_to_store, write_manifest,
 };
 use crate::process;
 use crate::report::now_rfc3339;
@@ -62,37 +62,17 @@ pub async fn take(
 ) -> Result<(), String> {
     let (store, sysid, _sys_prefix, base) = backup_target(shared, request, report).await?;
     let command = super::clone::backup_command(&shared.engine, "backup")?;
-    let tail = Arc::new(Mutex::new(Tail::default()));
     let position = Arc::new(Mutex::new(None::<String>));
-    let (mut child, stderr_task) = {
-        let (tail, position) = (tail.clone(), position.clone());
-        spawn_streaming(command, "mariadb-backup", false, move |line| {
+    let key = format!("{base}{}", data_object("mariadb"));
+    let size = {
+        let position = position.clone();
+        stream_to_store(&store, &key, command, "mariadb-backup", move |line| {
             if let Some(gtid) = gtid_in_log_line(line) {
                 *lock(&position) = Some(gtid);
             }
-            lock(&tail).push(line);
-        })?
+        })
+        .await?
     };
-    let Some(mut stdout) = child.stdout.take() else {
-        finish(&mut child, true).await;
-        return Err("mariadb-backup has no stdout".into());
-    };
-    let key = format!("{base}{}", data_object("mariadb"));
-    let size = match store.put_stream(&key, &mut stdout, |_| {}).await {
-        Ok(size) => size,
-        Err(e) => {
-            finish(&mut child, true).await;
-            let _ = stderr_task.await;
-            return Err(e.to_string());
-        }
-    };
-    drop(stdout);
-    let status = finish(&mut child, false).await;
-    let _ = stderr_task.await;
-    if !status.is_some_and(|s| s.success()) {
-        let _ = store.delete(&key).await;
-        return Err(format!("mariadb-backup failed: {}", lock(&tail).text()));
-    }
     report.size = i64::try_from(size).ok();
     // Without it a restore would not know where the binary logs continue: never guessed.
     let Some(position) = lock(&position).clone() else {

@@ -319,6 +319,27 @@ impl Env {
             .unwrap_or_else(|| "(no log)".into())
     }
 
+    /// The pods the ready endpoints of `service`'s EndpointSlices point at (where a client of
+    /// the Service is sent).
+    pub async fn endpoints(&self, service: &str) -> std::collections::BTreeSet<String> {
+        use k8s_openapi::api::discovery::v1::EndpointSlice;
+        let slices = self
+            .api::<EndpointSlice>()
+            .list(
+                &kube::api::ListParams::default()
+                    .labels(&format!("kubernetes.io/service-name={service}")),
+            )
+            .await
+            .unwrap();
+        slices
+            .items
+            .iter()
+            .flat_map(|s| s.endpoints.iter().flatten())
+            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
+            .filter_map(|e| e.target_ref.as_ref()?.name.clone())
+            .collect()
+    }
+
     pub async fn report(&self, pod: &str) -> InstanceStatus {
         let pod = self.api::<Pod>().get(pod).await.unwrap();
         InstanceStatus::from_annotations(pod.metadata.annotations.as_ref())

@@ -18,23 +18,8 @@ pub fn render(memory_mib: u64) -> BTreeMap<String, String> {
 }
 
 fn my_cnf(memory_mib: u64) -> String {
-    let max_connections = super::max_connections(memory_mib);
-    let buffer_pool = (memory_mib / 2).max(32);
     format!(
-        "# Rendered by devctl-operator from spec.resources ({memory_mib} MiB); edits are overwritten.
-[mysqld]
-bind-address = 0.0.0.0
-port = 3306
-skip-name-resolve
-max_connections = {max_connections}
-character-set-server = utf8mb4
-collation-server = utf8mb4_unicode_ci
-
-# InnoDB
-innodb_buffer_pool_size = {buffer_pool}M
-innodb_flush_log_at_trx_commit = 1
-innodb_file_per_table = 1
-
+        "{}
 # GTID replication: every instance writes a binary log (a replica too, so that it can be
 # promoted with its history), in rows, synced at each commit.
 log-bin = mysql-bin
@@ -58,7 +43,8 @@ skip_slave_start = ON
 rpl_semi_sync_slave_enabled = ON
 rpl_semi_sync_master_wait_point = AFTER_SYNC
 rpl_semi_sync_master_timeout = {SEMI_SYNC_TIMEOUT_MS}
-"
+",
+        super::mysql::server_section(memory_mib)
     )
 }
 

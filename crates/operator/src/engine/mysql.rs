@@ -11,6 +11,19 @@ pub fn render(memory_mib: u64) -> BTreeMap<String, String> {
 }
 
 fn my_cnf(memory_mib: u64) -> String {
+    format!(
+        "{}
+# Binary log for replication
+log-bin = mysql-bin
+binlog_format = ROW
+sync_binlog = 1
+",
+        server_section(memory_mib)
+    )
+}
+
+/// The `[mysqld]` section's sizing and character set, shared with MariaDB's my.cnf.
+pub(super) fn server_section(memory_mib: u64) -> String {
     let max_connections = super::max_connections(memory_mib);
     let buffer_pool = (memory_mib / 2).max(32);
     format!(
@@ -27,11 +40,6 @@ collation-server = utf8mb4_unicode_ci
 innodb_buffer_pool_size = {buffer_pool}M
 innodb_flush_log_at_trx_commit = 1
 innodb_file_per_table = 1
-
-# Binary log for replication
-log-bin = mysql-bin
-binlog_format = ROW
-sync_binlog = 1
 "
     )
 }
