@@ -484,6 +484,9 @@ impl Engine {
                     "--auth-root-authentication-method=socket".into(),
                     format!("--auth-root-socket-user={}", self.os_user),
                     "--skip-test-db".into(),
+                    // The pod's own temporary directory: servers sharing a host's /tmp
+                    // (process-backed pods) remove each other's temporary files.
+                    format!("--tmpdir={}", self.config.run_dir.display()),
                 ];
                 if process::is_root() {
                     args.push("--user=root".into());
@@ -576,6 +579,7 @@ impl Engine {
                     format!("--datadir={}", c.data_dir.display()),
                     format!("--socket={}", c.run_dir.join(MYSQL_SOCKET).display()),
                     format!("--pid-file={}", c.run_dir.join(MYSQL_PID).display()),
+                    format!("--tmpdir={}", c.run_dir.display()),
                     format!("--port={}", c.port),
                     format!("--bind-address={}", c.listen_address),
                 ];
