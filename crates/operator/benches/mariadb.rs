@@ -116,7 +116,8 @@ async fn main() -> Result<(), BoxError> {
         dbs.get("big").await.ok().filter(|d| ready(d, 2))
     })
     .await?;
-    let access = Access::Mariadb(password(&secrets, "big").await?);
+    let big_password = password(&secrets, "big").await?;
+    let access = Access::Mariadb(big_password.clone());
     let primary = workload::reported_address(&client, &namespace, "big-0")
         .await
         .ok_or("no address")?;
@@ -134,14 +135,10 @@ async fn main() -> Result<(), BoxError> {
         let last = (first + 499_999).min(rows);
         let insert =
             format!("INSERT INTO big SELECT seq, REPEAT('x', 250) FROM seq_{first}_to_{last}");
-        let mut command = tokio::process::Command::new("mariadb");
-        let Access::Mariadb(pw) = &access else {
-            unreachable!()
-        };
-        let out = command
+        let out = tokio::process::Command::new("mariadb")
             .args(["--no-defaults", "--protocol=TCP", "-u", "app", "-D", "app"])
             .args(["-h", &primary.0, "-P", &primary.1, "-e", &insert])
-            .env("MYSQL_PWD", pw)
+            .env("MYSQL_PWD", &big_password)
             .output()
             .await?;
         if !out.status.success() {

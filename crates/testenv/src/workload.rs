@@ -96,14 +96,7 @@ pub async fn psql_at(
         .env("PGCONNECT_TIMEOUT", "2")
         .env_remove("PGPASSWORD")
         .kill_on_drop(true);
-    match tokio::time::timeout(STATEMENT_LIMIT, command.output()).await {
-        Ok(Ok(out)) if out.status.success() => {
-            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-        }
-        Ok(Ok(out)) => Err(String::from_utf8_lossy(&out.stderr).trim().to_string()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {STATEMENT_LIMIT:?}")),
-    }
+    limited(command).await
 }
 
 /// How a client logs in as `app` to database `app`: PostgreSQL with a password file
@@ -138,6 +131,12 @@ pub async fn sql_at(
         ])
         .env("MYSQL_PWD", password)
         .kill_on_drop(true);
+    limited(command).await
+}
+
+/// Runs a client within [`STATEMENT_LIMIT`] (killed after it): its trimmed output, or its
+/// error.
+async fn limited(mut command: tokio::process::Command) -> Result<String, String> {
     match tokio::time::timeout(STATEMENT_LIMIT, command.output()).await {
         Ok(Ok(out)) if out.status.success() => {
             Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())

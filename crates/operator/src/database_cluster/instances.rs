@@ -357,7 +357,11 @@ pub fn observe(pods: &[&Pod], replicas: i32, credentials_version: Option<&str>) 
             timeline: report.as_ref().and_then(|r| r.timeline),
             lag_bytes: report.as_ref().and_then(|r| r.lag_bytes),
             lag_seconds: report.as_ref().and_then(|r| r.lag_seconds),
-            gtid_position: report.as_ref().and_then(|r| r.gtid_position.clone()),
+            // A pod's word: kept only when it is a GTID position of a sane length.
+            gtid_position: report
+                .as_ref()
+                .and_then(|r| r.gtid_position.clone())
+                .filter(|p| p.len() <= 256 && p.parse::<devctl_api::gtid::Position>().is_ok()),
             message,
             restarts: report.as_ref().and_then(|r| r.restarts),
             last_restart_time: report.as_ref().and_then(|r| r.last_restart_time.clone()),
