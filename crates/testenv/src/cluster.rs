@@ -15,6 +15,7 @@ use crate::control_plane::{ControlPlane, Options, http_request};
 use crate::kubeconfig;
 use crate::pod_runner::{Connection, PodBacking, PodRunner};
 use crate::process::{ManagedProcess, free_port};
+use crate::real_node::RealNode;
 use crate::{Error, FIELD_MANAGER};
 
 /// The controllers kube-controller-manager runs: what workloads, garbage collection,
@@ -99,6 +100,8 @@ pub struct ClusterOptions {
     /// What backs database pods (see [`crate::pod_runner`]); [`PodBacking::Simulated`] by
     /// default.
     pub pods: PodBacking,
+    /// Start a real node too ([`crate::real_node`]): pods scheduled to it run in containers.
+    pub real_node: bool,
 }
 
 impl Default for ClusterOptions {
@@ -107,13 +110,16 @@ impl Default for ClusterOptions {
             control_plane: Options::default(),
             nodes: 3,
             pods: PodBacking::default(),
+            real_node: false,
         }
     }
 }
 
 /// A control plane with controllers, a scheduler and simulated nodes.
 pub struct Cluster {
-    // Dropped first: agents stop while the API server still answers.
+    // Dropped first: containers stop while the API server still answers.
+    real_node: Option<RealNode>,
+    // Then agents, while the API server still answers.
     pod_runner: Option<PodRunner>,
     control_plane: ControlPlane,
     nodes: Vec<String>,
@@ -127,6 +133,23 @@ impl Cluster {
     pub async fn start_with(mut options: ClusterOptions) -> Result<Self, Error> {
         let started = Instant::now();
         options.control_plane.service_account_admission = true;
+        let node_address = if options.real_node {
+            if let Some(why) = RealNode::unavailable() {
+                return Err(Error::Process(format!(
+                    "cannot run a real node here: {why}"
+                )));
+            }
+            let address = crate::real_node::host_address()?;
+            options.control_plane.node_address = Some(address);
+            Some(address)
+        } else {
+            None
+        };
+        let mut controllers = CONTROLLERS.to_vec();
+        if options.real_node {
+            // The real node's claims are bound as on any cluster (kwok binds its own).
+            controllers.push("persistentvolume-binder-controller");
+        }
         let mut control_plane = ControlPlane::start_with(options.control_plane).await?;
         let dir = control_plane.dir().to_path_buf();
         let logs = control_plane.log_dir();
@@ -158,7 +181,7 @@ impl Cluster {
             // As on a real cluster: each controller acts as its own ServiceAccount and gets the
             // bootstrap RBAC role written for it (system:controller:<name>).
             "--use-service-account-credentials=true".into(),
-            format!("--controllers={}", CONTROLLERS.join(",")),
+            format!("--controllers={}", controllers.join(",")),
             format!(
                 "--service-account-private-key-file={}",
                 control_plane.sa_private_key_path.display()
@@ -231,6 +254,7 @@ impl Cluster {
         )?);
 
         let mut cluster = Self {
+            real_node: None,
             pod_runner: None,
             control_plane,
             nodes: Vec::new(),
@@ -255,6 +279,9 @@ impl Cluster {
                 server_ca_pem,
             },
         )?;
+        if let Some(address) = node_address {
+            cluster.real_node = Some(RealNode::start(&cluster.control_plane, address).await?);
+        }
         tracing::info!(elapsed = ?started.elapsed(), "cluster ready");
         Ok(cluster)
     }
@@ -417,6 +444,11 @@ impl Cluster {
     /// The simulated nodes' names.
     pub fn nodes(&self) -> &[String] {
         &self.nodes
+    }
+
+    /// The real node, when started with [`ClusterOptions::real_node`].
+    pub fn real_node(&self) -> Option<&RealNode> {
+        self.real_node.as_ref()
     }
 
     /// What runs database pods: `None` with [`PodBacking::None`].

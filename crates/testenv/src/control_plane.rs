@@ -32,7 +32,18 @@ pub struct Options {
     pub service_account_admission: bool,
     /// Extra `--flag=value` arguments for kube-apiserver.
     pub extra_apiserver_args: Vec<String>,
+    /// Serve a real node too (see [`crate::real_node`]): kube-apiserver listens on every
+    /// address and advertises this one (the host's, which pods reach through the
+    /// `kubernetes` Service), its certificate names the Service's addresses, kubelets are
+    /// authorised by the Node authorizer, and it reaches kubelets with a client certificate.
+    pub node_address: Option<std::net::Ipv4Addr>,
 }
+
+/// The `kubernetes` Service's cluster IP: the first address of `--service-cluster-ip-range`.
+pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
+
+/// The name kube-apiserver's client certificate for kubelets carries.
+const KUBELET_CLIENT_USER: &str = "kube-apiserver-kubelet-client";
 
 /// How [`ControlPlane::restart_api_server_with`] stops the running kube-apiserver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,7 +132,20 @@ impl ControlPlane {
         // Certificates.
         let server_ca = Authority::new("devctl-testenv-server-ca")?;
         let client_ca = Authority::new("devctl-testenv-client-ca")?;
-        let serving = server_ca.issue_server(&["localhost", "127.0.0.1"])?;
+        let node_address = options.node_address.map(|a| a.to_string());
+        let mut serving_names = vec!["localhost", "127.0.0.1"];
+        if let Some(address) = &node_address {
+            // In-cluster clients use the Service's name or its cluster IP.
+            serving_names.extend([
+                address.as_str(),
+                KUBERNETES_SERVICE_IP,
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ]);
+        }
+        let serving = server_ca.issue_server(&serving_names)?;
         let admin = client_ca.issue_client(ADMIN_USER, &["system:masters"])?;
         let sa_keys = ServiceAccountKeys::generate()?;
         let write = |name: &str, content: &str| -> Result<PathBuf, Error> {
@@ -164,13 +188,33 @@ impl ControlPlane {
         // kube-apiserver.
         let port = free_port()?;
         let server = format!("https://127.0.0.1:{port}");
-        let mut args = vec![
-            format!("--etcd-servers={etcd_url}"),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
-            // The `kubernetes` Service's endpoints may not be loopback addresses; nothing in
-            // a local control plane needs them.
-            "--endpoint-reconciler-type=none".into(),
+        let mut args = vec![format!("--etcd-servers={etcd_url}")];
+        match &node_address {
+            None => args.extend([
+                "--bind-address=127.0.0.1".to_string(),
+                "--advertise-address=127.0.0.1".into(),
+                // The `kubernetes` Service's endpoints may not be loopback addresses; nothing
+                // in a local control plane needs them.
+                "--endpoint-reconciler-type=none".into(),
+                "--authorization-mode=RBAC".into(),
+            ]),
+            Some(address) => {
+                let kubelet_client =
+                    client_ca.issue_client(KUBELET_CLIENT_USER, &["system:masters"])?;
+                let cert = write("kubelet-client.crt", &kubelet_client.cert_pem)?;
+                let key = write("kubelet-client.key", &kubelet_client.key_pem)?;
+                args.extend([
+                    "--bind-address=0.0.0.0".to_string(),
+                    format!("--advertise-address={address}"),
+                    // A kubelet reads only what its own pods need.
+                    "--authorization-mode=Node,RBAC".into(),
+                    format!("--kubelet-client-certificate={}", cert.display()),
+                    format!("--kubelet-client-key={}", key.display()),
+                    "--kubelet-preferred-address-types=InternalIP".into(),
+                ]);
+            }
+        }
+        args.extend([
             format!("--secure-port={port}"),
             format!("--cert-dir={}", pki.display()),
             format!("--tls-cert-file={}", serving_cert.display()),
@@ -183,7 +227,6 @@ impl ControlPlane {
                 sa_private_key_path.display()
             ),
             "--service-cluster-ip-range=10.96.0.0/16".into(),
-            "--authorization-mode=RBAC".into(),
             // Without this an unauthenticated client is `system:anonymous` and gets 403; real
             // clusters (and our tests) expect 401 for a missing credential.
             "--anonymous-auth=false".into(),
@@ -193,7 +236,7 @@ impl ControlPlane {
             // them until the 60 s shutdown timeout; clients see the stream end and re-watch.
             "--shutdown-watch-termination-grace-period=2s".into(),
             "--v=1".into(),
-        ];
+        ]);
         if !options.service_account_admission {
             args.push("--disable-admission-plugins=ServiceAccount".into());
         }

@@ -45,6 +45,7 @@ pub mod kubeconfig;
 pub mod pki;
 pub mod pod_runner;
 pub mod process;
+pub mod real_node;
 pub mod s3;
 pub mod watch;
 pub mod workload;

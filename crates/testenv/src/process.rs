@@ -50,6 +50,8 @@ struct Registry {
     dirs: Vec<PathBuf>,
     /// Processes stopped on purpose (SIGSTOP) and not continued yet.
     stopped: BTreeSet<u32>,
+    /// Real nodes to tear down (after the kills), by directory.
+    nodes: Vec<(PathBuf, crate::real_node::teardown::Leftovers)>,
 }
 
 fn registry() -> &'static Mutex<Registry> {
@@ -85,8 +87,26 @@ extern "C" fn cleanup_at_exit() {
             libc::kill(pid as libc::pid_t, libc::SIGCONT);
         }
     }
+    // Containers outlive the kubelet and containerd: see crate::real_node::teardown.
+    for (_, leftovers) in std::mem::take(&mut registry.nodes) {
+        crate::real_node::teardown::clean(&leftovers);
+    }
     for dir in std::mem::take(&mut registry.dirs) {
         let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Tears the real node in `dir` down at process exit unless it was before (see
+/// [`forget_clean_at_exit`]).
+pub(crate) fn clean_at_exit(dir: &Path, leftovers: crate::real_node::teardown::Leftovers) {
+    if let Ok(mut r) = registry().lock() {
+        r.nodes.push((dir.to_path_buf(), leftovers));
+    }
+}
+
+pub(crate) fn forget_clean_at_exit(dir: &Path) {
+    if let Ok(mut r) = registry().lock() {
+        r.nodes.retain(|(d, _)| d != dir);
     }
 }
 
@@ -213,7 +233,19 @@ impl ManagedProcess {
         args: &[String],
         log_path: &Path,
     ) -> Result<Self, Error> {
-        let child = spawn_logged(name, program, args, log_path)?;
+        Self::start_with_env(name, program, args, &[], log_path)
+    }
+
+    /// [`Self::start`] with `env` added to the inherited environment (not kept for a
+    /// restart: a supervised process is started with [`Self::start`]).
+    pub fn start_with_env(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+        log_path: &Path,
+    ) -> Result<Self, Error> {
+        let child = spawn_logged(name, program, args, env, log_path)?;
         Ok(Self {
             name: name.to_string(),
             child,
@@ -259,7 +291,7 @@ impl ManagedProcess {
         std::fs::rename(&self.log_path, &previous)
             .map_err(|e| Error::io(format!("move {} aside", self.log_path.display()), e))?;
         // The old child has been reaped: replacing it signals nothing.
-        self.child = spawn_logged(&self.name, &self.program, &self.args, &self.log_path)?;
+        self.child = spawn_logged(&self.name, &self.program, &self.args, &[], &self.log_path)?;
         self.restarts = restarts;
         self.started_at = std::time::Instant::now();
         Ok(Some(status))
@@ -315,6 +347,7 @@ fn spawn_logged(
     name: &str,
     program: &Path,
     args: &[String],
+    env: &[(&str, &str)],
     log_path: &Path,
 ) -> Result<Child, Error> {
     let log = File::create(log_path)
@@ -325,6 +358,7 @@ fn spawn_logged(
     let mut command = Command::new(program);
     command
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err);

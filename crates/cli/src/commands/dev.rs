@@ -58,6 +58,7 @@ async fn up(nodes: usize, audit: bool, run_operator: bool, simulated: bool) -> a
         },
         nodes,
         pods,
+        real_node: false,
     })
     .await
     .context("starting the local cluster")?;

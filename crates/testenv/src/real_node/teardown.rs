@@ -1,0 +1,250 @@
+//! Leaving the host as the real node found it. Containers do not die with the harness:
+//! containerd's shims double-fork out of its process tree and the containers are their
+//! children, network namespaces and overlay mounts outlive every process, and the bridge and
+//! kube-proxy's iptables rules are the host's. Teardown therefore kills by what is certain
+//! (the pod cgroups the kubelet made, shims started from this node's binary), unmounts
+//! everything under the node's directory, deletes the bridge and kube-proxy's rules, and
+//! removes the cgroups. It runs when the node is dropped, at process exit for a node in a
+//! static, and before a node starts (what a killed harness could not clean).
+//!
+//! Synchronous and best effort: every step runs even when one before failed, and what fails
+//! is logged, not returned (there is no caller left to handle it at exit).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::config::{BRIDGE, KUBEPODS_CGROUP};
+
+/// Everything teardown needs to know about a node.
+#[derive(Debug, Clone)]
+pub struct Leftovers {
+    /// The node's directory (containerd's root and state, the kubelet's, volumes).
+    pub dir: Option<PathBuf>,
+    /// The node's binaries: shims started from here are this node's.
+    pub bin_dir: PathBuf,
+}
+
+/// Removes what a real node leaves on the host.
+pub fn clean(leftovers: &Leftovers) {
+    let shim = leftovers.bin_dir.join("containerd-shim-runc-v2");
+    for round in 0..3 {
+        let mut pids = pods_processes();
+        pids.extend(processes_running(&shim));
+        if pids.is_empty() {
+            break;
+        }
+        if round > 0 {
+            tracing::debug!(?pids, "real node: processes still alive, killing again");
+        }
+        for pid in &pids {
+            // SAFETY: kill(2) with SIGKILL on a pid read from the kubelet's cgroups or a
+            // shim of ours; at worst ESRCH.
+            unsafe {
+                libc::kill(*pid as libc::pid_t, libc::SIGKILL);
+            }
+        }
+        wait_gone(&pids, Duration::from_secs(5));
+    }
+    if let Some(dir) = &leftovers.dir {
+        unmount_under(dir);
+    }
+    remove_cgroups();
+    delete_bridge();
+    remove_kubelet_chains();
+    let kube_proxy = leftovers.bin_dir.join("kube-proxy");
+    if kube_proxy.exists() {
+        // Removes the KUBE-* chains and rules of every mode.
+        let status = Command::new(&kube_proxy)
+            .arg("--cleanup")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        if !matches!(status, Ok(s) if s.success()) {
+            tracing::warn!(?status, "real node: kube-proxy --cleanup failed");
+        }
+    }
+}
+
+/// The cgroup v1 hierarchies' mount points (`/sys/fs/cgroup/<controllers>`), and the v2
+/// one if mounted.
+fn hierarchies() -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return Vec::new();
+    };
+    let mut dirs: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    dirs.push(PathBuf::from("/sys/fs/cgroup"));
+    dirs.into_iter()
+        .filter(|d| d.join("cgroup.procs").exists())
+        .collect()
+}
+
+/// Every cgroup directory under `root`, deepest first.
+fn cgroups_under(root: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            for entry in entries.flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(entry.path());
+                }
+            }
+        }
+        found.push(dir);
+    }
+    found.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+    found
+}
+
+/// The pids in the kubelet's pod cgroups, in any hierarchy.
+fn pods_processes() -> Vec<u32> {
+    let mut pids = Vec::new();
+    for hierarchy in hierarchies() {
+        let root = hierarchy.join(KUBEPODS_CGROUP);
+        if !root.is_dir() {
+            continue;
+        }
+        for cgroup in cgroups_under(&root) {
+            if let Ok(text) = std::fs::read_to_string(cgroup.join("cgroup.procs")) {
+                pids.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+            }
+        }
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+/// The pids whose executable is `program`.
+fn processes_running(program: &Path) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == program)
+        })
+        .collect()
+}
+
+fn wait_gone(pids: &[u32], timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline && pids.iter().any(|pid| crate::process::is_running(*pid)) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Unmounts every mount point under `dir` (overlay root filesystems, network namespaces,
+/// the kubelet's secret and token volumes), deepest first, detached so a busy one goes too.
+pub fn unmount_under(dir: &Path) {
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points: Vec<PathBuf> = mountinfo
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(unescape_mount_point)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    points.dedup();
+    for point in points {
+        let Ok(c_path) = std::ffi::CString::new(point.as_os_str().as_encoded_bytes()) else {
+            continue;
+        };
+        // SAFETY: umount2(2) on a NUL-terminated path; failure is reported through errno.
+        let rc = unsafe { libc::umount2(c_path.as_ptr(), libc::MNT_DETACH) };
+        if rc != 0 {
+            tracing::debug!(point = %point.display(), error = %std::io::Error::last_os_error(), "real node: umount failed");
+        }
+    }
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape_mount_point(field: &str) -> PathBuf {
+    let mut out = Vec::with_capacity(field.len());
+    let bytes = field.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && let Ok(value) = u8::from_str_radix(&field[i + 1..i + 4], 8)
+        {
+            out.push(value);
+            i += 4;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    PathBuf::from(std::ffi::OsString::from(
+        String::from_utf8_lossy(&out).into_owned(),
+    ))
+}
+
+fn remove_cgroups() {
+    for hierarchy in hierarchies() {
+        let root = hierarchy.join(KUBEPODS_CGROUP);
+        if root.is_dir() {
+            for cgroup in cgroups_under(&root) {
+                let _ = std::fs::remove_dir(&cgroup);
+            }
+        }
+    }
+}
+
+/// The chains the kubelet adds (kube-proxy --cleanup leaves them): its canaries, the hint
+/// kube-proxy reads, and KUBE-FIREWALL, which drops connections to 127.0.0.0/8 from other
+/// addresses, jumped to from INPUT and OUTPUT.
+fn remove_kubelet_chains() {
+    let steps: &[&[&str]] = &[
+        &["-t", "filter", "-D", "INPUT", "-j", "KUBE-FIREWALL"],
+        &["-t", "filter", "-D", "OUTPUT", "-j", "KUBE-FIREWALL"],
+        &["-t", "filter", "-F", "KUBE-FIREWALL"],
+        &["-t", "filter", "-X", "KUBE-FIREWALL"],
+        &["-t", "filter", "-X", "KUBE-KUBELET-CANARY"],
+        &["-t", "nat", "-X", "KUBE-KUBELET-CANARY"],
+        &["-t", "mangle", "-X", "KUBE-KUBELET-CANARY"],
+        &["-t", "mangle", "-X", "KUBE-IPTABLES-HINT"],
+    ];
+    for program in ["iptables", "ip6tables"] {
+        for args in steps {
+            // A missing chain or rule is what we want; its error is not interesting.
+            let _ = Command::new(program)
+                .args(*args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+fn delete_bridge() {
+    if Path::new("/sys/class/net").join(BRIDGE).exists() {
+        let status = Command::new("ip")
+            .args(["link", "delete", BRIDGE])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        if !matches!(status, Ok(s) if s.success()) {
+            tracing::warn!(?status, "real node: cannot delete the bridge {BRIDGE}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_points_are_unescaped() {
+        assert_eq!(
+            unescape_mount_point(r"/tmp/a\040b/c"),
+            PathBuf::from("/tmp/a b/c")
+        );
+        assert_eq!(unescape_mount_point("/plain"), PathBuf::from("/plain"));
+    }
+}

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Builds the real node's binaries from published Go modules into a cache outside the
+# repository, keyed by version: kubelet and kube-proxy (the pinned k8s.io/kubernetes, through
+# the control plane's wrapper module), containerd, its runc shim and ctr, runc (cgo, with
+# seccomp: Debian's runc 1.1.5 cannot start containerd 2.x's pod sandboxes, "can't get final
+# child's PID from pipe: EOF"), and CoreDNS with the plugins the node's Corefile uses. The CNI
+# plugins are Debian's (containernetworking-plugins), installed when missing, as is
+# libseccomp-dev, which runc's build links against. Nothing prebuilt is downloaded.
+#
+#   tools/node/build.sh            # build what is missing, print the bin dir last
+#   DEVCTL_NODE_DIR=/x build.sh    # override the cache root
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "$here/versions.env"
+# shellcheck source=../control-plane/versions.env
+source "$here/../control-plane/versions.env"
+
+cache_root="${DEVCTL_NODE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/devctl/node}"
+bin_dir="$cache_root/$KUBERNETES_VERSION-$CONTAINERD_VERSION-$RUNC_VERSION-$COREDNS_VERSION/bin"
+mkdir -p "$bin_dir"
+
+log() { printf '[node %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+command -v go >/dev/null 2>&1 || die "Go is not installed (need Go >= 1.26 on PATH to build the node)"
+
+exec 9>"$cache_root/.build.lock"
+if ! flock -n 9; then
+  log "another build holds $cache_root/.build.lock; waiting for it"
+  flock 9
+fi
+
+# Debian's CNI plugins (bridge, host-local, loopback), and what runc's build needs.
+debian_packages=()
+[[ -x /usr/lib/cni/bridge ]] || debian_packages+=(containernetworking-plugins)
+[[ -f /usr/include/seccomp.h ]] || debian_packages+=(libseccomp-dev)
+command -v gcc >/dev/null 2>&1 || debian_packages+=(gcc libc6-dev)
+command -v pkg-config >/dev/null 2>&1 || debian_packages+=(pkg-config)
+if (( ${#debian_packages[@]} )); then
+  sudo=""; [[ $(id -u) == 0 ]] || sudo="sudo"
+  log "installing Debian packages: ${debian_packages[*]}"
+  $sudo apt-get update -q >&2
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${debian_packages[@]}" >&2
+fi
+
+export CGO_ENABLED=0
+export GOFLAGS="${GOFLAGS:--buildvcs=false} -trimpath"
+
+build() { # build <wrapper dir> <ldflags> <outputs...> -- <packages...>
+  local dir="$1" ldflags="$2"; shift 2
+  local outs=() pkgs=()
+  while [[ $1 != -- ]]; do outs+=("$1"); shift; done
+  shift
+  pkgs=("$@")
+  local missing=0
+  for out in "${outs[@]}"; do [[ -x "$bin_dir/$out" ]] || missing=1; done
+  if [[ $missing == 0 ]]; then log "${outs[*]} already built"; return 0; fi
+  local tmp; tmp="$(mktemp -d "$bin_dir/.tmp.XXXXXX")"
+  log "building ${outs[*]}"
+  local start=$SECONDS
+  (cd "$dir" && go build -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}") || { rm -rf "$tmp"; die "go build of ${outs[*]} failed"; }
+  for out in "${outs[@]}"; do mv "$tmp/$out" "$bin_dir/$out"; done
+  rm -rf "$tmp"
+  log "built ${outs[*]} in $((SECONDS - start)) s"
+}
+
+minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
+kube_ldflags="-s -w"
+for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  kube_ldflags+=" -X $p.gitVersion=$KUBERNETES_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+done
+build "$here/../control-plane/kubernetes" "$kube_ldflags" kubelet kube-proxy -- \
+  k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
+build "$here/containerd" "-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" \
+  containerd containerd-shim-runc-v2 ctr -- \
+  github.com/containerd/containerd/v2/cmd/containerd \
+  github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+  github.com/containerd/containerd/v2/cmd/ctr
+# The wrapper's main package is named after its directory.
+build "$here/coredns" "-s -w" coredns -- .
+# runc needs cgo (its nsexec is C) and libseccomp for the RuntimeDefault profile.
+CGO_ENABLED=1 GOFLAGS="$GOFLAGS -tags=seccomp,urfave_cli_no_docs" \
+  build "$here/runc" "-s -w -X main.version=$RUNC_VERSION" runc -- github.com/opencontainers/runc
+
+echo "$bin_dir"
