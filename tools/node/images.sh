@@ -13,8 +13,8 @@
 #   tools/node/images.sh OUT_DIR     # builds what OUT_DIR lacks; prints OUT_DIR last
 #
 # The operator image comes from tools/image/build.sh. The archives are keyed by what they
-# are built from (the pause source's version, the Debian package versions): OUT_DIR is a
-# cache, and a version change builds again.
+# are built from (the pause source's version; the Debian package versions and this script):
+# OUT_DIR is a cache, and a change builds again.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=../control-plane/versions.env
@@ -74,7 +74,8 @@ if [[ ! -f $pause_archive ]]; then
 fi
 
 packages=(postgresql-15 postgresql-client-15 libpq5 tzdata dash)
-key="$(dpkg-query -W -f '${Package}=${Version} ' "${packages[@]}" | sha256sum | cut -c1-12)" \
+# The packages' versions and this script: either changing builds the image again.
+key="$({ dpkg-query -W -f '${Package}=${Version} ' "${packages[@]}"; cat "${BASH_SOURCE[0]}"; } | sha256sum | cut -c1-12)" \
   || die "the Debian packages ${packages[*]} must be installed (tools/install-prerequisites.sh)"
 postgres_archive="$out/postgres-15-$key.tar"
 if [[ ! -f $postgres_archive ]]; then
@@ -102,6 +103,8 @@ if [[ ! -f $postgres_archive ]]; then
     | while read -r library; do
         [[ -e $rootfs$library ]] || { install -d "$rootfs$(dirname "$library")"; cp -L "$library" "$rootfs$library"; }
       done
+  # cp --parents makes the directories it adds private (0700): every user reads the image.
+  find "$rootfs" -type d -exec chmod go+rx {} +
   printf 'root:x:0:0:root:/root:/usr/sbin/nologin\npostgres:x:999:999:PostgreSQL:/var/lib/postgresql:/bin/sh\n' \
     >"$rootfs/etc/passwd"
   printf 'root:x:0:\npostgres:x:999:\n' >"$rootfs/etc/group"

@@ -1708,10 +1708,34 @@ pub fn find_postgres_bin_dir(explicit: Option<&Path>) -> Result<PathBuf> {
     })
 }
 
-/// Prepares the data directory: created with its parents if missing, mode 0700, writable
-/// (exit 73 otherwise).
-pub fn prepare_dir(dir: &Path, what: &str, variable: &str) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
+/// Who may own a directory [`prepare_dir`] prepares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirOwner {
+    /// The agent's user, mode 0700 (the data directory: PostgreSQL refuses anything else).
+    Agent,
+    /// The agent's user (mode 0700), or the root of a volume the kubelet made: an emptyDir is
+    /// root's, group-owned by the pod's fsGroup with mode 2777, and its mode cannot be changed
+    /// by the pod's user. It is used as it is: only the container's own processes see it.
+    AgentOrVolume,
+}
+
+/// Whether a directory whose mode could not be made 0700 (`error`) is used anyway: only a
+/// volume root someone else owns, where [`DirOwner::AgentOrVolume`] allows it.
+pub fn keeps_volume_mode(
+    error: std::io::ErrorKind,
+    owner_uid: u32,
+    agent_uid: u32,
+    allowed: DirOwner,
+) -> bool {
+    allowed == DirOwner::AgentOrVolume
+        && error == std::io::ErrorKind::PermissionDenied
+        && owner_uid != agent_uid
+}
+
+/// Prepares a directory: created with its parents if missing, mode 0700 (or left as the
+/// volume made it, see [`DirOwner`]), writable (exit 73 otherwise).
+pub fn prepare_dir(dir: &Path, what: &str, variable: &str, allowed: DirOwner) -> Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let fail = |why: String| {
         Err(Error::DataDir(format!(
             "{what} {} ({variable}) {why}",
@@ -1722,7 +1746,13 @@ pub fn prepare_dir(dir: &Path, what: &str, variable: &str) -> Result<()> {
         return fail(format!("cannot be created: {e}"));
     }
     if let Err(e) = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)) {
-        return fail(format!("cannot be made private (mode 0700): {e}"));
+        // SAFETY: geteuid(2) has no preconditions.
+        let agent_uid = unsafe { libc::geteuid() };
+        let owner = std::fs::metadata(dir).map(|m| m.uid()).unwrap_or(agent_uid);
+        if !keeps_volume_mode(e.kind(), owner, agent_uid, allowed) {
+            return fail(format!("cannot be made private (mode 0700): {e}"));
+        }
+        tracing::info!(dir = %dir.display(), owner, "{what} is a volume's root owned by uid {owner}: its mode stays as the volume made it");
     }
     let probe = dir.join(".devctl-agent-write-test");
     match std::fs::write(&probe, b"") {
@@ -1783,6 +1813,38 @@ pub fn clear_dir(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_volume_root_someone_else_owns_keeps_its_mode() {
+        use std::io::ErrorKind::{NotFound, PermissionDenied};
+        // An emptyDir mounted as the run directory: root's, the agent runs as 999.
+        assert!(keeps_volume_mode(
+            PermissionDenied,
+            0,
+            999,
+            DirOwner::AgentOrVolume
+        ));
+        // The data directory must be the agent's own, whoever made it.
+        assert!(!keeps_volume_mode(
+            PermissionDenied,
+            0,
+            999,
+            DirOwner::Agent
+        ));
+        // The agent's own directory that cannot be changed is a real failure.
+        assert!(!keeps_volume_mode(
+            PermissionDenied,
+            999,
+            999,
+            DirOwner::AgentOrVolume
+        ));
+        assert!(!keeps_volume_mode(
+            NotFound,
+            0,
+            999,
+            DirOwner::AgentOrVolume
+        ));
+    }
 
     #[test]
     fn a_re_pointed_replica_reloads_once_for_its_address_slot_and_archive() {

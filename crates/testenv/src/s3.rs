@@ -59,6 +59,7 @@ pub struct S3Server {
     args: Vec<String>,
     root: PathBuf,
     keep_dir: bool,
+    address: std::net::Ipv4Addr,
     port: u16,
     access_key_id: String,
     secret_access_key: String,
@@ -81,6 +82,12 @@ impl S3Server {
     /// Starts a server on a free loopback port and waits until it answers (at most
     /// [`START_TIMEOUT`]). Builds versitygw first if it is not in the cache (minutes).
     pub async fn start() -> Result<Self, Error> {
+        Self::start_on(std::net::Ipv4Addr::LOCALHOST).await
+    }
+
+    /// Like [`Self::start`], listening on `address` (the host's, for a real node's pods:
+    /// [`crate::real_node::RealNode::address`]); the certificate names it too.
+    pub async fn start_on(address: std::net::Ipv4Addr) -> Result<Self, Error> {
         let started = Instant::now();
         let program = tokio::task::spawn_blocking(binaries::versitygw)
             .await
@@ -104,7 +111,8 @@ impl S3Server {
         }
 
         let ca = Authority::new("devctl-testenv-s3-ca")?;
-        let serving = ca.issue_server(&["127.0.0.1", "localhost"])?;
+        let listen = address.to_string();
+        let serving = ca.issue_server(&[listen.as_str(), "127.0.0.1", "localhost"])?;
         let write = |name: &str, content: &str| -> Result<PathBuf, Error> {
             let path = pki.join(name);
             std::fs::write(&path, content)
@@ -122,7 +130,7 @@ impl S3Server {
             b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789",
         )?;
         let args = vec![
-            format!("--port=127.0.0.1:{port}"),
+            format!("--port={address}:{port}"),
             format!("--access={access_key_id}"),
             format!("--secret={secret_access_key}"),
             format!("--region={REGION}"),
@@ -142,6 +150,7 @@ impl S3Server {
             args,
             root,
             keep_dir,
+            address,
             port,
             access_key_id,
             secret_access_key,
@@ -157,9 +166,10 @@ impl S3Server {
         Ok(server)
     }
 
-    /// `https://127.0.0.1:<port>`; the same across [`Self::restart`].
+    /// `https://<address>:<port>` (`127.0.0.1` unless started with [`Self::start_on`]); the
+    /// same across [`Self::restart`].
     pub fn endpoint(&self) -> String {
-        format!("https://127.0.0.1:{}", self.port)
+        format!("https://{}:{}", self.address, self.port)
     }
 
     /// The bucket that exists from the start ([`BUCKET`]).
@@ -366,19 +376,18 @@ impl S3Server {
     async fn health(&self) -> Result<u16, Error> {
         let what = format!("GET {}{HEALTH_PATH}", self.endpoint());
         let exchange = async {
-            let tcp = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            let tcp = tokio::net::TcpStream::connect((self.address, self.port))
                 .await
                 .map_err(|e| Error::io(format!("{what}: connect"), e))?;
-            let name =
-                rustls::pki_types::ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
+            let name = rustls::pki_types::ServerName::IpAddress(self.address.into());
             let mut tls = self
                 .tls
                 .connect(name, tcp)
                 .await
                 .map_err(|e| Error::io(format!("{what}: TLS handshake"), e))?;
             let request = format!(
-                "GET {HEALTH_PATH} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
-                self.port
+                "GET {HEALTH_PATH} HTTP/1.1\r\nHost: {}:{}\r\nConnection: close\r\n\r\n",
+                self.address, self.port
             );
             tls.write_all(request.as_bytes())
                 .await

@@ -486,7 +486,7 @@ impl Agent {
         }
         self.rejoin_deadline = None;
         self.rejoining = Some(Rejoin::Recloned(aside.display().to_string()));
-        prepare_dir(&data, "data directory", env::DATA_DIR)
+        prepare_dir(&data, "data directory", env::DATA_DIR, DirOwner::Agent)
     }
 
     /// The moved-aside copy of the data directory on the volume, if any (read each report:

@@ -49,7 +49,7 @@ use crate::cluster::{
 use crate::config::{Config, EngineKind, PodRef, PrimaryFrom, extra_env};
 use crate::credentials::{Credentials, REPLICATION_USER, ReplicationCredentials, pgpass_line};
 use crate::engine::{
-    Engine, Probe, StandbyExtras, prepare_dir, primary_conninfo, slot_name, write_private,
+    DirOwner, Engine, Probe, StandbyExtras, prepare_dir, primary_conninfo, slot_name, write_private,
 };
 use crate::error::{Error, Result, one_line};
 use crate::health::{self, Health};
@@ -328,8 +328,19 @@ pub async fn run(config: Config) -> Result<Outcome> {
     let sigterm = signal(SignalKind::terminate()).map_err(signal_error)?;
     let sigint = signal(SignalKind::interrupt()).map_err(signal_error)?;
     let engine = Engine::locate(&config)?;
-    prepare_dir(&config.data_dir, "data directory", env::DATA_DIR)?;
-    prepare_dir(&config.run_dir, "run directory", env::RUN_DIR)?;
+    prepare_dir(
+        &config.data_dir,
+        "data directory",
+        env::DATA_DIR,
+        DirOwner::Agent,
+    )?;
+    // An emptyDir on a real node: root's, not the agent's.
+    prepare_dir(
+        &config.run_dir,
+        "run directory",
+        env::RUN_DIR,
+        DirOwner::AgentOrVolume,
+    )?;
     let client = kube_client().await?;
     let shared = Arc::new(Shared::new(config.clone(), engine.clone(), client.clone()));
     if config.engine == EngineKind::Postgres {

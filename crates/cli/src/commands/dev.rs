@@ -22,8 +22,12 @@ pub enum DevCommand {
         no_operator: bool,
         /// Do not run databases: database pods get simulated ready reports instead of a
         /// `devctl-agent` with a real PostgreSQL/MariaDB (fast, no data path).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "real_node")]
         simulated: bool,
+        /// Run database pods in real containers on a real node of this machine (containerd,
+        /// runc, a kubelet; needs root) instead of kwok nodes: see docs/testenv.md.
+        #[arg(long)]
+        real_node: bool,
     },
 }
 
@@ -34,23 +38,53 @@ pub async fn run(command: DevCommand) -> anyhow::Result<()> {
             audit,
             no_operator,
             simulated,
-        } => up(nodes.into(), audit, !no_operator, simulated).await,
+            real_node,
+        } => {
+            let backing = if real_node {
+                Backing::RealNode
+            } else if simulated {
+                Backing::Simulated
+            } else {
+                Backing::Processes
+            };
+            up(nodes.into(), audit, !no_operator, backing).await
+        }
     }
 }
 
-async fn up(nodes: usize, audit: bool, run_operator: bool, simulated: bool) -> anyhow::Result<()> {
+/// What runs the database pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backing {
+    /// Simulated ready reports, no database.
+    Simulated,
+    /// `devctl-agent` processes with this machine's PostgreSQL/MariaDB (kwok nodes).
+    Processes,
+    /// Containers on a real node (no kwok nodes).
+    RealNode,
+}
+
+async fn up(nodes: usize, audit: bool, run_operator: bool, backing: Backing) -> anyhow::Result<()> {
     let started = Instant::now();
+    let simulated = backing == Backing::Simulated;
+    let real_node = backing == Backing::RealNode;
     // Each database pod runs `devctl-agent` with this machine's PostgreSQL/MariaDB.
-    let pods = if simulated {
-        PodBacking::Simulated
-    } else {
-        PodBacking::processes().context(
+    let pods = match backing {
+        Backing::Simulated => PodBacking::Simulated,
+        Backing::RealNode => PodBacking::None,
+        Backing::Processes => PodBacking::processes().context(
             "database pods run devctl-agent: build it next to devctl (`cargo build -p devctl-agent`) or pass --simulated",
-        )?
+        )?,
     };
-    eprintln!(
-        "Starting a local cluster (etcd, kube-apiserver, controller-manager, scheduler, kwok with {nodes} nodes)..."
-    );
+    let nodes = if real_node { 0 } else { nodes };
+    if real_node {
+        eprintln!(
+            "Starting a local cluster (etcd, kube-apiserver, controller-manager, scheduler) and a real node (containerd, runc, kubelet, kube-proxy, CoreDNS; the first start builds them and the images)..."
+        );
+    } else {
+        eprintln!(
+            "Starting a local cluster (etcd, kube-apiserver, controller-manager, scheduler, kwok with {nodes} nodes)..."
+        );
+    }
     let cluster = Cluster::start_with(ClusterOptions {
         control_plane: Options {
             audit,
@@ -58,7 +92,7 @@ async fn up(nodes: usize, audit: bool, run_operator: bool, simulated: bool) -> a
         },
         nodes,
         pods,
-        real_node: false,
+        real_node,
     })
     .await
     .context("starting the local cluster")?;
@@ -71,7 +105,11 @@ async fn up(nodes: usize, audit: bool, run_operator: bool, simulated: bool) -> a
         None
     } else {
         eprintln!("Starting a local S3 store (versitygw) for backups...");
-        let store = devctl_testenv::s3::S3Server::start()
+        // On a real node, pods reach it at the host's address.
+        let address = cluster
+            .real_node()
+            .map_or(std::net::Ipv4Addr::LOCALHOST, |n| n.address());
+        let store = devctl_testenv::s3::S3Server::start_on(address)
             .await
             .context("starting the local object store (versitygw)")?;
         let client = cluster
@@ -139,6 +177,14 @@ async fn up(nodes: usize, audit: bool, run_operator: bool, simulated: bool) -> a
         None => println!(
             "CRDs installed; start the operator with: cargo run -p devctl-operator -- --kubeconfig {kubeconfig}"
         ),
+    }
+    if let Some(node) = cluster.real_node() {
+        println!(
+            "Database pods run in containers on node {} ({}); its images were imported without a registry: for PostgreSQL 15 set spec.image: {}",
+            devctl_testenv::real_node::NODE_NAME,
+            node.address(),
+            devctl_testenv::real_node::POSTGRES_IMAGE
+        );
     }
     println!("  {} apply -f examples/postgres.yaml", kubectl.display());
     println!("  {} get dbc -w", kubectl.display());

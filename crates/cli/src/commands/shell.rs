@@ -20,6 +20,15 @@ use tokio::net::TcpListener;
 
 use crate::cluster::{self, Connection};
 
+/// How the client reaches the instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// The instance's reported address when this machine reaches it, else a port-forward.
+    Nearest,
+    /// Always a port-forward through the API server (`--port-forward`).
+    PortForward,
+}
+
 /// What to connect to and as whom.
 struct Target {
     host: String,
@@ -34,6 +43,7 @@ pub async fn shell(
     api: &Api<DatabaseCluster>,
     name: &str,
     instance: Option<&str>,
+    route: Route,
     args: &[String],
 ) -> anyhow::Result<i32> {
     let db = api.get(name).await.map_err(|e| {
@@ -84,6 +94,7 @@ pub async fn shell(
     let engine_port = u16::try_from(db.spec.port())
         .with_context(|| format!("databasecluster {name} has an invalid port"))?;
     let reported = InstanceStatus::from_annotations(pod.metadata.annotations.as_ref())
+        .filter(|_| route == Route::Nearest)
         .and_then(|r| r.address)
         .and_then(|a| {
             let (host, port) = a.rsplit_once(':')?;

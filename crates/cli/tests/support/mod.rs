@@ -5,6 +5,7 @@
 
 pub mod backups;
 pub mod databases;
+pub mod helm;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

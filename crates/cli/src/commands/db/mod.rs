@@ -64,6 +64,10 @@ pub enum DbCommand {
         /// The pod of the instance to connect to (default: the primary).
         #[arg(long)]
         instance: Option<String>,
+        /// Connect through a port-forward via the API server even when this machine reaches
+        /// the instance's address (as `kubectl port-forward` does).
+        #[arg(long)]
+        port_forward: bool,
         /// Arguments for the client, after `--`.
         #[arg(last = true)]
         args: Vec<String>,
@@ -190,10 +194,17 @@ pub async fn run(global: &GlobalArgs, command: DbCommand) -> anyhow::Result<()> 
         DbCommand::Shell {
             name,
             instance,
+            port_forward,
             args,
         } => {
+            let route = if port_forward {
+                super::shell::Route::PortForward
+            } else {
+                super::shell::Route::Nearest
+            };
             let code =
-                super::shell::shell(&connection, &api, &name, instance.as_deref(), &args).await?;
+                super::shell::shell(&connection, &api, &name, instance.as_deref(), route, &args)
+                    .await?;
             if code != 0 {
                 // The client's own exit code, after its password file is gone.
                 std::process::exit(code);
