@@ -28,6 +28,16 @@ phase "build versitygw" build_versitygw
 # Helm, built from its Go module like the control plane; crates/cli/tests/helm.rs uses it.
 build_helm() { DEVCTL_HELM="$(tools/helm/build.sh)"; export DEVCTL_HELM; }
 phase "build helm" build_helm
+# The real node's components (kubelet, kube-proxy, containerd, runc, CoreDNS; Go modules) and
+# its images (pause, PostgreSQL 15; umoci): crates/cli/tests/real_node.rs runs on them. The
+# harness would build them on first use; here their cost shows as phases of its own.
+build_node() { tools/node/build.sh >/dev/null; }
+phase "build real node" build_node
+build_node_images() {
+  local bin_dir; bin_dir="$(tools/node/build.sh 2>/dev/null)"
+  tools/node/images.sh "$(dirname "$bin_dir")/images" >/dev/null
+}
+phase "build real-node images" build_node_images
 phase "cargo fmt --check" cargo fmt --all --check
 phase "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 # Every test binary, built once; the JSON lines name the executables (for the side lane).
@@ -53,7 +63,8 @@ phase "build image" build_image
 # timers, backups) run in two side lanes, one binary after another, beside all the others,
 # whose cargo test skips their tests. The machine idles through most of the suite
 # (docs/performance.md), so this cuts its wall time to about the longest lane.
-side_lanes=("backup_schedule replication databases" "failover backup campaign")
+# The real node's test has a lane of its own: it waits on containers for about five minutes.
+side_lanes=("backup_schedule replication databases" "failover backup campaign" "real_node")
 test_executable() { # test_executable <test target name>
   grep '"kind":\["test"\]' target/test-artifacts.json | grep "\"name\":\"$1\"" \
     | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1 || true
@@ -113,7 +124,19 @@ leftovers() {
     echo "error: database agents or engines are still running after the test suite" >&2
     failed=1
   fi
+  # The real node (crates/testenv/src/real_node/teardown.rs): its containers' shims, its
+  # bridge, kube-proxy's and the kubelet's iptables chains, its pod cgroups.
+  local node_dir; node_dir="$(tools/node/build.sh 2>/dev/null)"
+  if pgrep -af "^$node_dir/" ; then
+    echo "error: real-node processes (containerd, shims, kubelet) are still running after the test suite" >&2
+    failed=1
+  fi
+  if ip link show devctl0 >/dev/null 2>&1 || iptables-save 2>/dev/null | grep -q 'KUBE-' \
+      || compgen -G '/sys/fs/cgroup/*/kubepods' >/dev/null; then
+    echo "error: the real node left its bridge, iptables chains or pod cgroups behind" >&2
+    failed=1
+  fi
   [ "$failed" = 0 ] || return 1
-  echo "no control-plane, object store, agent or engine process left running"
+  echo "no control-plane, object store, agent, engine or real-node process left running"
 }
 phase "no leftover processes" leftovers

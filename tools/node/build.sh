@@ -38,6 +38,9 @@ debian_packages=()
 [[ -f /usr/include/seccomp.h ]] || debian_packages+=(libseccomp-dev)
 command -v gcc >/dev/null 2>&1 || debian_packages+=(gcc libc6-dev)
 command -v pkg-config >/dev/null 2>&1 || debian_packages+=(pkg-config)
+# kube-proxy and the kubelet program iptables; teardown deletes the bridge with ip.
+command -v iptables >/dev/null 2>&1 || debian_packages+=(iptables)
+command -v ip >/dev/null 2>&1 || debian_packages+=(iproute2)
 if (( ${#debian_packages[@]} )); then
   sudo=""; [[ $(id -u) == 0 ]] || sudo="sudo"
   log "installing Debian packages: ${debian_packages[*]}"
