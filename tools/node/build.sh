@@ -18,13 +18,22 @@ source "$here/versions.env"
 source "$here/../control-plane/versions.env"
 
 cache_root="${DEVCTL_NODE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/devctl/node}"
-bin_dir="$cache_root/$KUBERNETES_VERSION-$CONTAINERD_VERSION-$RUNC_VERSION-$COREDNS_VERSION/bin"
+# The versions and what else decides the binaries (the wrapper modules, CoreDNS's plugin
+# list, this script's flags): a change to any of them builds again.
+inputs="$(cd "$here" && cat build.sh versions.env containerd/go.* coredns/go.* coredns/main.go runc/go.* \
+  ../control-plane/kubernetes/go.* | sha256sum | cut -c1-12)"
+bin_dir="$cache_root/$KUBERNETES_VERSION-$CONTAINERD_VERSION-$RUNC_VERSION-$COREDNS_VERSION-$inputs/bin"
 mkdir -p "$bin_dir"
 
 log() { printf '[node %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-command -v go >/dev/null 2>&1 || die "Go is not installed (need Go >= 1.26 on PATH to build the node)"
+command -v go >/dev/null 2>&1 || die "Go is not installed (need Go >= 1.26.6 on PATH to build the node)"
+# containerd's module needs Go 1.26.6; an older local toolchain would download another.
+go_patch="$(go env GOVERSION | sed -nE 's/^go1\.26\.([0-9]+).*/\1/p')"
+if [[ -n $go_patch ]] && (( go_patch < 6 )); then
+  die "Go $(go env GOVERSION) is too old: containerd $CONTAINERD_VERSION needs Go >= 1.26.6"
+fi
 
 exec 9>"$cache_root/.build.lock"
 if ! flock -n 9; then

@@ -36,6 +36,8 @@ PAUSE_VERSION=3.10.2
 PAUSE_IMAGE="registry.k8s.io/pause:$PAUSE_VERSION"
 POSTGRES_IMAGE="localhost/devctl/postgres:15"
 created="1970-01-01T00:00:00Z"
+# The images run this machine's binaries: its architecture (Debian's name is the OCI one).
+arch="$(dpkg --print-architecture)"
 
 # new_image <work dir> <tag>: an empty image and its unpacked bundle in <work dir>.
 new_image() {
@@ -50,7 +52,7 @@ finish_image() {
   local work="$1" tag="$2" archive="$3"; shift 3
   umoci repack --image "$work/oci:$tag" --history.created_by "tools/node/images.sh" \
     --history.created "$created" "$work/bundle" >&2
-  umoci config --image "$work/oci:$tag" --architecture amd64 --os linux --created "$created" \
+  umoci config --image "$work/oci:$tag" --architecture "$arch" --os linux --created "$created" \
     --no-history "$@" >&2
   umoci gc --layout "$work/oci" >&2
   tar -C "$work/oci" -cf "$archive.tmp" .
@@ -74,9 +76,10 @@ if [[ ! -f $pause_archive ]]; then
 fi
 
 packages=(postgresql-15 postgresql-client-15 libpq5 tzdata dash)
-# The packages' versions and this script: either changing builds the image again.
-key="$({ dpkg-query -W -f '${Package}=${Version} ' "${packages[@]}"; cat "${BASH_SOURCE[0]}"; } | sha256sum | cut -c1-12)" \
+versions="$(dpkg-query -W -f '${Package}=${Version} ' "${packages[@]}")" \
   || die "the Debian packages ${packages[*]} must be installed (tools/install-prerequisites.sh)"
+# The packages' versions and this script: either changing builds the image again.
+key="$({ echo "$versions"; cat "${BASH_SOURCE[0]}"; } | sha256sum | cut -c1-12)"
 postgres_archive="$out/postgres-15-$key.tar"
 if [[ ! -f $postgres_archive ]]; then
   work="$(mktemp -d "$out/.postgres.XXXXXX")"

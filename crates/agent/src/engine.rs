@@ -1720,16 +1720,29 @@ pub enum DirOwner {
 }
 
 /// Whether a directory whose mode could not be made 0700 (`error`) is used anyway: only a
-/// volume root someone else owns, where [`DirOwner::AgentOrVolume`] allows it.
+/// volume's root (a mount point) someone else owns, where [`DirOwner::AgentOrVolume`] allows
+/// it. A directory that merely belongs to someone else (`/tmp`) is refused.
 pub fn keeps_volume_mode(
     error: std::io::ErrorKind,
     owner_uid: u32,
     agent_uid: u32,
+    mount_point: bool,
     allowed: DirOwner,
 ) -> bool {
     allowed == DirOwner::AgentOrVolume
         && error == std::io::ErrorKind::PermissionDenied
         && owner_uid != agent_uid
+        && mount_point
+}
+
+/// Whether `dir` is a mount point: its device differs from its parent's.
+fn is_mount_point(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let parent = dir.parent().unwrap_or(dir);
+    match (std::fs::metadata(dir), std::fs::metadata(parent)) {
+        (Ok(own), Ok(up)) => own.dev() != up.dev(),
+        _ => false,
+    }
 }
 
 /// Prepares a directory: created with its parents if missing, mode 0700 (or left as the
@@ -1749,7 +1762,7 @@ pub fn prepare_dir(dir: &Path, what: &str, variable: &str, allowed: DirOwner) ->
         // SAFETY: geteuid(2) has no preconditions.
         let agent_uid = unsafe { libc::geteuid() };
         let owner = std::fs::metadata(dir).map(|m| m.uid()).unwrap_or(agent_uid);
-        if !keeps_volume_mode(e.kind(), owner, agent_uid, allowed) {
+        if !keeps_volume_mode(e.kind(), owner, agent_uid, is_mount_point(dir), allowed) {
             return fail(format!("cannot be made private (mode 0700): {e}"));
         }
         tracing::info!(dir = %dir.display(), owner, "{what} is a volume's root owned by uid {owner}: its mode stays as the volume made it");
@@ -1779,10 +1792,16 @@ pub fn write_private(path: &Path, content: &[u8]) -> Result<(), String> {
     use std::os::unix::fs::OpenOptionsExt;
     let temporary = path.with_extension("devctl-tmp");
     let result = (|| {
+        // A new file, never one (or a link) that is there already: the directory may be a
+        // volume others can write to (see `DirOwner::AgentOrVolume`).
+        match std::fs::remove_file(&temporary) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         let mut file = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .mode(0o600)
             .open(&temporary)?;
         file.write_all(content)?;
@@ -1816,34 +1835,35 @@ mod tests {
 
     #[test]
     fn only_a_volume_root_someone_else_owns_keeps_its_mode() {
+        use DirOwner::{Agent, AgentOrVolume};
         use std::io::ErrorKind::{NotFound, PermissionDenied};
         // An emptyDir mounted as the run directory: root's, the agent runs as 999.
         assert!(keeps_volume_mode(
             PermissionDenied,
             0,
             999,
-            DirOwner::AgentOrVolume
+            true,
+            AgentOrVolume
         ));
-        // The data directory must be the agent's own, whoever made it.
+        // Someone else's directory that is no volume (`/tmp/x`) is refused.
         assert!(!keeps_volume_mode(
             PermissionDenied,
             0,
             999,
-            DirOwner::Agent
+            false,
+            AgentOrVolume
         ));
+        // The data directory must be the agent's own, whoever made it.
+        assert!(!keeps_volume_mode(PermissionDenied, 0, 999, true, Agent));
         // The agent's own directory that cannot be changed is a real failure.
         assert!(!keeps_volume_mode(
             PermissionDenied,
             999,
             999,
-            DirOwner::AgentOrVolume
+            true,
+            AgentOrVolume
         ));
-        assert!(!keeps_volume_mode(
-            NotFound,
-            0,
-            999,
-            DirOwner::AgentOrVolume
-        ));
+        assert!(!keeps_volume_mode(NotFound, 0, 999, true, AgentOrVolume));
     }
 
     #[test]

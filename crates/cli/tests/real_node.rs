@@ -205,9 +205,11 @@ fn pod_ready(pod: &Pod) -> bool {
 
 /// The host pid of `pod`'s agent: the process running devctl-agent as its container's first
 /// process (pid 1 in the container's namespace: `devctl-agent wal-push`, which PostgreSQL
-/// starts, runs the same binary with the same environment), whose environment names the pod.
-fn agent_pid(pod: &str) -> Option<i32> {
-    let wanted = format!("POD_NAME={pod}");
+/// starts, runs the same binary with the same environment), whose environment names the pod's
+/// UID.
+fn agent_pid(pod: &Pod) -> Option<i32> {
+    // The pod's UID: another test's process-backed pod may have the same name.
+    let wanted = format!("POD_UID={}", pod.metadata.uid.as_deref()?);
     std::fs::read_dir("/proc")
         .ok()?
         .flatten()
@@ -467,13 +469,15 @@ async fn the_chart_and_postgres_run_in_containers_on_a_real_node() {
 
     // A hung agent (stopped): the kubelet's probes turn the pod NotReady and a replica takes
     // over; the liveness probe restarts the container, which rejoins.
-    let hung = second_primary.clone();
-    let pid = agent_pid(&hung).unwrap_or_else(|| panic!("no devctl-agent process for {hung}"));
+    // The primary now (the restore and the backup may have moved it).
+    let hung = primary(&world.db("pg").await);
+    let api: Api<Pod> = Api::namespaced(world.cluster.client().await.unwrap(), NAMESPACE);
+    let pid = agent_pid(&api.get(&hung).await.unwrap())
+        .unwrap_or_else(|| panic!("no devctl-agent process for {hung}"));
     // SAFETY: kill(2) with SIGSTOP on the agent's pid.
     unsafe {
         libc::kill(pid, libc::SIGSTOP);
     }
-    let api: Api<Pod> = Api::namespaced(world.cluster.client().await.unwrap(), NAMESPACE);
     eventually(
         &format!("{hung} NotReady through its readiness probe"),
         FAILOVER,
@@ -543,13 +547,22 @@ async fn the_chart_and_postgres_run_in_containers_on_a_real_node() {
     let output = format!("{}{}", support::stdout(&drained), support::stderr(&drained));
     assert!(!drained.status.success(), "the drain finished: {output}");
     assert!(output.contains("disruption budget"), "{output}");
-    let running = world
+    // kubectl says "evicting pod" for each attempt and "pod/… evicted" for each eviction.
+    let evicted = output
+        .lines()
+        .filter(|l| l.trim_end().ends_with(" evicted"))
+        .count();
+    assert_eq!(evicted, 1, "exactly one instance was evicted: {output}");
+    let serving = world
         .pods("pg")
         .await
         .into_iter()
-        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_ready(p))
         .count();
-    assert_eq!(running, 2, "exactly one instance was evicted: {output}");
+    assert_eq!(
+        serving, 2,
+        "two instances kept serving through the drain: {output}"
+    );
     world.kubectl_ok(&["uncordon", NODE_NAME]);
     world
         .wait_ready("pg", "the evicted instance came back after uncordon")

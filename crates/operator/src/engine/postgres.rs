@@ -70,9 +70,10 @@ log_disconnections = on
 }
 
 /// Password authentication with scram-sha-256 for every rule; no `trust`, no `md5`. The one
-/// exception is the superuser `postgres` over the agent's private Unix socket (its directory
-/// is the agent's own, mode 0700): peer authentication, so the superuser has no password
-/// that could leak (CloudNativePG's instance manager does the same). The agent's base
+/// exception is the superuser `postgres` over the agent's private Unix socket (mode 0700,
+/// `unix_socket_permissions`, in the agent's run directory: its own with mode 0700, or the
+/// pod's emptyDir, which only the pod's user uses): peer authentication, so the superuser
+/// has no password that could leak (CloudNativePG's instance manager does the same). The agent's base
 /// backups (`pg_basebackup`) are a replication connection of that same superuser.
 fn pg_hba_conf() -> String {
     "# Rendered by devctl-operator; edits are overwritten.

@@ -7,6 +7,17 @@ use std::path::Path;
 /// The pod network: one bridge on the host, one /24 for the node's pods.
 pub const POD_SUBNET: &str = "10.244.0.0/24";
 
+/// The host's address on the bridge (the pods' gateway), made before the first pod so that
+/// cluster DNS can listen there: reachable from pods and the host only, not from the host's
+/// other networks.
+pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);
+
+/// The gateway's prefix length on the bridge.
+pub const GATEWAY_PREFIX: u8 = 24;
+
+/// The CNI network's name (its plugins' result cache is named after it).
+pub const NETWORK: &str = "devctl";
+
 /// The bridge the CNI plugin creates (and teardown deletes).
 pub const BRIDGE: &str = "devctl0";
 
@@ -16,9 +27,10 @@ pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10.2";
 /// The DNS domain of the cluster's Services.
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
 
-/// The cgroup (in every v1 hierarchy) the kubelet puts pods under; teardown kills what is
-/// left in it.
-pub const KUBEPODS_CGROUP: &str = "kubepods";
+/// The cgroup (in every hierarchy) the kubelet's pods go under (its `cgroupRoot`), not the
+/// host's root: teardown kills what is left in it and removes it, and never touches the pods of
+/// a kubelet the host may run itself.
+pub const CGROUP_ROOT: &str = "devctl-real-node";
 
 /// containerd 2.x (config version 3): its own root, state and socket under `dir`, runc as the
 /// runtime with cgroupfs (the host has no systemd), the CNI bridge, and network namespaces
@@ -36,6 +48,14 @@ state = "{d}/containerd/state"
 [grpc]
   address = "{d}/containerd/containerd.sock"
 
+# Nothing of containerd's in the host's shared places: NRI's socket, the opt plugin's
+# directory, runc's state (below).
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+
+[plugins.'io.containerd.internal.v1.opt']
+  path = "{d}/containerd/opt"
+
 [ttrpc]
   address = "{d}/containerd/containerd.sock.ttrpc"
 
@@ -49,6 +69,7 @@ state = "{d}/containerd/state"
       runtime_type = "io.containerd.runc.v2"
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         BinaryName = "{runc}"
+        Root = "{d}/containerd/runc"
         SystemdCgroup = false
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["{cni}"]
@@ -70,7 +91,7 @@ state = "{d}/containerd/state"
 pub fn cni_network(dir: &Path) -> String {
     serde_json::json!({
         "cniVersion": "1.0.0",
-        "name": "devctl",
+        "name": NETWORK,
         "plugins": [{
             "type": "bridge",
             "bridge": BRIDGE,
@@ -111,6 +132,10 @@ pub fn kubelet(dir: &Path, address: Ipv4Addr, client_ca: &Path, ports: Ports) ->
         "kind": "KubeletConfiguration",
         "failCgroupV1": false,
         "cgroupDriver": "cgroupfs",
+        "cgroupRoot": format!("/{CGROUP_ROOT}"),
+        // Not /var/log/pods (the kubelet's symlinks in /var/log/containers are removed by
+        // teardown).
+        "podLogsDir": dir.join("pod-logs").display().to_string(),
         "containerRuntimeEndpoint": format!("unix://{}", dir.join("containerd/containerd.sock").display()),
         "address": address.to_string(),
         "port": ports.kubelet,
@@ -123,7 +148,7 @@ pub fn kubelet(dir: &Path, address: Ipv4Addr, client_ca: &Path, ports: Ports) ->
             "x509": { "clientCAFile": client_ca.display().to_string() },
         },
         "authorization": { "mode": "Webhook" },
-        "clusterDNS": [address.to_string()],
+        "clusterDNS": [GATEWAY.to_string()],
         "clusterDomain": CLUSTER_DOMAIN,
         "resolvConf": "/etc/resolv.conf",
         "failSwapOn": false,
@@ -144,8 +169,10 @@ pub fn kubelet(dir: &Path, address: Ipv4Addr, client_ca: &Path, ports: Ports) ->
 }
 
 /// CoreDNS: the cluster's names from the API server (Services and their endpoints), the rest
-/// forwarded to the host's resolver, on the host's address where the kubelet points pods.
-pub fn corefile(address: Ipv4Addr, kubeconfig: &Path, ports: Ports) -> String {
+/// forwarded to the host's resolver, on the bridge's gateway address where the kubelet points
+/// pods (not the host's address: it would be an open resolver on the host's network).
+pub fn corefile(kubeconfig: &Path, ports: Ports) -> String {
+    let address = GATEWAY;
     format!(
         r#"{CLUSTER_DOMAIN}:53 in-addr.arpa:53 {{
     bind {address}
@@ -197,7 +224,9 @@ mod tests {
         );
         let config: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(config["failCgroupV1"], false);
-        assert_eq!(config["clusterDNS"][0], "192.0.2.2");
+        assert_eq!(config["clusterDNS"][0], "10.244.0.1");
+        assert_eq!(config["cgroupRoot"], "/devctl-real-node");
+        assert_eq!(config["podLogsDir"], "/n/pod-logs");
         assert_eq!(
             config["containerRuntimeEndpoint"],
             "unix:///n/containerd/containerd.sock"

@@ -46,8 +46,9 @@ const NODE_BUILD_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tool
 const IMAGES_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tools/node/images.sh");
 const IMAGE_BUILD_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tools/image/build.sh");
 
-/// One real node per host at a time.
-const HOST_LOCK: &str = "/tmp/devctl-real-node.lock";
+/// One real node per host at a time (in /run/lock: one per host, whatever a process's
+/// private /tmp).
+const HOST_LOCK: &str = "/run/lock/devctl-real-node.lock";
 
 /// How long the node may take to register and become Ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -84,6 +85,11 @@ impl RealNode {
         if !filesystems.contains("overlay") {
             return Some("the kernel has no overlay filesystem (containerd's snapshotter)".into());
         }
+        if let Some(pid) = foreign_kubelet() {
+            return Some(format!(
+                "this host runs a kubelet of its own (pid {pid}): the real node would share (and its teardown remove) its iptables chains"
+            ));
+        }
         None
     }
 
@@ -109,6 +115,10 @@ impl RealNode {
         // What a killed harness could not remove.
         teardown::clean(&leftovers);
         enable_ip_forwarding()?;
+        teardown::make_bridge()
+            .map_err(|e| Error::io(format!("make the bridge {}", config::BRIDGE), e))?;
+        teardown::save_kernel_settings()
+            .map_err(|e| Error::io("save the kernel settings the kubelet changes", e))?;
 
         let dir = control_plane.dir().join("node");
         let logs = control_plane.log_dir();
@@ -189,6 +199,8 @@ impl RealNode {
             "kubelet/config.json",
             &config::kubelet(&dir, address, &client_ca, ports),
         )?;
+        teardown::make_cgroups()
+            .map_err(|e| Error::io(format!("make the cgroup /{}", config::CGROUP_ROOT), e))?;
         let write_kubeconfig =
             |name: &str, user: &str, groups: &[&str]| -> Result<PathBuf, Error> {
                 let path = dir.join(format!("{name}.kubeconfig"));
@@ -247,10 +259,7 @@ impl RealNode {
 
         let dns_kubeconfig =
             write_kubeconfig("coredns", "devctl-testenv-coredns", &["system:masters"])?;
-        let corefile = write(
-            "Corefile",
-            &config::corefile(address, &dns_kubeconfig, ports),
-        )?;
+        let corefile = write("Corefile", &config::corefile(&dns_kubeconfig, ports))?;
         node.processes.push(ManagedProcess::start(
             "coredns",
             &bin_dir.join("coredns"),
@@ -426,14 +435,30 @@ impl RealNode {
 impl Drop for RealNode {
     fn drop(&mut self) {
         self.provisioner.take();
-        // The kubelet first: it would start containers again.
-        for process in &mut self.processes {
+        // The last started first: the kubelet before containerd (it would start containers
+        // again).
+        for process in self.processes.iter_mut().rev() {
             process.stop(Duration::ZERO);
         }
         self.processes.clear();
         teardown::clean(&self.leftovers);
         crate::process::forget_clean_at_exit(&self.dir);
     }
+}
+
+/// A kubelet or kube-proxy running on the host that is not a real node's (whose binaries
+/// live in devctl's cache, `…/devctl/node/…`).
+fn foreign_kubelet() -> Option<u32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+            let name = exe.file_name()?.to_str()?;
+            let ours = exe.to_string_lossy().contains("/devctl/node/");
+            (matches!(name, "kubelet" | "kube-proxy") && !ours).then_some(pid)
+        })
 }
 
 /// The host's address on its default route (no packet is sent: a UDP socket's `connect` only
@@ -458,10 +483,13 @@ pub fn host_address() -> Result<Ipv4Addr, Error> {
 }
 
 fn lock_host() -> Result<std::fs::File, Error> {
+    use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        // A world-writable directory: never follow a link someone planted.
+        .custom_flags(libc::O_NOFOLLOW)
         .open(HOST_LOCK)
         .map_err(|e| Error::io(format!("open {HOST_LOCK}"), e))?;
     // SAFETY: flock(2) on a descriptor we own.

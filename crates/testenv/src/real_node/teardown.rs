@@ -4,7 +4,8 @@
 //! kube-proxy's iptables rules are the host's. Teardown therefore kills by what is certain
 //! (the pod cgroups the kubelet made, shims started from this node's binary), unmounts
 //! everything under the node's directory, deletes the bridge and kube-proxy's rules, and
-//! removes the cgroups. It runs when the node is dropped, at process exit for a node in a
+//! removes the cgroups. A host that runs a kubelet of its own gets no real node
+//! ([`super::RealNode::unavailable`]): kube-proxy's and the kubelet's chains would be shared. It runs when the node is dropped, at process exit for a node in a
 //! static, and before a node starts (what a killed harness could not clean).
 //!
 //! Synchronous and best effort: every step runs even when one before failed, and what fails
@@ -14,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::config::{BRIDGE, KUBEPODS_CGROUP};
+use super::config::{BRIDGE, CGROUP_ROOT};
 
 /// Everything teardown needs to know about a node.
 #[derive(Debug, Clone)]
@@ -25,9 +26,13 @@ pub struct Leftovers {
     pub bin_dir: PathBuf,
 }
 
-/// Removes what a real node leaves on the host.
+/// Removes what a real node leaves on the host. Without a directory (before a node starts),
+/// every real node's directory left in the temporary directory (a killed harness's) is
+/// cleaned: one real node runs at a time, and the caller holds the lock.
 pub fn clean(leftovers: &Leftovers) {
-    let shim = leftovers.bin_dir.join("containerd-shim-runc-v2");
+    let bin_dir =
+        std::fs::canonicalize(&leftovers.bin_dir).unwrap_or_else(|_| leftovers.bin_dir.clone());
+    let shim = bin_dir.join("containerd-shim-runc-v2");
     for round in 0..3 {
         let mut pids = pods_processes();
         pids.extend(processes_running(&shim));
@@ -46,10 +51,16 @@ pub fn clean(leftovers: &Leftovers) {
         }
         wait_gone(&pids, Duration::from_secs(5));
     }
-    if let Some(dir) = &leftovers.dir {
+    let dirs = match &leftovers.dir {
+        Some(dir) => vec![dir.clone()],
+        None => stale_node_dirs(),
+    };
+    for dir in &dirs {
+        remove_outside_state(dir);
         unmount_under(dir);
     }
     remove_cgroups();
+    restore_kernel_settings();
     delete_bridge();
     remove_kubelet_chains();
     let kube_proxy = leftovers.bin_dir.join("kube-proxy");
@@ -66,9 +77,127 @@ pub fn clean(leftovers: &Leftovers) {
     }
 }
 
+/// The node directories of earlier harnesses in the temporary directory.
+fn stale_node_dirs() -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("devctl-testenv-")
+        })
+        .map(|e| e.path().join("node"))
+        .filter(|d| d.is_dir())
+        .collect()
+}
+
+/// What containerd, the CNI plugins and the kubelet keep outside the node's directory: each
+/// shim's socket (named in its task's bootstrap.json), the CNI plugins' result cache for the
+/// node's sandboxes, and the kubelet's log symlinks in /var/log/containers.
+fn remove_outside_state(dir: &Path) {
+    let tasks = dir.join("containerd/state/io.containerd.runtime.v2.task/k8s.io");
+    let ids: Vec<String> = std::fs::read_dir(&tasks)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    for id in &ids {
+        let Ok(text) = std::fs::read_to_string(tasks.join(id).join("bootstrap.json")) else {
+            continue;
+        };
+        let address = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v["address"].as_str().map(str::to_string));
+        if let Some(socket) = address.as_deref().and_then(|a| a.strip_prefix("unix://"))
+            && socket.starts_with("/run/containerd/s/")
+        {
+            let _ = std::fs::remove_file(socket);
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir("/var/lib/cni/results") {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            // `<network>-<sandbox id>-<interface>`: the node's network, or its sandboxes.
+            if name.starts_with(&format!("{}-", super::config::NETWORK))
+                || ids.iter().any(|id| name.contains(&format!("-{id}-")))
+            {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    // The shared directories themselves once empty (a host's own containerd keeps its own).
+    for shared in [
+        "/run/containerd/s",
+        "/run/containerd",
+        "/var/lib/cni/results",
+        "/var/lib/cni",
+    ] {
+        let _ = std::fs::remove_dir(shared);
+    }
+    let logs = dir.join("pod-logs");
+    if let Ok(entries) = std::fs::read_dir("/var/log/containers") {
+        for entry in entries.flatten() {
+            if std::fs::read_link(entry.path()).is_ok_and(|target| target.starts_with(&logs)) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
+/// Where the kernel settings the kubelet changes are saved before it starts (outside any
+/// test directory, so that a killed harness's are restored by the next node's clean).
+const SAVED_KERNEL_SETTINGS: &str = "/run/devctl-real-node.sysctl";
+
+/// The settings the kubelet sets at start (`setupKernelTunables`: it panics the kernel on an
+/// oops and overcommits memory); `protectKernelDefaults` would make it refuse to start instead.
+const KERNEL_SETTINGS: &[&str] = &[
+    "/proc/sys/vm/overcommit_memory",
+    "/proc/sys/vm/panic_on_oom",
+    "/proc/sys/kernel/panic",
+    "/proc/sys/kernel/panic_on_oops",
+    "/proc/sys/kernel/keys/root_maxkeys",
+    "/proc/sys/kernel/keys/root_maxbytes",
+];
+
+/// Saves the settings the kubelet changes, unless a save not yet restored exists (it holds
+/// the host's values from before an earlier node).
+pub fn save_kernel_settings() -> std::io::Result<()> {
+    if Path::new(SAVED_KERNEL_SETTINGS).exists() {
+        return Ok(());
+    }
+    let mut saved = String::new();
+    for path in KERNEL_SETTINGS {
+        if let Ok(value) = std::fs::read_to_string(path) {
+            saved.push_str(&format!("{path}={}\n", value.trim()));
+        }
+    }
+    std::fs::write(SAVED_KERNEL_SETTINGS, saved)
+}
+
+fn restore_kernel_settings() {
+    let Ok(saved) = std::fs::read_to_string(SAVED_KERNEL_SETTINGS) else {
+        return;
+    };
+    for line in saved.lines() {
+        if let Some((path, value)) = line.split_once('=')
+            && KERNEL_SETTINGS.contains(&path)
+            && let Err(e) = std::fs::write(path, value)
+        {
+            tracing::warn!(path, error = %e, "real node: cannot restore a kernel setting");
+        }
+    }
+    let _ = std::fs::remove_file(SAVED_KERNEL_SETTINGS);
+}
+
 /// The cgroup v1 hierarchies' mount points (`/sys/fs/cgroup/<controllers>`), and the v2
 /// one if mounted.
-fn hierarchies() -> Vec<PathBuf> {
+pub fn hierarchies() -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") else {
         return Vec::new();
     };
@@ -77,6 +206,23 @@ fn hierarchies() -> Vec<PathBuf> {
     dirs.into_iter()
         .filter(|d| d.join("cgroup.procs").exists())
         .collect()
+}
+
+/// Makes the node's cgroup in every hierarchy (the kubelet requires its `cgroupRoot` to
+/// exist); a new cpuset cgroup gets its parent's CPUs and memory nodes, as it starts empty.
+pub fn make_cgroups() -> std::io::Result<()> {
+    for hierarchy in hierarchies() {
+        let dir = hierarchy.join(CGROUP_ROOT);
+        std::fs::create_dir_all(&dir)?;
+        for file in ["cpuset.cpus", "cpuset.mems"] {
+            let own = dir.join(file);
+            if own.exists() && std::fs::read_to_string(&own)?.trim().is_empty() {
+                let parent = std::fs::read_to_string(hierarchy.join(file))?;
+                std::fs::write(&own, parent.trim())?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Every cgroup directory under `root`, deepest first.
@@ -97,11 +243,11 @@ fn cgroups_under(root: &Path) -> Vec<PathBuf> {
     found
 }
 
-/// The pids in the kubelet's pod cgroups, in any hierarchy.
+/// The pids in the node's cgroups, in any hierarchy.
 fn pods_processes() -> Vec<u32> {
     let mut pids = Vec::new();
     for hierarchy in hierarchies() {
-        let root = hierarchy.join(KUBEPODS_CGROUP);
+        let root = hierarchy.join(CGROUP_ROOT);
         if !root.is_dir() {
             continue;
         }
@@ -116,7 +262,7 @@ fn pods_processes() -> Vec<u32> {
     pids
 }
 
-/// The pids whose executable is `program`.
+/// The pids whose executable is `program` (canonical).
 fn processes_running(program: &Path) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -163,6 +309,31 @@ pub fn unmount_under(dir: &Path) {
     }
 }
 
+/// The bridge with the gateway's address, before the first pod: cluster DNS listens there.
+/// The CNI bridge plugin adopts it.
+pub fn make_bridge() -> std::io::Result<()> {
+    let address = format!(
+        "{}/{}",
+        super::config::GATEWAY,
+        super::config::GATEWAY_PREFIX
+    );
+    for args in [
+        &["link", "add", BRIDGE, "type", "bridge"][..],
+        &["addr", "add", &address, "dev", BRIDGE][..],
+        &["link", "set", BRIDGE, "up"][..],
+    ] {
+        let output = Command::new("ip").args(args).output()?;
+        if !output.status.success() {
+            return Err(std::io::Error::other(format!(
+                "ip {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&output.stderr).trim()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// mountinfo escapes space, tab, newline and backslash as octal.
 fn unescape_mount_point(field: &str) -> PathBuf {
     let mut out = Vec::with_capacity(field.len());
@@ -187,7 +358,7 @@ fn unescape_mount_point(field: &str) -> PathBuf {
 
 fn remove_cgroups() {
     for hierarchy in hierarchies() {
-        let root = hierarchy.join(KUBEPODS_CGROUP);
+        let root = hierarchy.join(CGROUP_ROOT);
         if root.is_dir() {
             for cgroup in cgroups_under(&root) {
                 let _ = std::fs::remove_dir(&cgroup);
