@@ -65,11 +65,9 @@ build() { # build <module dir> <ldflags> <output:package>...
   log "built ${outs[*]} in $((SECONDS - start)) s"
 }
 
-minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
-kube_ldflags="-s -w"
-for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  kube_ldflags+=" -X $p.gitVersion=$KUBERNETES_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
-done
+# shellcheck source=../lib/kube-ldflags.sh
+source "$here/../lib/kube-ldflags.sh"
+kube_ldflags="$(kube_ldflags "$KUBERNETES_VERSION")"
 
 if need kube-apiserver kube-controller-manager kube-scheduler kubectl; then
   build kubernetes "$kube_ldflags" \

@@ -20,7 +20,7 @@ source "$here/../control-plane/versions.env"
 cache_root="${DEVCTL_NODE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/devctl/node}"
 # The versions and what else decides the binaries (the wrapper modules, CoreDNS's plugin
 # list, this script's flags): a change to any of them builds again.
-inputs="$(cd "$here" && cat build.sh versions.env containerd/go.* coredns/go.* coredns/main.go runc/go.* \
+inputs="$(cd "$here" && cat build.sh ../lib/kube-ldflags.sh versions.env containerd/go.* coredns/go.* coredns/main.go runc/go.* \
   ../control-plane/kubernetes/go.* | sha256sum | cut -c1-12)"
 bin_dir="$cache_root/$KUBERNETES_VERSION-$CONTAINERD_VERSION-$RUNC_VERSION-$COREDNS_VERSION-$inputs/bin"
 mkdir -p "$bin_dir"
@@ -78,11 +78,9 @@ build() { # build <wrapper dir> <ldflags> <outputs...> -- <packages...>
   log "built ${outs[*]} in $((SECONDS - start)) s"
 }
 
-minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
-kube_ldflags="-s -w"
-for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  kube_ldflags+=" -X $p.gitVersion=$KUBERNETES_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
-done
+# shellcheck source=../lib/kube-ldflags.sh
+source "$here/../lib/kube-ldflags.sh"
+kube_ldflags="$(kube_ldflags "$KUBERNETES_VERSION")"
 build "$here/../control-plane/kubernetes" "$kube_ldflags" kubelet kube-proxy -- \
   k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
 build "$here/containerd" "-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" \

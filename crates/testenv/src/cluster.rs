@@ -415,30 +415,20 @@ impl Cluster {
         .await
     }
 
-    async fn poll_until_started<F, Fut>(&self, component: &str, mut probe: F) -> Result<(), Error>
+    async fn poll_until_started<F, Fut>(&self, component: &str, probe: F) -> Result<(), Error>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<(), String>>,
     {
-        let timeout = Duration::from_secs(60);
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.check_processes()?;
-            let last = match probe().await {
-                Ok(()) => return Ok(()),
-                Err(e) => e,
-            };
-            if Instant::now() > deadline {
-                return Err(Error::Timeout {
-                    what: format!(
-                        "{component} to finish starting (last answer: {last}); {}",
-                        self.describe()
-                    ),
-                    after: timeout,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        crate::process::poll_until(
+            &format!("{component} to finish starting"),
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || self.check_processes(),
+            probe,
+        )
+        .await
+        .map_err(|e| crate::process::with_description(e, || self.describe()))
     }
 
     /// The simulated nodes' names.

@@ -203,6 +203,48 @@ pub(crate) fn forget_pid(pid: u32) {
     }
 }
 
+/// Polls `probe` every `interval` until it answers `Ok`: fails at once with `alive`'s error
+/// (a process it depends on exited), and after `timeout` with `what` and the probe's last
+/// answer (see [`with_description`] to add where the logs are).
+pub(crate) async fn poll_until<F, Fut>(
+    what: &str,
+    timeout: std::time::Duration,
+    interval: std::time::Duration,
+    mut alive: impl FnMut() -> Result<(), Error>,
+    mut probe: F,
+) -> Result<(), Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        alive()?;
+        let last = match probe().await {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        if std::time::Instant::now() > deadline {
+            return Err(Error::Timeout {
+                what: format!("{what} (last answer: {last})"),
+                after: timeout,
+            });
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// A timeout with `description` (where the logs are) added to what it waited for.
+pub(crate) fn with_description(error: Error, description: impl FnOnce() -> String) -> Error {
+    match error {
+        Error::Timeout { what, after } => Error::Timeout {
+            what: format!("{what}; {}", description()),
+            after,
+        },
+        other => other,
+    }
+}
+
 /// A running child process whose output goes to a log file.
 pub struct ManagedProcess {
     name: String,

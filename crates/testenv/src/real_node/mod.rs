@@ -408,27 +408,21 @@ impl RealNode {
         &mut self,
         what: &str,
         timeout: Duration,
-        mut probe: F,
+        probe: F,
     ) -> Result<(), Error>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<(), String>>,
     {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.check_processes()?;
-            let last = match probe().await {
-                Ok(()) => return Ok(()),
-                Err(e) => e,
-            };
-            if Instant::now() > deadline {
-                return Err(Error::Timeout {
-                    what: format!("{what} (last: {last}); {}", self.describe()),
-                    after: timeout,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let waited = crate::process::poll_until(
+            what,
+            timeout,
+            Duration::from_millis(200),
+            || self.check_processes(),
+            probe,
+        )
+        .await;
+        waited.map_err(|e| crate::process::with_description(e, || self.describe()))
     }
 }
 
