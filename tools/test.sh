@@ -136,7 +136,10 @@ leftovers() {
       echo "error: real-node processes (containerd, shims, kubelet) are still running after the test suite" >&2
       failed=1
     fi
-    if ip link show devctl0 >/dev/null 2>&1 || iptables-save 2>/dev/null | grep -q 'KUBE-' \
+    # Captured first: grep -q would end the pipe early, and pipefail report iptables-save's
+    # SIGPIPE as a clean host.
+    local rules; rules="$(iptables-save 2>/dev/null || true)"
+    if ip link show devctl0 >/dev/null 2>&1 || grep -q 'KUBE-' <<<"$rules" \
         || compgen -G '/sys/fs/cgroup/*/devctl-real-node' >/dev/null \
         || compgen -G '/sys/fs/cgroup/devctl-real-node' >/dev/null \
         || grep -q '/devctl-testenv-[^/]*/node/' /proc/self/mountinfo \

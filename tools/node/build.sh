@@ -30,9 +30,9 @@ die() { log "error: $*"; exit 1; }
 
 command -v go >/dev/null 2>&1 || die "Go is not installed (need Go >= 1.26.6 on PATH to build the node)"
 # containerd's module needs Go 1.26.6; an older local toolchain would download another.
-go_patch="$(go env GOVERSION | sed -nE 's/^go1\.26\.([0-9]+).*/\1/p')"
-if [[ -n $go_patch ]] && (( go_patch < 6 )); then
-  die "Go $(go env GOVERSION) is too old: containerd $CONTAINERD_VERSION needs Go >= 1.26.6"
+go_version="$(go env GOVERSION)"
+if [[ "$(printf '%s\n' go1.26.6 "$go_version" | sort -V | head -1)" != go1.26.6 ]]; then
+  die "Go $go_version is too old: containerd $CONTAINERD_VERSION needs Go >= 1.26.6"
 fi
 
 exec 9>"$cache_root/.build.lock"

@@ -1735,14 +1735,26 @@ pub fn keeps_volume_mode(
         && mount_point
 }
 
-/// Whether `dir` is a mount point: its device differs from its parent's.
+/// Whether `dir` is a mount point: its device differs from its parent's, or (a bind mount
+/// from the same filesystem, as with runtimes whose root filesystem is a plain directory)
+/// `/proc/self/mountinfo` lists it.
 fn is_mount_point(dir: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     let parent = dir.parent().unwrap_or(dir);
-    match (std::fs::metadata(dir), std::fs::metadata(parent)) {
-        (Ok(own), Ok(up)) => own.dev() != up.dev(),
-        _ => false,
+    if let (Ok(own), Ok(up)) = (std::fs::metadata(dir), std::fs::metadata(parent))
+        && own.dev() != up.dev()
+    {
+        return true;
     }
+    let Ok(canonical) = std::fs::canonicalize(dir) else {
+        return false;
+    };
+    let wanted = canonical.to_string_lossy().replace(' ', "\\040");
+    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|info| {
+        info.lines()
+            .filter_map(|line| line.split(' ').nth(4))
+            .any(|point| point == wanted)
+    })
 }
 
 /// Prepares a directory: created with its parents if missing, mode 0700 (or left as the
@@ -1790,14 +1802,18 @@ pub fn clone_dir(data: &Path) -> PathBuf {
 pub fn write_private(path: &Path, content: &[u8]) -> Result<(), String> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt;
-    let temporary = path.with_extension("devctl-tmp");
+    // A name of its own per write (two tasks may write one file), and a new file, never one
+    // (or a link) that is there already: the directory may be a volume others can write to
+    // (see `DirOwner::AgentOrVolume`).
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let write = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temporary =
+        path.with_file_name(format!(".{name}.devctl-tmp-{}-{write}", std::process::id()));
     let result = (|| {
-        // A new file, never one (or a link) that is there already: the directory may be a
-        // volume others can write to (see `DirOwner::AgentOrVolume`).
-        match std::fs::remove_file(&temporary) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
         let mut file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)

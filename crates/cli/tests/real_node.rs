@@ -219,6 +219,14 @@ fn agent_pid(pod: &Pod) -> Option<i32> {
             if !exe.ends_with("devctl-agent") {
                 return None;
             }
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let first_in_container = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .is_some_and(|ids| ids.split_whitespace().last() == Some("1"));
+            if !first_in_container {
+                return None;
+            }
             let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
             environ
                 .split(|b| *b == 0)

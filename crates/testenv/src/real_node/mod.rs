@@ -85,6 +85,11 @@ impl RealNode {
         if !filesystems.contains("overlay") {
             return Some("the kernel has no overlay filesystem (containerd's snapshotter)".into());
         }
+        if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            return Some(
+                "the host runs cgroup v2 (unified): the real node is configured for this project's cgroup v1 machines (docs/testenv.md)".into(),
+            );
+        }
         if let Some(pid) = foreign_kubelet() {
             return Some(format!(
                 "this host runs a kubelet of its own (pid {pid}): the real node would share (and its teardown remove) its iptables chains"
@@ -114,11 +119,12 @@ impl RealNode {
         };
         // What a killed harness could not remove.
         teardown::clean(&leftovers);
+        // Before anything changes them (forwarding here, the rest by the kubelet).
+        teardown::save_kernel_settings()
+            .map_err(|e| Error::io("save the kernel settings the node changes", e))?;
         enable_ip_forwarding()?;
         teardown::make_bridge()
             .map_err(|e| Error::io(format!("make the bridge {}", config::BRIDGE), e))?;
-        teardown::save_kernel_settings()
-            .map_err(|e| Error::io("save the kernel settings the kubelet changes", e))?;
 
         let dir = control_plane.dir().join("node");
         let logs = control_plane.log_dir();
@@ -440,9 +446,12 @@ impl Drop for RealNode {
     }
 }
 
-/// A kubelet or kube-proxy running on the host that is not a real node's (whose binaries
-/// live in devctl's cache, `…/devctl/node/…`).
+/// A kubelet (or a distribution's all-in-one binary: k3s, k0s, microk8s' kubelite) running
+/// in the host's network namespace that is not a real node's (whose binaries live in
+/// devctl's node cache). One in another network namespace (kind's) shares no chains.
 fn foreign_kubelet() -> Option<u32> {
+    let own_net = std::fs::read_link("/proc/self/ns/net").ok()?;
+    let cache = node_cache_root();
     std::fs::read_dir("/proc")
         .ok()?
         .flatten()
@@ -450,9 +459,29 @@ fn foreign_kubelet() -> Option<u32> {
             let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
             let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
             let name = exe.file_name()?.to_str()?;
-            let ours = exe.to_string_lossy().contains("/devctl/node/");
-            (matches!(name, "kubelet" | "kube-proxy") && !ours).then_some(pid)
+            let kubelet = matches!(name, "kubelet" | "kube-proxy" | "kubelite" | "k0s")
+                || name.starts_with("k3s");
+            if !kubelet || exe.starts_with(&cache) {
+                return None;
+            }
+            let net = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok()?;
+            (net == own_net).then_some(pid)
         })
+}
+
+/// Where tools/node/build.sh caches the node's binaries:
+/// `${DEVCTL_NODE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/devctl/node}`.
+pub fn node_cache_root() -> PathBuf {
+    let root = match std::env::var_os("DEVCTL_NODE_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .unwrap_or_else(|| PathBuf::from("/tmp"))
+            .join("devctl")
+            .join("node"),
+    };
+    std::fs::canonicalize(&root).unwrap_or(root)
 }
 
 /// The host's address on its default route (no packet is sent: a UDP socket's `connect` only
@@ -619,7 +648,7 @@ fn last_line_of(script: &str, args: &[&str]) -> Result<String, Error> {
 }
 
 /// Pods on the bridge reach Services (DNAT to another pod on the same bridge) through the
-/// host's routing: forwarding must be on. It is left on (as any node has it).
+/// host's routing: forwarding must be on (teardown restores the saved value).
 fn enable_ip_forwarding() -> Result<(), Error> {
     let path = "/proc/sys/net/ipv4/ip_forward";
     if std::fs::read_to_string(path).is_ok_and(|v| v.trim() == "1") {

@@ -36,6 +36,10 @@ pub fn clean(leftovers: &Leftovers) {
     for round in 0..3 {
         let mut pids = pods_processes();
         pids.extend(processes_running(&shim));
+        // A killed harness's shims, from an older build of the node (another bin dir).
+        pids.extend(node_shims());
+        pids.sort_unstable();
+        pids.dedup();
         if pids.is_empty() {
             break;
         }
@@ -124,9 +128,7 @@ fn remove_outside_state(dir: &Path) {
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             // `<network>-<sandbox id>-<interface>`: the node's network, or its sandboxes.
-            if name.starts_with(&format!("{}-", super::config::NETWORK))
-                || ids.iter().any(|id| name.contains(&format!("-{id}-")))
-            {
+            if is_network_result(&name) || ids.iter().any(|id| name.contains(&format!("-{id}-"))) {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
@@ -150,13 +152,23 @@ fn remove_outside_state(dir: &Path) {
     }
 }
 
+/// A CNI result cache entry of the node's network: `devctl-<64 hex sandbox id>-<interface>`.
+fn is_network_result(name: &str) -> bool {
+    name.strip_prefix(&format!("{}-", super::config::NETWORK))
+        .and_then(|rest| rest.split_once('-'))
+        .is_some_and(|(id, _)| id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 /// Where the kernel settings the kubelet changes are saved before it starts (outside any
 /// test directory, so that a killed harness's are restored by the next node's clean).
 const SAVED_KERNEL_SETTINGS: &str = "/run/devctl-real-node.sysctl";
 
-/// The settings the kubelet sets at start (`setupKernelTunables`: it panics the kernel on an
-/// oops and overcommits memory); `protectKernelDefaults` would make it refuse to start instead.
+/// The settings the node changes: IP forwarding, and what the kubelet sets at start
+/// (`setupKernelTunables`: it panics the kernel on an oops and overcommits memory;
+/// `protectKernelDefaults` would make it refuse to start instead).
 const KERNEL_SETTINGS: &[&str] = &[
+    // Not the kubelet's: the node switches forwarding on (and the CNI bridge plugin would).
+    "/proc/sys/net/ipv4/ip_forward",
     "/proc/sys/vm/overcommit_memory",
     "/proc/sys/vm/panic_on_oom",
     "/proc/sys/kernel/panic",
@@ -260,6 +272,38 @@ fn pods_processes() -> Vec<u32> {
     pids.sort_unstable();
     pids.dedup();
     pids
+}
+
+/// Shims of any real node: `containerd-shim-runc-v2` serving a containerd whose socket is in
+/// a test environment's node directory (`-address …/devctl-testenv-*/node/containerd/…`).
+fn node_shims() -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
+                return false;
+            };
+            if exe.file_name().and_then(|n| n.to_str()) != Some("containerd-shim-runc-v2") {
+                return false;
+            }
+            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                return false;
+            };
+            let args: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            args.windows(2).any(|w| {
+                w[0] == "-address"
+                    && w[1].contains("/devctl-testenv-")
+                    && w[1].contains("/node/containerd/")
+            })
+        })
+        .collect()
 }
 
 /// The pids whose executable is `program` (canonical).
@@ -409,6 +453,14 @@ fn delete_bridge() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_nodes_network_results_are_its_own() {
+        let id = "a".repeat(64);
+        assert!(is_network_result(&format!("devctl-{id}-eth0")));
+        assert!(!is_network_result("devctl-other-eth0"));
+        assert!(!is_network_result(&format!("cni-loopback-{id}-lo")));
+    }
 
     #[test]
     fn mount_points_are_unescaped() {
