@@ -39,14 +39,21 @@ pub fn kubernetes_version() -> &'static str {
 
 /// The cache root, as `build.sh` computes it.
 fn cache_root() -> PathBuf {
-    if let Some(dir) = std::env::var_os("DEVCTL_CONTROL_PLANE_DIR") {
+    tool_cache_root("DEVCTL_CONTROL_PLANE_DIR", "control-plane")
+}
+
+/// Where a tools/ build script caches its tool: `$<variable>` if set, else
+/// `${XDG_CACHE_HOME:-$HOME/.cache}/devctl/<name>` (what the scripts compute).
+pub fn tool_cache_root(variable: &str, name: &str) -> PathBuf {
+    if let Some(dir) = std::env::var_os(variable) {
         return PathBuf::from(dir);
     }
-    let base = std::env::var_os("XDG_CACHE_HOME")
+    std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
-    base.join("devctl").join("control-plane")
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
+        .join("devctl")
+        .join(name)
 }
 
 /// The pinned binaries and kwok's stage files.
@@ -120,16 +127,10 @@ pub fn versitygw_version() -> &'static str {
 /// Where `tools/versitygw/build.sh` puts the binary:
 /// `${DEVCTL_VERSITYGW_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/devctl/versitygw}/<version>/bin/versitygw`.
 pub fn versitygw_cache_path() -> PathBuf {
-    let root = match std::env::var_os("DEVCTL_VERSITYGW_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-            .unwrap_or_else(|| PathBuf::from("/tmp"))
-            .join("devctl")
-            .join("versitygw"),
-    };
-    root.join(versitygw_version()).join("bin").join("versitygw")
+    tool_cache_root("DEVCTL_VERSITYGW_DIR", "versitygw")
+        .join(versitygw_version())
+        .join("bin")
+        .join("versitygw")
 }
 
 /// The versitygw binary: `$DEVCTL_VERSITYGW` if set, else the cached build, built with

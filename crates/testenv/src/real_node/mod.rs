@@ -472,15 +472,7 @@ fn foreign_kubelet() -> Option<u32> {
 /// Where tools/node/build.sh caches the node's binaries:
 /// `${DEVCTL_NODE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/devctl/node}`.
 pub fn node_cache_root() -> PathBuf {
-    let root = match std::env::var_os("DEVCTL_NODE_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-            .unwrap_or_else(|| PathBuf::from("/tmp"))
-            .join("devctl")
-            .join("node"),
-    };
+    let root = crate::binaries::tool_cache_root("DEVCTL_NODE_DIR", "node");
     std::fs::canonicalize(&root).unwrap_or(root)
 }
 

@@ -274,9 +274,8 @@ fn pods_processes() -> Vec<u32> {
     pids
 }
 
-/// Shims of any real node: `containerd-shim-runc-v2` serving a containerd whose socket is in
-/// a test environment's node directory (`-address …/devctl-testenv-*/node/containerd/…`).
-fn node_shims() -> Vec<u32> {
+/// The running processes `keep` accepts, given each one's pid and executable.
+fn processes_where(keep: impl Fn(u32, &Path) -> bool) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -284,40 +283,36 @@ fn node_shims() -> Vec<u32> {
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| {
-            let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
-                return false;
-            };
-            if exe.file_name().and_then(|n| n.to_str()) != Some("containerd-shim-runc-v2") {
-                return false;
-            }
-            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-                return false;
-            };
-            let args: Vec<String> = cmdline
-                .split(|b| *b == 0)
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect();
-            args.windows(2).any(|w| {
-                w[0] == "-address"
-                    && w[1].contains("/devctl-testenv-")
-                    && w[1].contains("/node/containerd/")
-            })
+            std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| keep(*pid, &exe))
         })
         .collect()
 }
 
+/// Shims of any real node: `containerd-shim-runc-v2` serving a containerd whose socket is in
+/// a test environment's node directory (`-address …/devctl-testenv-*/node/containerd/…`).
+fn node_shims() -> Vec<u32> {
+    processes_where(|pid, exe| {
+        if exe.file_name().and_then(|n| n.to_str()) != Some("containerd-shim-runc-v2") {
+            return false;
+        }
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            return false;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        args.windows(2).any(|w| {
+            w[0] == "-address"
+                && w[1].contains("/devctl-testenv-")
+                && w[1].contains("/node/containerd/")
+        })
+    })
+}
+
 /// The pids whose executable is `program` (canonical).
 fn processes_running(program: &Path) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == program)
-        })
-        .collect()
+    processes_where(|_, exe| exe == program)
 }
 
 fn wait_gone(pids: &[u32], timeout: Duration) {
