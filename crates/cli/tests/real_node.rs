@@ -210,29 +210,22 @@ fn pod_ready(pod: &Pod) -> bool {
 fn agent_pid(pod: &Pod) -> Option<i32> {
     // The pod's UID: another test's process-backed pod may have the same name.
     let wanted = format!("POD_UID={}", pod.metadata.uid.as_deref()?);
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .find_map(|entry| {
-            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-            if !exe.ends_with("devctl-agent") {
-                return None;
-            }
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-            let first_in_container = status
-                .lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))
-                .is_some_and(|ids| ids.split_whitespace().last() == Some("1"));
-            if !first_in_container {
-                return None;
-            }
-            let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-            environ
-                .split(|b| *b == 0)
-                .any(|var| var == wanted.as_bytes())
-                .then_some(pid)
-        })
+    let agents = devctl_testenv::process::processes_where(|pid, exe| {
+        if !exe.ends_with("devctl-agent") {
+            return false;
+        }
+        let first_in_container =
+            std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("NSpid:"))
+                    .is_some_and(|ids| ids.split_whitespace().last() == Some("1"))
+            });
+        first_in_container
+            && std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|environ| environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes()))
+    });
+    agents.first().and_then(|pid| i32::try_from(*pid).ok())
 }
 
 async fn start() -> Option<World> {

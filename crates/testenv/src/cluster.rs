@@ -259,7 +259,15 @@ impl Cluster {
             control_plane,
             nodes: Vec::new(),
         };
-        cluster.create_storage_class().await?;
+        // kwok's class is the default unless a real node's local-path class is.
+        apply_storage_class(
+            &cluster.client().await?,
+            STORAGE_CLASS,
+            "kwok.x-k8s.io/volume",
+            !options.real_node,
+            true,
+        )
+        .await?;
         cluster.create_nodes(options.nodes).await?;
         cluster
             .wait_until_started(kcm_port, scheduler_port, &kwok_address)
@@ -284,30 +292,6 @@ impl Cluster {
         }
         tracing::info!(elapsed = ?started.elapsed(), "cluster ready");
         Ok(cluster)
-    }
-
-    async fn create_storage_class(&self) -> Result<(), Error> {
-        let api: Api<StorageClass> = Api::all(self.client().await?);
-        let class: StorageClass = serde_json::from_value(json!({
-            "apiVersion": "storage.k8s.io/v1",
-            "kind": "StorageClass",
-            "metadata": {
-                "name": STORAGE_CLASS,
-                "annotations": { "storageclass.kubernetes.io/is-default-class": "true" }
-            },
-            "provisioner": "kwok.x-k8s.io/volume",
-            "reclaimPolicy": "Delete",
-            "volumeBindingMode": "Immediate",
-            "allowVolumeExpansion": true,
-        }))
-        .map_err(|e| Error::Process(e.to_string()))?;
-        api.patch(
-            STORAGE_CLASS,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&class),
-        )
-        .await?;
-        Ok(())
     }
 
     async fn create_nodes(&mut self, count: usize) -> Result<(), Error> {
@@ -445,6 +429,38 @@ impl Cluster {
     pub fn pod_runner(&self) -> Option<&PodRunner> {
         self.pod_runner.as_ref()
     }
+}
+
+/// Applies the StorageClass `name` of `provisioner` (reclaim `Delete`, bound at once),
+/// the cluster's default when `default`.
+pub(crate) async fn apply_storage_class(
+    client: &kube::Client,
+    name: &str,
+    provisioner: &str,
+    default: bool,
+    expansion: bool,
+) -> Result<(), Error> {
+    let api: Api<StorageClass> = Api::all(client.clone());
+    let class: StorageClass = serde_json::from_value(json!({
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {
+            "name": name,
+            "annotations": { "storageclass.kubernetes.io/is-default-class": default.to_string() }
+        },
+        "provisioner": provisioner,
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate",
+        "allowVolumeExpansion": expansion,
+    }))
+    .map_err(|e| Error::Process(e.to_string()))?;
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&class),
+    )
+    .await?;
+    Ok(())
 }
 
 /// Bound on one health probe of a component.

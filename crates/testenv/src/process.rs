@@ -417,6 +417,20 @@ impl Drop for ManagedProcess {
     }
 }
 
+/// The running processes (pids) `keep` accepts, given each one's pid and executable.
+pub fn processes_where(keep: impl Fn(u32, &Path) -> bool) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| keep(*pid, &exe))
+        })
+        .collect()
+}
+
 /// Whether `pid` is a running process (a zombie has exited already and does not count).
 pub fn is_running(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))

@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
-use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
@@ -273,7 +272,15 @@ impl RealNode {
             &logs.join("coredns.log"),
         )?);
 
-        create_storage_class(&client).await?;
+        // The cluster's default class here (kwok's is not: crate::cluster).
+        crate::cluster::apply_storage_class(
+            &client,
+            volumes::STORAGE_CLASS,
+            volumes::PROVISIONER,
+            true,
+            false,
+        )
+        .await?;
         node.provisioner = Some(volumes::Provisioner::start(
             control_plane.kubeconfig_for("devctl-testenv-local-path", &["system:masters"])?,
             NODE_NAME,
@@ -452,21 +459,16 @@ impl Drop for RealNode {
 fn foreign_kubelet() -> Option<u32> {
     let own_net = std::fs::read_link("/proc/self/ns/net").ok()?;
     let cache = node_cache_root();
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .find_map(|entry| {
-            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-            let name = exe.file_name()?.to_str()?;
-            let kubelet = matches!(name, "kubelet" | "kube-proxy" | "kubelite" | "k0s")
-                || name.starts_with("k3s");
-            if !kubelet || exe.starts_with(&cache) {
-                return None;
-            }
-            let net = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok()?;
-            (net == own_net).then_some(pid)
-        })
+    crate::process::processes_where(|pid, exe| {
+        let name = exe.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let kubelet = matches!(name, "kubelet" | "kube-proxy" | "kubelite" | "k0s")
+            || name.starts_with("k3s");
+        kubelet
+            && !exe.starts_with(&cache)
+            && std::fs::read_link(format!("/proc/{pid}/ns/net")).is_ok_and(|net| net == own_net)
+    })
+    .into_iter()
+    .next()
 }
 
 /// Where tools/node/build.sh caches the node's binaries:
@@ -663,41 +665,6 @@ async fn bind(client: &kube::Client, name: &str, role: &str, user: &str) -> Resu
         name,
         &PatchParams::apply(FIELD_MANAGER).force(),
         &Patch::Apply(&binding),
-    )
-    .await?;
-    Ok(())
-}
-
-/// The `local-path` class, the cluster's default on a real node (kwok's class stays for the
-/// simulated nodes, not default).
-async fn create_storage_class(client: &kube::Client) -> Result<(), Error> {
-    let api: Api<StorageClass> = Api::all(client.clone());
-    let class: StorageClass = serde_json::from_value(json!({
-        "apiVersion": "storage.k8s.io/v1",
-        "kind": "StorageClass",
-        "metadata": {
-            "name": volumes::STORAGE_CLASS,
-            "annotations": { "storageclass.kubernetes.io/is-default-class": "true" }
-        },
-        "provisioner": volumes::PROVISIONER,
-        "reclaimPolicy": "Delete",
-        "volumeBindingMode": "Immediate",
-        "allowVolumeExpansion": false,
-    }))
-    .map_err(|e| Error::Process(e.to_string()))?;
-    api.patch(
-        volumes::STORAGE_CLASS,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&class),
-    )
-    .await?;
-    let kwok = json!({
-        "metadata": { "annotations": { "storageclass.kubernetes.io/is-default-class": "false" } }
-    });
-    api.patch(
-        crate::cluster::STORAGE_CLASS,
-        &PatchParams::default(),
-        &Patch::Merge(&kwok),
     )
     .await?;
     Ok(())

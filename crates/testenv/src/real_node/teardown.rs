@@ -274,24 +274,10 @@ fn pods_processes() -> Vec<u32> {
     pids
 }
 
-/// The running processes `keep` accepts, given each one's pid and executable.
-fn processes_where(keep: impl Fn(u32, &Path) -> bool) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| keep(*pid, &exe))
-        })
-        .collect()
-}
-
 /// Shims of any real node: `containerd-shim-runc-v2` serving a containerd whose socket is in
 /// a test environment's node directory (`-address …/devctl-testenv-*/node/containerd/…`).
 fn node_shims() -> Vec<u32> {
-    processes_where(|pid, exe| {
+    crate::process::processes_where(|pid, exe| {
         if exe.file_name().and_then(|n| n.to_str()) != Some("containerd-shim-runc-v2") {
             return false;
         }
@@ -312,7 +298,7 @@ fn node_shims() -> Vec<u32> {
 
 /// The pids whose executable is `program` (canonical).
 fn processes_running(program: &Path) -> Vec<u32> {
-    processes_where(|_, exe| exe == program)
+    crate::process::processes_where(|_, exe| exe == program)
 }
 
 fn wait_gone(pids: &[u32], timeout: Duration) {
